@@ -1,0 +1,3 @@
+"""worldserve: a serving engine for world foundation models."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from worldserve.cli import main
+
+main()

@@ -1,0 +1,184 @@
+"""Server and stage configuration: pydantic models, validated once, frozen.
+
+A YAML file (`--config`) gives the whole tree; CLI flags override single fields. Unknown keys
+are refused and every error names the dotted path of the offending key.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from worldserve import envs
+
+LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with a message that names the setting."""
+
+
+def is_loopback_host(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StageConfig(_Frozen):
+    """Settings every stage process shares."""
+
+    enabled: bool = True
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    model_path: Path | None = None
+    served_model_name: str | None = None
+    warmup_mode: Literal["off", "server"] = "off"
+    start_timeout_s: float = Field(default=300.0, gt=0)
+    # Stage sockets: "ipc" (a socket file in the server's run folder) or "tcp" on `host`.
+    ipc: Literal["ipc", "tcp"] = "ipc"
+    host: str = "127.0.0.1"
+    # Engine-specific knobs passed through to the stage (SGLang's server_args naming).
+    server_args_overrides: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("host")
+    @classmethod
+    def _host_is_loopback(cls, host: str) -> str:
+        if not is_loopback_host(host):
+            raise ValueError(f"stage sockets bind loopback only; got {host!r} (use 127.0.0.1)")
+        return host
+
+    @field_validator("server_args_overrides")
+    @classmethod
+    def _override_host_is_loopback(cls, overrides: dict[str, Any]) -> dict[str, Any]:
+        host = overrides.get("host")
+        if host is not None and not is_loopback_host(str(host)):
+            raise ValueError(
+                f"host: stage sockets bind loopback only; got {host!r} (use 127.0.0.1)"
+            )
+        return overrides
+
+
+class GenerationStageConfig(StageConfig):
+    """Images, video jobs and actions."""
+
+    output_dir: Path = Path("outputs")
+    max_batch_size: int = Field(default=4, ge=1, le=64)
+    batch_wait_ms: float = Field(default=10.0, ge=0, le=10_000)
+    warmup_steps: int = Field(default=2, ge=1, le=100)
+    warmup_resolutions: list[str] | None = None
+    prompt_enhancer: Path | None = None
+
+
+class StreamingConfig(_Frozen):
+    enabled: bool = True
+
+
+class ReasonerStageConfig(StageConfig):
+    """Vision-language reasoning: live video sessions and chat completions."""
+
+    streaming: StreamingConfig = Field(default_factory=StreamingConfig)
+    max_sessions: int = Field(default=2, ge=1, le=1024)
+    speculative: Literal["none", "ngram"] = "none"
+
+
+class StagesConfig(_Frozen):
+    generation: GenerationStageConfig = Field(default_factory=GenerationStageConfig)
+    reasoner: ReasonerStageConfig = Field(default_factory=ReasonerStageConfig)
+
+    def enabled(self) -> dict[str, StageConfig]:
+        """Enabled stages by name, in start order."""
+        out: dict[str, StageConfig] = {}
+        for name in type(self).model_fields:
+            stage = getattr(self, name)
+            if stage.enabled:
+                out[name] = stage
+        return out
+
+
+class ServerConfig(_Frozen):
+    """The whole server. Secrets (the admin key) are not part of it."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    allowed_local_media_path: Path | None = None
+    allowed_media_domains: list[str] = Field(default_factory=list)
+    max_upload_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
+    output_ttl_s: float = Field(default=0.0, ge=0)
+    max_job_records: int = Field(default=0, ge=0)
+    stages: StagesConfig = Field(default_factory=StagesConfig)
+
+    @field_validator("allowed_media_domains")
+    @classmethod
+    def _lower_domains(cls, domains: list[str]) -> list[str]:
+        out: list[str] = []
+        for item in domains:
+            out.extend(d.strip().lower() for d in item.split(",") if d.strip())
+        return out
+
+
+def format_validation_error(err: ValidationError) -> str:
+    """One line per problem: `<dotted.path>: <message>`."""
+    lines = []
+    for item in err.errors():
+        path = ".".join(str(p) for p in item["loc"]) or "<root>"
+        msg = item["msg"].removeprefix("Value error, ")
+        lines.append(f"{path}: {msg}")
+    return "; ".join(lines)
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    node = tree
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {type(child).__name__}")
+        node = child
+    node[leaf] = value
+
+
+def build_config(data: dict[str, Any], overrides: dict[str, Any] | None = None) -> ServerConfig:
+    """Validate `data` with dotted-path `overrides` applied on top (CLI flags, environment)."""
+    tree = dict(data)
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            _set_dotted(tree, dotted, value)
+    streaming = envs.enable_streaming()
+    if streaming is not None:
+        _set_dotted(tree, "stages.reasoner.streaming.enabled", streaming)
+    try:
+        return ServerConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid configuration: {format_validation_error(exc)}") from None
+
+
+def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> ServerConfig:
+    return build_config(read_yaml(path) if path else {}, overrides)

@@ -1,0 +1,148 @@
+"""The error taxonomy, mapped to HTTP status and WebSocket close code in one table.
+
+Engines and services raise these; the api maps them with `http_status()` / `ws_close_code()`
+and renders OpenAI-style bodies with `error_body()`. Stage processes send them across the
+socket as `ErrorReply(code=...)`; `from_code()` turns the code back into the same class.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class WorldserveError(Exception):
+    """Base class. `code` is the stable, wire-visible name of the error kind."""
+
+    code = "internal_error"
+    error_type = "server_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequest(WorldserveError, ValueError):
+    code = "invalid_request"
+    error_type = "invalid_request_error"
+
+
+class AuthenticationRequired(WorldserveError):
+    code = "authentication_required"
+    error_type = "authentication_error"
+
+
+class PermissionDenied(WorldserveError):
+    code = "permission_denied"
+    error_type = "permission_error"
+
+
+class NotFound(WorldserveError, LookupError):
+    code = "not_found"
+    error_type = "not_found_error"
+
+
+class Conflict(WorldserveError):
+    code = "conflict"
+    error_type = "conflict_error"
+
+
+class PayloadTooLarge(WorldserveError):
+    code = "payload_too_large"
+    error_type = "invalid_request_error"
+
+
+class UnsupportedMediaType(WorldserveError):
+    code = "unsupported_media_type"
+    error_type = "invalid_request_error"
+
+
+class NotSupported(WorldserveError):
+    """The server is configured without the feature (e.g. streaming state unavailable)."""
+
+    code = "not_implemented"
+    error_type = "not_implemented_error"
+
+
+class UpstreamError(WorldserveError):
+    code = "upstream_error"
+    error_type = "upstream_error"
+
+
+class CapacityExceeded(WorldserveError):
+    code = "capacity_exceeded"
+    error_type = "server_overloaded"
+
+
+class StageUnavailable(WorldserveError):
+    """A stage process is down, failed, or not ready."""
+
+    code = "stage_unavailable"
+    error_type = "service_unavailable"
+
+    def __init__(self, message: str, *, stage: str | None = None) -> None:
+        super().__init__(message)
+        self.stage = stage
+
+
+class RequestTimeout(WorldserveError, TimeoutError):
+    code = "timeout"
+    error_type = "timeout_error"
+
+
+class InternalError(WorldserveError):
+    code = "internal_error"
+    error_type = "server_error"
+
+
+# class -> (HTTP status, WebSocket close code). The one place where statuses are decided.
+_TABLE: dict[type[WorldserveError], tuple[int, int]] = {
+    InvalidRequest: (400, 1008),
+    AuthenticationRequired: (401, 1008),
+    PermissionDenied: (403, 1008),
+    NotFound: (404, 1008),
+    Conflict: (409, 1008),
+    PayloadTooLarge: (413, 1009),
+    UnsupportedMediaType: (415, 1003),
+    NotSupported: (501, 1011),
+    UpstreamError: (502, 1011),
+    CapacityExceeded: (503, 1013),
+    StageUnavailable: (503, 1011),
+    RequestTimeout: (504, 1011),
+    InternalError: (500, 1011),
+    WorldserveError: (500, 1011),
+}
+
+_BY_CODE: dict[str, type[WorldserveError]] = {cls.code: cls for cls in _TABLE}
+
+
+def _entry(exc: WorldserveError) -> tuple[int, int]:
+    for cls in type(exc).__mro__:
+        if cls in _TABLE:
+            return _TABLE[cls]  # type: ignore[index]
+    return _TABLE[WorldserveError]
+
+
+def http_status(exc: WorldserveError) -> int:
+    return _entry(exc)[0]
+
+
+def ws_close_code(exc: WorldserveError) -> int:
+    return _entry(exc)[1]
+
+
+def from_code(code: str, message: str) -> WorldserveError:
+    """Rebuild the exception a stage reported (unknown codes become InternalError)."""
+    return _BY_CODE.get(code, InternalError)(message)
+
+
+def error_body(exc: WorldserveError) -> dict[str, Any]:
+    """OpenAI-style error body: {"error": {"message", "type", "code", "param"}}."""
+    return {
+        "error": {
+            "message": exc.message,
+            "type": exc.error_type,
+            "code": exc.code,
+            "param": exc.param,
+        }
+    }

@@ -1,0 +1,243 @@
+"""Api side of one stage: requests, streams of replies, and the stage's liveness.
+
+One DEALER socket per stage, driven by asyncio. A receive task routes every reply to the
+future or stream waiting for its `request_id`. When the supervisor reports the stage down,
+every waiter fails at once with `StageUnavailable` and new requests fail immediately.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import uuid
+from typing import AsyncIterator, Callable
+
+import zmq
+import zmq.asyncio
+
+from worldserve.errors import RequestTimeout, StageUnavailable, WorldserveError, from_code
+from worldserve.ipc.codec import MessageCodec
+from worldserve.ipc.messages import (
+    Cancel,
+    ErrorReply,
+    Hello,
+    Message,
+    Reply,
+    Request,
+    StageInfo,
+    StageState,
+    StageStatus,
+)
+from worldserve.ipc.transport import SOCKET_HWM, check_address
+
+log = logging.getLogger("worldserve.ipc")
+
+StatusListener = Callable[[str, StageState], None]
+
+
+def new_request_id(prefix: str = "req") -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class ReplyStream:
+    """Replies to one streaming request, in order, ending with a terminal reply.
+
+    Bounded: at most `max_queued` replies wait. Overflow policy: the oldest waiting
+    non-terminal reply is dropped (progress and previews are superseded by newer ones); a
+    terminal reply is never dropped. `num_dropped` counts drops.
+    """
+
+    def __init__(self, client: "StageClient", request_id: str, max_queued: int) -> None:
+        self._client = client
+        self.request_id = request_id
+        self._items: collections.deque[Reply | WorldserveError] = collections.deque()
+        self._max_queued = max_queued
+        self._ready = asyncio.Event()
+        self._done = False
+        self.num_dropped = 0
+
+    def _push(self, item: Reply | WorldserveError) -> None:
+        terminal = isinstance(item, WorldserveError) or item.terminal
+        if not terminal and len(self._items) >= self._max_queued:
+            for i, queued in enumerate(self._items):
+                if isinstance(queued, Reply) and not queued.terminal:
+                    del self._items[i]
+                    self.num_dropped += 1
+                    break
+        self._items.append(item)
+        self._ready.set()
+
+    def __aiter__(self) -> AsyncIterator[Reply]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Reply]:
+        while not self._done:
+            while not self._items:
+                self._ready.clear()
+                await self._ready.wait()
+            item = self._items.popleft()
+            if isinstance(item, WorldserveError):
+                self._finish()
+                raise item
+            if item.terminal:
+                self._finish()
+            yield item
+
+    def cancel(self) -> None:
+        """Stop waiting and ask the stage to cancel the request (idempotent)."""
+        if not self._done:
+            self._client.send_nowait(Cancel(request_id=new_request_id("cancel"), target_id=self.request_id))
+            self._finish()
+
+    def _finish(self) -> None:
+        self._done = True
+        self._client._forget(self.request_id)
+
+
+class StageClient:
+    """Connection from the api process to one stage process."""
+
+    def __init__(self, stage: str, address: str, *, client_id: str | None = None) -> None:
+        self.stage = stage
+        self.address = check_address(address)
+        self.client_id = client_id or uuid.uuid4().hex
+        self.state: StageState = "starting"
+        self.info: StageInfo | None = None
+        self.down_reason: str | None = None
+        self._codec = MessageCodec()
+        self._ctx = zmq.asyncio.Context()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SNDHWM, SOCKET_HWM)
+        self._sock.setsockopt(zmq.RCVHWM, SOCKET_HWM)
+        self._sock.connect(self.address)
+        self._futures: dict[str, asyncio.Future[Reply]] = {}
+        self._streams: dict[str, ReplyStream] = {}
+        self._listeners: list[StatusListener] = []
+        self._recv_task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        if self._recv_task is None:
+            self._recv_task = asyncio.get_running_loop().create_task(self._receive_loop())
+
+    async def handshake(self, timeout_s: float) -> StageInfo:
+        """Wait until the stage has loaded its models and answered `Hello`."""
+        self.start()
+        reply = await self.call(Hello(request_id=new_request_id("hello"), client_id=self.client_id),
+                                timeout_s=timeout_s)
+        assert isinstance(reply, StageInfo)  # the stage protocol guarantees it; not client input
+        self.info = reply
+        self.state = reply.state
+        return reply
+
+    def add_status_listener(self, listener: StatusListener) -> None:
+        self._listeners.append(listener)
+
+    def mark_down(self, reason: str) -> None:
+        """The stage is gone: fail every waiter now and refuse new requests."""
+        self.down_reason = reason
+        self._set_state("failed")
+        error = StageUnavailable(f"stage '{self.stage}' is unavailable: {reason}", stage=self.stage)
+        for fut in self._futures.values():
+            if not fut.done():
+                fut.set_exception(error)
+        self._futures.clear()
+        for stream in list(self._streams.values()):
+            stream._push(error)
+        self._streams.clear()
+
+    async def close(self) -> None:
+        if self._recv_task is not None:
+            self._recv_task.cancel()
+            try:
+                await self._recv_task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._sock.close(0)
+        self._ctx.term()
+
+    # ------------------------------------------------------------------ requests
+
+    def _check_up(self) -> None:
+        if self.down_reason is not None:
+            raise StageUnavailable(
+                f"stage '{self.stage}' is unavailable: {self.down_reason}", stage=self.stage
+            )
+
+    async def call(self, request: Request, *, timeout_s: float | None = None) -> Reply:
+        """Send `request` and return its single reply (an `ErrorReply` is raised)."""
+        self._check_up()
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._futures[request.request_id] = fut
+        await self._send(request)
+        try:
+            return await asyncio.wait_for(fut, timeout_s)
+        except asyncio.TimeoutError:
+            self.send_nowait(Cancel(request_id=new_request_id("cancel"), target_id=request.request_id))
+            raise RequestTimeout(
+                f"stage '{self.stage}' did not answer within {timeout_s:g} s"
+            ) from None
+        finally:
+            self._futures.pop(request.request_id, None)
+
+    async def stream(self, request: Request, *, max_queued: int = 64) -> ReplyStream:
+        """Send a streaming request; iterate the returned stream for its replies."""
+        self._check_up()
+        stream = ReplyStream(self, request.request_id, max_queued)
+        self._streams[request.request_id] = stream
+        await self._send(request)
+        return stream
+
+    def send_nowait(self, request: Request) -> None:
+        """Fire-and-forget (cancellations, releases). Dropped silently when the stage is down."""
+        if self.down_reason is None:
+            asyncio.get_running_loop().create_task(self._send(request))
+
+    async def _send(self, request: Request) -> None:
+        await self._sock.send(self._codec.encode(request))
+
+    def _forget(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+
+    # ------------------------------------------------------------------ receiving
+
+    async def _receive_loop(self) -> None:
+        while True:
+            data = await self._sock.recv()
+            try:
+                msg = self._codec.decode(data)
+            except Exception:
+                log.error("stage %s sent an undecodable message", self.stage)
+                continue
+            self._route(msg)
+
+    def _route(self, msg: Message) -> None:
+        if isinstance(msg, StageStatus):
+            self._set_state(msg.state)
+            return
+        if not isinstance(msg, Reply):
+            log.warning("stage %s sent unexpected %s", self.stage, type(msg).__name__)
+            return
+        item: Reply | WorldserveError = msg
+        if isinstance(msg, ErrorReply):
+            item = from_code(msg.code, msg.message)
+        fut = self._futures.get(msg.request_id)
+        if fut is not None and not fut.done():
+            if isinstance(item, WorldserveError):
+                fut.set_exception(item)
+            else:
+                fut.set_result(item)
+            return
+        stream = self._streams.get(msg.request_id)
+        if stream is not None:
+            stream._push(item)
+
+    def _set_state(self, state: StageState) -> None:
+        if state == self.state:
+            return
+        self.state = state
+        for listener in self._listeners:
+            listener(self.stage, state)

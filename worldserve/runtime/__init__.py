@@ -1,0 +1,1 @@
+"""Process runtime: the supervisor (api side) and the stage process loop."""

@@ -1,0 +1,61 @@
+"""The interface every engine implements, and the stage-name -> engine factory table.
+
+A stage process owns one engine. Its loop is `receive -> engine.submit(...)`, then
+`engine.step()` while `engine.has_work()`. Engines never block the loop for longer than one
+unit of work (a denoising step, a decode step) so that cancellations and pings stay prompt.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Literal, Protocol
+
+from worldserve.config import ServerConfig, StageConfig
+from worldserve.ipc.messages import Message, Request
+
+ReplyFn = Callable[[Message], None]
+EngineState = Literal["warming", "ready"]
+
+# Imported lazily inside the stage process only: the api process never loads these modules.
+ENGINE_FACTORIES: dict[str, str] = {
+    "generation": "worldserve.engines.generation.engine:create_engine",
+    "reasoner": "worldserve.engines.reasoner.engine:create_engine",
+}
+
+
+class Engine(Protocol):
+    model_name: str
+    model_path: str
+    num_params: int
+
+    def capabilities(self) -> dict[str, Any]:
+        """Facts the api needs without a round trip (defaults, limits, feature flags)."""
+
+    def state(self) -> EngineState:
+        """`warming` while server-mode warmup runs (requests wait), then `ready`."""
+
+    def submit(self, request: Request, reply: ReplyFn) -> None:
+        """Accept one request; replies go through `reply` now or from a later `step()`."""
+
+    def cancel(self, request_id: str) -> None:
+        """Stop `request_id` at the next step boundary (no-op when unknown)."""
+
+    def has_work(self) -> bool: ...
+
+    def step(self) -> None:
+        """Run one bounded unit of work."""
+
+    def stats(self) -> dict[str, Any]:
+        """`queue_depth`, `running`, `sessions` and optional `extra`."""
+
+    def shutdown(self) -> None: ...
+
+
+def create_engine(stage: str, stage_config: StageConfig, server_config: ServerConfig) -> Engine:
+    try:
+        target = ENGINE_FACTORIES[stage]
+    except KeyError:
+        raise ValueError(f"no engine is registered for stage {stage!r}") from None
+    module_name, func_name = target.split(":")
+    factory = getattr(importlib.import_module(module_name), func_name)
+    return factory(stage_config, server_config)

@@ -1,0 +1,196 @@
+"""The stage process: load the engine, then loop receive -> schedule -> run -> send.
+
+Started by the supervisor as `python -m worldserve.runtime.stage --stage NAME --config FILE
+--address ADDR`. A stage that cannot load prints one line naming the cause on stderr and exits
+with status 1 (a traceback too with --log-level debug).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import heapq
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from worldserve import envs
+from worldserve.config import ServerConfig
+from worldserve.errors import WorldserveError
+from worldserve.ipc.messages import (
+    Cancel,
+    Echo,
+    EchoReply,
+    ErrorReply,
+    Hello,
+    Message,
+    Ping,
+    Request,
+    StageInfo,
+    StageStats,
+    StageStatus,
+    StatsRequest,
+)
+from worldserve.ipc.transport import StageServer
+from worldserve.runtime.engine import Engine, create_engine
+
+log = logging.getLogger("worldserve.stage")
+
+IDLE_POLL_MS = 50
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when the api process dies (no orphan stages)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+class StageLoop:
+    """Owns the socket and the engine; routes replies back to the peer that asked."""
+
+    def __init__(self, stage: str, server: StageServer, engine: Engine) -> None:
+        self.stage = stage
+        self.server = server
+        self.engine = engine
+        self.running = True
+        self._peers: set[bytes] = set()
+        self._echoes: list[tuple[float, int, bytes, EchoReply]] = []
+        self._echo_seq = 0
+        self._last_state = engine.state()
+
+    def info(self, request_id: str) -> StageInfo:
+        return StageInfo(
+            request_id=request_id,
+            stage=self.stage,
+            pid=os.getpid(),
+            state=self.engine.state(),
+            model=self.engine.model_name,
+            model_path=self.engine.model_path,
+            num_params=self.engine.num_params,
+            capabilities=self.engine.capabilities(),
+        )
+
+    def run(self) -> None:
+        while self.running:
+            timeout_ms = 0 if self.engine.has_work() else self._echo_wait_ms(IDLE_POLL_MS)
+            for peer, msg in self.server.receive(timeout_ms):
+                self._dispatch(peer, msg)
+            self._send_due_echoes()
+            if self.engine.has_work():
+                self.engine.step()
+            self._broadcast_state_change()
+
+    def _echo_wait_ms(self, default_ms: float) -> float:
+        if not self._echoes:
+            return default_ms
+        return max(0.0, min(default_ms, (self._echoes[0][0] - time.monotonic()) * 1000))
+
+    def _dispatch(self, peer: bytes, msg: Message | None) -> None:
+        self._peers.add(peer)
+        if msg is None:
+            log.warning("dropped an undecodable message from %r", peer)
+            return
+        if isinstance(msg, (Hello, Ping)):
+            self.server.send(peer, self.info(msg.request_id))
+        elif isinstance(msg, StatsRequest):
+            self.server.send(peer, StageStats(request_id=msg.request_id, **self.engine.stats()))
+        elif isinstance(msg, Echo):
+            self._schedule_echo(peer, msg)
+        elif isinstance(msg, Cancel):
+            self.engine.cancel(msg.target_id)
+        elif isinstance(msg, Request):
+            self._submit(peer, msg)
+        else:
+            log.warning("ignored unexpected %s", type(msg).__name__)
+
+    def _submit(self, peer: bytes, request: Request) -> None:
+        def reply(out: Message) -> None:
+            self.server.send(peer, out)
+
+        try:
+            self.engine.submit(request, reply)
+        except WorldserveError as exc:
+            reply(ErrorReply(request_id=request.request_id, code=exc.code, message=exc.message))
+        except Exception as exc:  # one bad request must not take the stage down
+            log.exception("request %s failed", request.request_id)
+            reply(ErrorReply(request_id=request.request_id, code="internal_error", message=str(exc)))
+
+    def _schedule_echo(self, peer: bytes, msg: Echo) -> None:
+        due = time.monotonic() + max(0.0, msg.delay_ms) / 1000
+        self._echo_seq += 1
+        out = EchoReply(request_id=msg.request_id, payload=msg.payload)
+        heapq.heappush(self._echoes, (due, self._echo_seq, peer, out))
+
+    def _send_due_echoes(self) -> None:
+        now = time.monotonic()
+        while self._echoes and self._echoes[0][0] <= now:
+            _, _, peer, out = heapq.heappop(self._echoes)
+            self.server.send(peer, out)
+
+    def _broadcast_state_change(self) -> None:
+        state = self.engine.state()
+        if state == self._last_state:
+            return
+        self._last_state = state
+        log.info("stage %s is %s", self.stage, state)
+        for peer in self._peers:
+            self.server.send(peer, StageStatus(stage=self.stage, state=state))
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="worldserve-stage")
+    parser.add_argument("--stage", required=True)
+    parser.add_argument("--config", required=True, type=Path)
+    parser.add_argument("--address", required=True)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    _die_with_parent()
+    args = _parse_args(argv)
+    config = ServerConfig.model_validate_json(args.config.read_text())
+    debug = config.log_level == "debug"
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s [{args.stage}] %(name)s: %(message)s",
+    )
+    threads = envs.torch_num_threads()
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    stage_config = getattr(config.stages, args.stage)
+    try:
+        server = StageServer(args.address)
+    except Exception as exc:
+        print(f"stage {args.stage}: cannot bind {args.address}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        engine = create_engine(args.stage, stage_config, config)
+    except Exception as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"stage {args.stage} failed to start: {exc}", file=sys.stderr, flush=True)
+        server.close()
+        return 1
+    loop = StageLoop(args.stage, server, engine)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(loop, "running", False))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the api process owns Ctrl+C
+    try:
+        loop.run()
+    finally:
+        engine.shutdown()
+        server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

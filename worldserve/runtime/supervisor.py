@@ -1,0 +1,190 @@
+"""Starts, watches and stops the stage processes (runs inside the api process).
+
+Each stage gets a socket address unique to this server instance (a socket file in a private
+run folder, or a free loopback port), a readiness handshake with a timeout, and a watcher:
+when a stage dies, its client fails every waiter with 503 at once; when a critical stage
+(generation) dies, `on_fatal` asks the server to exit non-zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import worldserve
+from worldserve import envs
+from worldserve.config import ServerConfig, StageConfig
+from worldserve.ipc.client import StageClient
+
+log = logging.getLogger("worldserve.supervisor")
+
+CRITICAL_STAGES = frozenset({"generation"})
+STOP_GRACE_S = 5.0
+STDERR_TAIL_LINES = 40
+
+
+class StageStartError(RuntimeError):
+    """A stage could not start; the message is the stage's own reason."""
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+def _free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class StageProcess:
+    name: str
+    config: StageConfig
+    address: str
+    client: StageClient
+    proc: asyncio.subprocess.Process | None = None
+    stderr_tail: collections.deque[str] = field(
+        default_factory=lambda: collections.deque(maxlen=STDERR_TAIL_LINES)
+    )
+    exit_reason: str | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def failure_message(self) -> str:
+        """The stage's own last words, else how it ended."""
+        for line in reversed(self.stderr_tail):
+            if "failed to start" in line or "cannot bind" in line:
+                return line.split("failed to start: ", 1)[-1]
+        tail = [line for line in self.stderr_tail if line.strip()]
+        reason = self.exit_reason or "unknown"
+        return f"{reason}; last output: {tail[-1]}" if tail else reason
+
+
+class Supervisor:
+    def __init__(self, config: ServerConfig, on_fatal: Callable[[str], None] | None = None) -> None:
+        self.config = config
+        self.on_fatal = on_fatal or (lambda reason: None)
+        self.run_dir = Path(
+            tempfile.mkdtemp(prefix=f"worldserve-{config.port}-", dir=envs.run_dir_root())
+        )
+        self.stages: dict[str, StageProcess] = {}
+        self._stopping = False
+
+    @property
+    def clients(self) -> dict[str, StageClient]:
+        return {name: stage.client for name, stage in self.stages.items()}
+
+    def _address(self, name: str, stage_config: StageConfig) -> str:
+        if stage_config.ipc == "tcp":
+            return f"tcp://{stage_config.host}:{_free_loopback_port()}"
+        return f"ipc://{self.run_dir / (name + '.sock')}"
+
+    async def start(self) -> None:
+        """Start every enabled stage and wait for all handshakes; raise StageStartError."""
+        config_file = self.run_dir / "config.json"
+        config_file.write_text(self.config.model_dump_json())
+        for name, stage_config in self.config.stages.enabled().items():
+            address = self._address(name, stage_config)
+            self.stages[name] = StageProcess(name, stage_config, address, StageClient(name, address))
+        try:
+            for stage in self.stages.values():
+                await self._spawn(stage, config_file)
+            await asyncio.gather(*(self._handshake(s) for s in self.stages.values()))
+        except BaseException:
+            await self.stop()
+            raise
+        for stage in self.stages.values():
+            stage.tasks.append(asyncio.get_running_loop().create_task(self._watch(stage)))
+
+    async def _spawn(self, stage: StageProcess, config_file: Path) -> None:
+        env = dict(os.environ)
+        package_root = str(Path(worldserve.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        stage.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "worldserve.runtime.stage",
+            "--stage", stage.name, "--config", str(config_file), "--address", stage.address,
+            stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=env,
+        )
+        stage.tasks.append(asyncio.get_running_loop().create_task(self._forward_stderr(stage)))
+        log.info("started stage %s (pid %d) on %s", stage.name, stage.proc.pid, stage.address)
+
+    async def _forward_stderr(self, stage: StageProcess) -> None:
+        assert stage.proc is not None and stage.proc.stderr is not None
+        while line := await stage.proc.stderr.readline():
+            text = line.decode(errors="replace").rstrip("\n")
+            stage.stderr_tail.append(text)
+            print(text, file=sys.stderr, flush=True)
+
+    async def _handshake(self, stage: StageProcess) -> None:
+        assert stage.proc is not None
+        timeout_s = envs.stage_start_timeout_s() or stage.config.start_timeout_s
+        handshake = asyncio.ensure_future(stage.client.handshake(timeout_s))
+        exited = asyncio.ensure_future(stage.proc.wait())
+        done, _ = await asyncio.wait({handshake, exited}, return_when=asyncio.FIRST_COMPLETED)
+        if handshake in done and handshake.exception() is None:
+            exited.cancel()
+            return
+        handshake.cancel()
+        if exited in done:
+            stage.exit_reason = describe_exit(exited.result())
+            await asyncio.sleep(0.1)  # let the stderr forwarder catch the last lines
+            raise StageStartError(f"stage '{stage.name}' failed to start: {stage.failure_message()}")
+        exited.cancel()
+        raise StageStartError(
+            f"stage '{stage.name}' did not become ready within {timeout_s:g} s "
+            f"(stages.{stage.name}.start_timeout_s)"
+        )
+
+    async def _watch(self, stage: StageProcess) -> None:
+        assert stage.proc is not None
+        returncode = await stage.proc.wait()
+        if self._stopping:
+            return
+        stage.exit_reason = describe_exit(returncode)
+        log.error("stage %s (pid %d) died: %s", stage.name, stage.proc.pid, stage.exit_reason)
+        stage.client.mark_down(stage.exit_reason)
+        if stage.name in CRITICAL_STAGES:
+            self.on_fatal(f"stage '{stage.name}' died: {stage.exit_reason}")
+
+    async def stop(self) -> None:
+        """SIGTERM every stage, SIGKILL after a grace period, remove sockets. Idempotent."""
+        if self._stopping:
+            return
+        self._stopping = True
+        live = [s for s in self.stages.values() if s.proc and s.proc.returncode is None]
+        for stage in live:
+            stage.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        await asyncio.gather(*(self._reap(s) for s in live))
+        for stage in self.stages.values():
+            for task in stage.tasks:
+                task.cancel()
+            await stage.client.close()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    async def _reap(self, stage: StageProcess) -> None:
+        assert stage.proc is not None
+        try:
+            await asyncio.wait_for(stage.proc.wait(), STOP_GRACE_S)
+        except asyncio.TimeoutError:
+            log.warning("stage %s ignored SIGTERM; killing it", stage.name)
+            stage.proc.kill()
+            await stage.proc.wait()
