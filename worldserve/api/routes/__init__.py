@@ -1,0 +1,9 @@
+"""Route modules. Each exposes `router` (an APIRouter) and optionally `setup(runtime)`.
+
+`ROUTE_MODULES` is the order in which create_app includes them.
+"""
+
+ROUTE_MODULES: tuple[str, ...] = (
+    "worldserve.api.routes.ops",
+    "worldserve.api.routes.admin",
+)

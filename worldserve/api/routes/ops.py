@@ -1,0 +1,107 @@
+"""Operations: health, readiness, models, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from worldserve.api.runtime import ServerRuntime
+from worldserve.ipc.client import new_request_id
+from worldserve.ipc.messages import StageStats, StatsRequest
+
+router = APIRouter(tags=["operations"])
+
+STATS_TIMEOUT_S = 0.5
+
+
+def overall_status(states: dict[str, str]) -> str:
+    """`ok` when every stage is ready; else the worst state: unhealthy > starting > warming."""
+    values = set(states.values())
+    if values <= {"ready"}:
+        return "ok"
+    if values & {"failed", "stopped"}:
+        return "unhealthy"
+    if values & {"starting", "loading"}:
+        return "starting"
+    return "warming"
+
+
+def _runtime(request: Request) -> ServerRuntime:
+    return request.app.state.runtime
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    states = _runtime(request).stage_states()
+    status = overall_status(states)
+    body = {"status": status, "running": status != "unhealthy", "stages": states}
+    return JSONResponse(status_code=200 if status == "ok" else 503, content=body)
+
+
+@router.get("/v1/health/live")
+async def live() -> dict:
+    return {"object": "health.response", "status": "live", "message": "Service is live."}
+
+
+@router.get("/v1/health/ready")
+async def ready(request: Request) -> JSONResponse:
+    states = _runtime(request).stage_states()
+    status = overall_status(states)
+    if status == "ok":
+        body = {"object": "health.response", "status": "ready", "message": "Service is ready."}
+        return JSONResponse(status_code=200, content=body)
+    body = {"object": "health.response", "status": status, "message": "Service is not ready.",
+            "stages": states}
+    return JSONResponse(status_code=503, content=body)
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict:
+    runtime = _runtime(request)
+    data = []
+    for stage, client in runtime.clients.items():
+        if client.info is None:
+            continue
+        data.append({
+            "id": client.info.model,
+            "object": "model",
+            "created": int(runtime.started_at),
+            "owned_by": "worldserve",
+            "root": client.info.model_path,
+            "stage": stage,
+        })
+    return {"object": "list", "data": data}
+
+
+async def stage_stats(runtime: ServerRuntime, timeout_s: float) -> dict[str, dict]:
+    """Stats of every stage, queried concurrently; a down or slow stage reports why."""
+
+    async def one(stage: str) -> tuple[str, dict]:
+        client = runtime.clients[stage]
+        if client.down_reason is not None:
+            return stage, {"state": client.state, "error": client.down_reason}
+        try:
+            reply = await client.call(StatsRequest(request_id=new_request_id("stats")),
+                                      timeout_s=timeout_s)
+        except Exception as exc:  # reported per stage; one slow stage must not hide the others
+            return stage, {"state": client.state, "error": str(exc)}
+        assert isinstance(reply, StageStats)
+        return stage, {"state": client.state, "queue_depth": reply.queue_depth,
+                       "running": reply.running, "sessions": reply.sessions, **reply.extra}
+
+    pairs = await asyncio.gather(*(one(stage) for stage in runtime.clients))
+    return dict(pairs)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    runtime = _runtime(request)
+    stats = await stage_stats(runtime, STATS_TIMEOUT_S)
+    for stage, client in runtime.clients.items():
+        runtime.metrics.stage_up.labels(stage).set(1 if client.state == "ready" else 0)
+        if "queue_depth" in stats[stage]:
+            runtime.metrics.queue_depth.labels(stage).set(stats[stage]["queue_depth"])
+            runtime.metrics.running.labels(stage).set(stats[stage]["running"])
+    return Response(runtime.metrics.render(), media_type="text/plain; version=0.0.4")

@@ -1,0 +1,41 @@
+"""What the routes reach through `app.state.runtime`: config, stage clients, services."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from worldserve.api.metrics import Metrics
+from worldserve.config import ServerConfig
+from worldserve.errors import StageUnavailable
+from worldserve.ipc.client import StageClient
+
+
+@dataclass
+class ServerRuntime:
+    """Everything the app is built around. Tests build one around their own stage clients."""
+
+    config: ServerConfig
+    clients: dict[str, StageClient]
+    admin_key: str | None = None
+    metrics: Metrics = field(default_factory=Metrics)
+    started_at: float = field(default_factory=time.time)
+    # pid per stage, filled by the supervisor (shown in /admin/server_info)
+    stage_pids: dict[str, int | None] = field(default_factory=dict)
+    # Per-surface services (job store, session managers) registered by their route modules.
+    services: dict[str, Any] = field(default_factory=dict)
+
+    def client(self, stage: str) -> StageClient:
+        """The stage's client, or 503 when the stage is not configured or is down."""
+        client = self.clients.get(stage)
+        if client is None:
+            raise StageUnavailable(f"stage '{stage}' is not enabled on this server", stage=stage)
+        if client.down_reason is not None:
+            raise StageUnavailable(
+                f"stage '{stage}' is unavailable: {client.down_reason}", stage=stage
+            )
+        return client
+
+    def stage_states(self) -> dict[str, str]:
+        return {name: client.state for name, client in self.clients.items()}

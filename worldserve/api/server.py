@@ -1,0 +1,70 @@
+"""Run the api process: start the stages, serve HTTP, stop everything on the way out."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from typing import Iterator
+
+import uvicorn
+
+from worldserve.api.app import create_app
+from worldserve.api.runtime import ServerRuntime
+from worldserve.config import ServerConfig, is_loopback_host
+from worldserve.runtime.supervisor import StageStartError, Supervisor
+
+log = logging.getLogger("worldserve.server")
+
+GRACEFUL_SHUTDOWN_S = 3
+WS_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn re-raises SIGTERM/SIGINT after its shutdown, which would kill this process
+        # before the stages are stopped and the sockets removed; the caller does that instead.
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                self._captured_signals.clear()
+
+
+async def serve(config: ServerConfig, admin_key: str | None) -> int:
+    """Start stages, serve until a signal or a fatal stage failure; return the exit code."""
+    exit_code = 0
+    server: _Server | None = None
+
+    def on_fatal(reason: str) -> None:
+        nonlocal exit_code
+        exit_code = 1
+        log.error("%s; shutting down", reason)
+        if server is not None:
+            server.should_exit = True
+
+    if not is_loopback_host(config.host) and config.allowed_local_media_path is None:
+        log.warning("serving on %s without --allowed-local-media-path: requests may name "
+                    "server-local media files", config.host)
+    supervisor = Supervisor(config, on_fatal=on_fatal)
+    try:
+        await supervisor.start()
+    except StageStartError as exc:
+        print(f"worldserve: {exc}", file=sys.stderr, flush=True)
+        return 1
+    runtime = ServerRuntime(config=config, clients=supervisor.clients, admin_key=admin_key,
+                            stage_pids={n: s.pid for n, s in supervisor.stages.items()})
+    app = create_app(runtime)
+    server = _Server(uvicorn.Config(
+        app, host=config.host, port=config.port, log_level=config.log_level,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, ws_max_size=WS_MAX_MESSAGE_BYTES,
+        access_log=config.log_level == "debug",
+    ))
+    try:
+        await server.serve()
+        if not server.started and exit_code == 0:
+            exit_code = 1  # e.g. the port was taken; uvicorn logged why
+    finally:
+        await supervisor.stop()
+    return exit_code

@@ -1,0 +1,144 @@
+"""The `worldserve` command: serve | dev-models (and the clients added beside them)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from worldserve import envs
+from worldserve.config import ConfigError, ServerConfig, load_config
+
+app = typer.Typer(help="worldserve: serve world foundation models (images, videos, actions, "
+                       "realtime worlds, live video reasoning).", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+dev_models_app = typer.Typer(help="Tiny built-in development checkpoints.", no_args_is_help=True)
+app.add_typer(dev_models_app, name="dev-models")
+
+DEV_STAGE_DIRS = ("generation", "reasoner")
+
+
+def _usage_error(message: str) -> typer.Exit:
+    typer.echo(f"worldserve: error: {message}", err=True)
+    return typer.Exit(code=2)
+
+
+def _model_overrides(model_path: Path | None) -> dict[str, Any]:
+    """`--model-path DIR`: a dev-models style folder (per-stage subfolders) or a generation model."""
+    if model_path is None:
+        return {}
+    subdirs = [name for name in DEV_STAGE_DIRS if (model_path / name).is_dir()]
+    if subdirs:
+        return {f"stages.{name}.model_path": str(model_path / name) for name in subdirs}
+    return {"stages.generation.model_path": str(model_path)}
+
+
+def _fill_dev_model_paths(config: ServerConfig) -> ServerConfig:
+    """Stages without a model path serve the dev checkpoints (built on first use)."""
+    missing = [n for n, s in config.stages.enabled().items() if s.model_path is None]
+    if not missing:
+        return config
+    root = envs.dev_models_dir()
+    if not all((root / name / "worldserve_dev.json").is_file() for name in missing):
+        typer.echo(f"worldserve: building dev checkpoints in {root} (first run only)", err=True)
+        # A child process: the api process never imports torch.
+        done = subprocess.run([sys.executable, "-m", "worldserve", "dev-models", "build", str(root)])
+        if done.returncode != 0:
+            typer.echo("worldserve: building the dev checkpoints failed", err=True)
+            raise typer.Exit(code=1)
+    data = config.model_dump(mode="json")
+    for name in missing:
+        data["stages"][name]["model_path"] = str(root / name)
+    return ServerConfig.model_validate(data)
+
+
+def _admin_key(admin_key_file: Path | None) -> str | None:
+    if admin_key_file is None:
+        return envs.admin_key()
+    try:
+        key = admin_key_file.read_text().strip()
+    except OSError as exc:
+        raise _usage_error(f"cannot read --admin-key-file {admin_key_file}: {exc.strerror}")
+    if not key:
+        raise _usage_error(f"--admin-key-file {admin_key_file} is empty")
+    return key
+
+
+@app.command()
+def serve(
+    model_path: Optional[Path] = typer.Option(None, help="Model directory (HF layout). A folder "
+                                              "with generation/ and reasoner/ subfolders sets "
+                                              "both stages. Default: the dev checkpoints."),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML configuration file."),
+    host: Optional[str] = typer.Option(None, help="Bind address [default: 127.0.0.1]."),
+    port: Optional[int] = typer.Option(None, help="Port [default: 8000]."),
+    output_dir: Optional[Path] = typer.Option(None, help="Where generated media go "
+                                              "[default: outputs]."),
+    allowed_local_media_path: Optional[Path] = typer.Option(
+        None, help="Local media paths in requests must resolve inside this directory."),
+    allowed_media_domain: Optional[list[str]] = typer.Option(
+        None, help="Allowed remote media host (repeatable, comma-separated allowed)."),
+    log_level: Optional[str] = typer.Option(None, help="debug | info | warning | error."),
+    admin_key_file: Optional[Path] = typer.Option(
+        None, help="File holding the admin bearer key (else $WORLDSERVE_ADMIN_KEY)."),
+) -> None:
+    """Start the api process and its stage processes."""
+    overrides: dict[str, Any] = {
+        "host": host, "port": port, "log_level": log_level,
+        "stages.generation.output_dir": str(output_dir) if output_dir else None,
+        "allowed_local_media_path": str(allowed_local_media_path)
+        if allowed_local_media_path else None,
+        "allowed_media_domains": allowed_media_domain or None,
+        **_model_overrides(model_path),
+    }
+    try:
+        cfg = load_config(config, overrides)
+    except ConfigError as exc:
+        raise _usage_error(str(exc))
+    if cfg.allowed_local_media_path is not None and not cfg.allowed_local_media_path.is_dir():
+        raise _usage_error(f"--allowed-local-media-path {cfg.allowed_local_media_path} "
+                           "is not a directory")
+    key = _admin_key(admin_key_file)
+    logging.basicConfig(level=cfg.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = _fill_dev_model_paths(cfg)
+    try:
+        code = asyncio.run(_serve(cfg, key))
+    except KeyboardInterrupt:
+        code = 130
+    raise typer.Exit(code=code)
+
+
+async def _serve(cfg: ServerConfig, key: str | None) -> int:
+    from worldserve.api.server import serve as run_server
+
+    return await run_server(cfg, key)
+
+
+@dev_models_app.command("build")
+def dev_models_build(
+    directory: Optional[Path] = typer.Argument(None, help="Target folder [default: "
+                                               "~/.cache/worldserve/dev-models/<version>]."),
+    force: bool = typer.Option(False, help="Rebuild even when present."),
+) -> None:
+    """Build the tiny development checkpoints (deterministic, offline)."""
+    from worldserve.models.dev import build_dev_models
+
+    logging.basicConfig(level="INFO", format="%(message)s")
+    root = directory or envs.dev_models_dir()
+    paths = build_dev_models(root, force=force)
+    for name, path in paths.items():
+        typer.echo(f"{name}: {path}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

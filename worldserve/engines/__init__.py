@@ -1,0 +1,1 @@
+"""Engines: the model-owning code that runs inside stage processes (imports torch)."""

@@ -1,0 +1,62 @@
+"""Helpers every engine uses to find, name and load its model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from worldserve.config import StageConfig
+from worldserve.errors import InvalidRequest
+from worldserve.ipc.messages import Request
+
+DEV_MARKER = "worldserve_dev.json"
+
+
+class ModelLoadError(RuntimeError):
+    """The stage's model directory is missing or unreadable (message names the path)."""
+
+
+def model_dir(stage_config: StageConfig) -> Path:
+    path = stage_config.model_path
+    if path is None:
+        raise ModelLoadError("no model path configured (set model_path or --model-path)")
+    path = path.expanduser().resolve()
+    if not path.exists():
+        raise ModelLoadError(f"model path {path} does not exist")
+    if not path.is_dir():
+        raise ModelLoadError(f"model path {path} is not a directory")
+    return path
+
+
+def served_model_name(stage_config: StageConfig, path: Path) -> str:
+    """Configured name, else the dev marker's name, else the directory name."""
+    if stage_config.served_model_name:
+        return stage_config.served_model_name
+    marker = path / DEV_MARKER
+    if marker.is_file():
+        try:
+            name = json.loads(marker.read_text()).get("served_model_name")
+        except (OSError, ValueError):
+            name = None
+        if isinstance(name, str) and name:
+            return name
+    return path.name
+
+
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def count_parameters(*modules: Any) -> int:
+    total = 0
+    for module in modules:
+        if module is not None and hasattr(module, "parameters"):
+            total += sum(p.numel() for p in module.parameters())
+    return total
+
+
+def unsupported(request: Request, stage: str) -> InvalidRequest:
+    return InvalidRequest(f"stage '{stage}' does not handle {type(request).__name__} requests")

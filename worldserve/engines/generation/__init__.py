@@ -1,0 +1,1 @@
+"""Generation engine: images, video jobs and actions (diffusers pipelines)."""

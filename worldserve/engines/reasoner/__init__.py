@@ -1,0 +1,1 @@
+"""Reasoner engine: a vision-language model with per-session KV caches."""
