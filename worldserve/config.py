@@ -81,20 +81,44 @@ class GenerationStageConfig(StageConfig):
 
 
 class StreamingConfig(_Frozen):
+    """Live video reasoning sessions (spec streaming-reasoning.md section 2)."""
+
     enabled: bool = True
+    max_sessions: int = Field(default=2, ge=1, le=1024)
+    max_video_segments: int = Field(default=8, ge=1)
+    idle_timeout_s: float = Field(default=900.0, gt=0)
+    rest_idle_timeout_s: float = Field(default=120.0, gt=0)
+    frame_timeout_s: float = Field(default=120.0, gt=0)
+    # None: 2 x max_sessions x max_video_segments (never below that floor)
+    image_budget: int | None = Field(default=None, ge=1)
+    encoder_capacity: int | None = Field(default=None, ge=1)
+    spec_method: Literal["none", "ngram"] = "none"
+    spec_num_tokens: int = Field(default=3, ge=1, le=16)
 
 
 class ReasonerStageConfig(StageConfig):
     """Vision-language reasoning: live video sessions and chat completions."""
 
     streaming: StreamingConfig = Field(default_factory=StreamingConfig)
-    max_sessions: int = Field(default=2, ge=1, le=1024)
-    speculative: Literal["none", "ngram"] = "none"
+    # None: the model's max_position_embeddings
+    max_model_len: int | None = Field(default=None, ge=256)
+
+
+class RealtimeStageConfig(StageConfig):
+    """Realtime world exploration (causal video model), a stage of its own."""
+
+    max_sessions: int = Field(default=2, ge=1, le=64)
+    admission_wait_s: float = Field(default=10.0, ge=0)
+    max_sessions_per_user: int = Field(default=0, ge=0)
+    idle_timeout_s: float = Field(default=300.0, gt=0)
+    max_lifetime_s: float = Field(default=0.0, ge=0)
 
 
 class StagesConfig(_Frozen):
     generation: GenerationStageConfig = Field(default_factory=GenerationStageConfig)
     reasoner: ReasonerStageConfig = Field(default_factory=ReasonerStageConfig)
+    # Disabled until the realtime engine lands (issue: realtime world exploration).
+    realtime: RealtimeStageConfig = Field(default_factory=lambda: RealtimeStageConfig(enabled=False))
 
     def enabled(self) -> dict[str, StageConfig]:
         """Enabled stages by name, in start order."""

@@ -1,6 +1,7 @@
 """Every message that crosses a process boundary, as msgspec Structs.
 
-Encoded as msgpack with a `type` tag (the class name); never pickle. Every class that
+Encoded as msgpack with a `type` tag (the class name); never pickle. Field order: msgspec
+applies `kw_only` per class, so required fields come before fields with defaults. Every class that
 subclasses `Message` in this module is decodable (see `all_message_types()`). Sections:
 control (all stages), then one section per engine.
 
@@ -109,9 +110,181 @@ class ErrorReply(Reply):
 
 
 # --------------------------------------------------------------------------- reasoner
+# Contract: shared/spec/streaming-reasoning.md. The api process validates the public schema,
+# enforces frame byte/pixel limits and one-frame-in-flight, and owns idle/frame timeouts; the
+# reasoner engine owns admission (A1-A3, C1-C2), sessions, retention, decoding.
+
+
+class ReasonerRetention(msgspec.Struct, kw_only=True):
+    """Effective retention of one session (spec section 4.2)."""
+
+    max_video_segments: int = 30
+    max_text_tokens: int | None = None
+    max_session_tokens: int = 7000
+    eviction_policy: str = "sliding_window"
+    reprefill_threshold: float = 0.7
+
+
+class ReasonerSampling(msgspec.Struct, kw_only=True):
+    """Effective sampling (spec section 4.3); `guided_json` is the schema as JSON text."""
+
+    max_tokens: int = 24
+    temperature: float = 0.3
+    top_p: float = 0.9
+    repetition_penalty: float = 1.1
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    top_k: int = -1
+    seed: int | None = None
+    stop: list[str] | None = None
+    guided_json: str | None = None
+    guided_choice: list[str] | None = None
+    guided_regex: str | None = None
+
+
+class CreateSession(Request):
+    """Admit and create a live reasoning session. Reply: `SessionCreated` or `ErrorReply`
+    (`invalid_request` for A1-A3 / grammar, `capacity_exceeded` for C1-C2)."""
+
+    session_id: str
+    system_prompt: str
+    retention: ReasonerRetention
+    sampling: ReasonerSampling
+    question: str = ""
+
+
+class SessionCreated(Reply):
+    session_id: str
+    retention: ReasonerRetention
+    sampling: ReasonerSampling
+
+
+class SessionFrame(Request):
+    """One encoded JPEG/PNG frame (already checked for size and magic bytes by the api).
+    `received_at` is the api's time.time() when the frame was fully received."""
+
+    session_id: str
+    image: bytes
+    received_at: float
+
+
+class FrameResult(Reply):
+    """The spec's frame reply (section 5.4) minus `op`."""
+
+    frame_index: int
+    text: str
+    finish_reason: str
+    token_count: int
+    ttft_s: float | None = None
+    latency_s: float | None = None
+    decode_ms: float | None = None
+    build_ms: float | None = None
+    engine_ms: float | None = None
+    inqueue_ms: float | None = None
+    evicted_segments: int = 0
+    reprefill_ms: float | None = None
+    session_tokens: int = 0
+
+
+class CloseSession(Request):
+    """Release a session's cache (idempotent). Reply: `SessionClosed` (frames = replies sent)."""
+
+    session_id: str
+
+
+class SessionClosed(Reply):
+    session_id: str
+    frames: int
+
+
+class ChatPart(msgspec.Struct, kw_only=True):
+    """`type` is "text" (with `text`) or "image" (with encoded `image` bytes)."""
+
+    type: str
+    text: str | None = None
+    image: bytes | None = None
+
+
+class ChatMessage(msgspec.Struct, kw_only=True):
+    role: str
+    parts: list[ChatPart]
+
+
+class ChatCompletion(Request):
+    """One-shot chat completion. With `stream`, `ChatDelta` replies precede the `ChatResult`."""
+
+    messages: list[ChatMessage]
+    sampling: ReasonerSampling
+    stream: bool = False
+
+
+class ChatDelta(Reply):
+    terminal: ClassVar[bool] = False
+    text: str
+
+
+class ChatResult(Reply):
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
 
 
 # --------------------------------------------------------------------------- realtime
+# Contract: shared/spec/realtime-video.md. The api process owns the WebSocket protocol, control
+# queues (script/state/DSL -> one key list per output frame), framing/encoding, pacing and
+# admission; the realtime engine owns per-session causal state (KV sink + window, latents,
+# streaming VAE decode) and produces raw RGB24 frames chunk by chunk.
+
+
+class RealtimeChunk(Request):
+    """Generate chunk `chunk_index` of a session. Chunk 0 creates or resets the session's state
+    (and carries the session's settings); chunk k > 0 of an unknown session fails with
+    `not_found`. `camera` holds one key list per output frame of this chunk (None: no camera
+    control). `prompt` set on k > 0 switches the prompt; `refresh_kv` also rebuilds the
+    self-attention cache under it."""
+
+    session_id: str
+    chunk_index: int
+    prompt: str | None = None
+    negative_prompt: str | None = None
+    seed: int = 42
+    width: int = 0
+    height: int = 0
+    num_inference_steps: int | None = None
+    guidance_scale: float = 1.0
+    sink_size: int | None = None
+    window_frames: int | None = None
+    first_frame: bytes | None = None
+    camera: list[list[str]] | None = None
+    refresh_kv: bool = False
+    submitted_at: float = 0.0
+
+
+class RealtimeChunkResult(Reply):
+    """`frames`: `num_frames` raw RGB24 frames of `height x width`, concatenated."""
+
+    session_id: str
+    chunk_index: int
+    frames: bytes
+    num_frames: int
+    width: int
+    height: int
+    forward_ms: float
+    queue_ms: float = 0.0
+    kv_refresh_ms: float | None = None
+    cached_frames: int = 0
+
+
+class RealtimeRelease(Request):
+    """Free every state of the session (idempotent). Reply: `RealtimeReleased`."""
+
+    session_id: str
+
+
+class RealtimeReleased(Reply):
+    session_id: str
+    existed: bool
 
 
 def all_message_types() -> tuple[type[Message], ...]:
