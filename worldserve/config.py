@@ -99,6 +99,8 @@ class StreamingConfig(_Frozen):
 class ReasonerStageConfig(StageConfig):
     """Vision-language reasoning: live video sessions and chat completions."""
 
+    # `hf`: transformers (CPU and GPU); `fake`: deterministic replies for contract tests.
+    backend: Literal["hf", "fake"] = "hf"
     streaming: StreamingConfig = Field(default_factory=StreamingConfig)
     # None: the model's max_position_embeddings
     max_model_len: int | None = Field(default=None, ge=256)
@@ -107,6 +109,8 @@ class ReasonerStageConfig(StageConfig):
 class RealtimeStageConfig(StageConfig):
     """Realtime world exploration (causal video model), a stage of its own."""
 
+    # `causal`: the causal video diffusion model; `fake`: synthetic frames for protocol tests.
+    backend: Literal["causal", "fake"] = "causal"
     max_sessions: int = Field(default=2, ge=1, le=64)
     admission_wait_s: float = Field(default=10.0, ge=0)
     max_sessions_per_user: int = Field(default=0, ge=0)

@@ -19,7 +19,8 @@ EngineState = Literal["warming", "ready"]
 # Imported lazily inside the stage process only: the api process never loads these modules.
 ENGINE_FACTORIES: dict[str, str] = {
     "generation": "worldserve.engines.generation.engine:create_engine",
-    "reasoner": "worldserve.engines.reasoner.engine:create_engine",
+    "reasoner": "worldserve.engines.reasoner.factory:create_engine",
+    "realtime": "worldserve.engines.realtime.factory:create_engine",
 }
 
 

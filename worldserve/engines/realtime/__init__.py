@@ -1,0 +1,1 @@
+"""Realtime engine: a causal video model driven chunk by chunk with per-session state."""
