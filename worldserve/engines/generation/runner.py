@@ -225,7 +225,11 @@ def to_uint8(frames: np.ndarray) -> np.ndarray:
 def load_pipeline(path: str, dtype: Any, device: str) -> Any:
     """The diffusers pipeline in `path` (model_index.json), progress bars off."""
     from diffusers import DiffusionPipeline
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
 
+    diffusers_logging.disable_progress_bar()  # per-step progress goes to the api instead
+    transformers_logging.disable_progress_bar()
     pipe = DiffusionPipeline.from_pretrained(path, dtype=dtype, local_files_only=True)
     pipe.set_progress_bar_config(disable=True)
     for name in ("transformer", "vae", "encode_prompt", "prepare_latents"):
