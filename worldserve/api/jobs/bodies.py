@@ -60,6 +60,11 @@ def is_multipart(request: Request) -> bool:
     return request.headers.get("content-type", "").lower().startswith("multipart/form-data")
 
 
+def is_urlencoded(request: Request) -> bool:
+    kind = request.headers.get("content-type", "").lower()
+    return kind.startswith("application/x-www-form-urlencoded")
+
+
 def require_json_or_form(request: Request) -> None:
     kind = request.headers.get("content-type", "").lower()
     if kind and not (kind.startswith("application/json") or kind.startswith("multipart/form-data")

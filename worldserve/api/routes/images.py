@@ -11,6 +11,7 @@ from fastapi.responses import FileResponse
 
 from worldserve.api.jobs.bodies import (
     is_multipart,
+    is_urlencoded,
     prepare,
     read_form,
     read_json,
@@ -56,7 +57,7 @@ async def generations(request: Request) -> dict[str, Any]:
 @router.post("/v1/images/edits")
 async def edits(request: Request) -> dict[str, Any]:
     service = _service(request)
-    if not is_multipart(request):
+    if not (is_multipart(request) or is_urlencoded(request)):
         raise InvalidRequest("images/edits takes multipart/form-data with 'image' files or 'url'")
     form = await read_form(request)
     limit = service.runtime.config.max_upload_bytes
