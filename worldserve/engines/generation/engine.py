@@ -70,6 +70,7 @@ class GenerationEngine:
                  pipe: Any = None) -> None:
         path = model_dir(stage_config)
         self.config = stage_config
+        _check_prompt_enhancer(stage_config, server_config)
         self.output_dir = stage_config.resolved_output_dir()
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.pipe = pipe or load_pipeline(str(path), torch_dtype(stage_config.dtype),
@@ -316,6 +317,18 @@ def _peak_memory_mb() -> float | None:
     except Exception:  # memory figures are optional; never fail a request for them
         return None
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _check_prompt_enhancer(config: GenerationStageConfig, server_config: ServerConfig) -> None:
+    """The routes cannot start with a broken enhancer file: the stage fails to start (spec §1.3)."""
+    if config.prompt_enhancer is None:
+        return
+    from worldserve.api.jobs.enhancer import load_enhancer_config
+
+    enhancer = load_enhancer_config(config.prompt_enhancer)
+    if enhancer.base_url == "reasoner" and not server_config.stages.reasoner.enabled:
+        raise ValueError("prompt_enhancer uses base_url 'reasoner' but the reasoner stage is "
+                         "disabled")
 
 
 def create_engine(stage_config: GenerationStageConfig, server_config: ServerConfig) -> GenerationEngine:
