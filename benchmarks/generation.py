@@ -37,10 +37,14 @@ def dev_generation_dir() -> Path:
     return root / "generation"
 
 
+# Stage and in-process baseline use the same number of torch threads.
+THREADS = "2"
+
+
 def start(model: Path, workdir: Path, **generation) -> ServerProcess:
     config = {"stages": {"reasoner": {"enabled": False},
                          "generation": {"model_path": str(model), **generation}}}
-    server = ServerProcess(workdir, config)
+    server = ServerProcess(workdir, config, env={"WORLDSERVE_TORCH_THREADS": THREADS})
     server.wait_healthy(timeout_s=300)
     return server
 
@@ -51,33 +55,39 @@ def body(args: argparse.Namespace, seed: int = 42) -> dict:
             "response_format": "b64_json"}
 
 
-def direct_ms(model: Path, args: argparse.Namespace) -> list[float]:
+def paired_ms(server: ServerProcess, model: Path, args: argparse.Namespace) -> tuple[list, list]:
+    """Direct pipeline call and server request, alternating, so load drift hits both alike."""
     import torch
 
+    from worldserve.engines.generation.defaults import sampling_defaults
     from worldserve.engines.generation.runner import load_pipeline
 
+    torch.set_num_threads(int(THREADS))
     w, h = (int(v) for v in args.size.split("x"))
     pipe = load_pipeline(str(model), torch.float32, "cpu")
+    defaults = sampling_defaults(model)  # what the server fills in (negative prompt, text length)
 
-    def once() -> float:
+    def direct() -> float:
         started = time.perf_counter()
         pipe("a red car on a wooden table", height=h, width=w, num_frames=1,
              num_inference_steps=args.steps, guidance_scale=args.guidance,
+             negative_prompt=defaults.negative_prompt,
+             max_sequence_length=defaults.max_sequence_length,
              generator=torch.Generator().manual_seed(42), output_type="np")
         return (time.perf_counter() - started) * 1000
 
-    once()
-    return [once() for _ in range(args.n)]
-
-
-def server_ms(server: ServerProcess, args: argparse.Namespace) -> list[float]:
-    out = []
+    direct_out, server_out = [], []
     with httpx.Client(base_url=server.base_url, timeout=600) as client:
-        for i in range(args.n + 1):
+        def via_server() -> float:
             started = time.perf_counter()
             client.post("/v1/images/generations", json=body(args)).raise_for_status()
-            out.append((time.perf_counter() - started) * 1000)
-    return out[1:]
+            return (time.perf_counter() - started) * 1000
+
+        direct(), via_server()  # first calls pay one-time costs on both sides
+        for _ in range(args.n):
+            direct_out.append(direct())
+            server_out.append(via_server())
+    return direct_out, server_out
 
 
 def throughput(server: ServerProcess, args: argparse.Namespace) -> float:
@@ -108,7 +118,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-generation-"))
     batched = start(model, work, max_batch_size=4)
     try:
-        via_server = server_ms(batched, args)
+        direct, via_server = paired_ms(batched, model, args)
         ips_batched = throughput(batched, args)
     finally:
         batched.stop()
@@ -117,7 +127,6 @@ def main() -> None:
         ips_single = throughput(single, args)
     finally:
         single.stop()
-    direct = direct_ms(model, args)
     result = {
         "size": args.size, "steps": args.steps, "n": args.n,
         "direct_median_ms": round(statistics.median(direct), 2),

@@ -45,7 +45,7 @@ def launch(model: Path, mode: str, args: argparse.Namespace) -> dict[str, float]
                          "generation": {"model_path": str(model), "warmup_mode": mode,
                                         "warmup_steps": args.steps}}}
     started = time.perf_counter()
-    server = ServerProcess(work, config)
+    server = ServerProcess(work, config, env={"WORLDSERVE_TORCH_THREADS": "2"})
     try:
         server.wait_healthy(timeout_s=600)
         ready_s = time.perf_counter() - started

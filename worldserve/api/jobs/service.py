@@ -137,17 +137,20 @@ class MediaService:
 
     async def generate_images(self, resolved: ResolvedRequest, extra: dict[str, Any]) -> dict[str, Any]:
         """Run a synchronous image request; returns its completed record."""
+        with self.admit():
+            return await self._run_images(resolved, extra)
+
+    async def _run_images(self, resolved: ResolvedRequest, extra: dict[str, Any]) -> dict[str, Any]:
         record = self._new_record("image", resolved, extra)
         record["status"] = "in_progress"
         self.store.insert(record)
         msg = self._message(record["id"], resolved)
         opened = None
         try:
-            with self.admit():
-                opened, _ = await self._open(msg)
-                async for reply in self._replies(opened):
-                    if isinstance(reply, GenerationResult):
-                        self._complete(record, reply)
+            opened, _ = await self._open(msg)
+            async for reply in self._replies(opened):
+                if isinstance(reply, GenerationResult):
+                    self._complete(record, reply)
         except WorldserveError as exc:
             self._fail(record, exc)
             raise
