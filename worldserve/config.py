@@ -94,6 +94,8 @@ class StreamingConfig(_Frozen):
     encoder_capacity: int | None = Field(default=None, ge=1)
     spec_method: Literal["none", "ngram"] = "none"
     spec_num_tokens: int = Field(default=3, ge=1, le=16)
+    # None: the library default (7000), lowered to fit small models (A1/A2 of spec 4.5)
+    max_session_tokens: int | None = Field(default=None, ge=1024)
 
 
 class ReasonerStageConfig(StageConfig):
@@ -104,6 +106,10 @@ class ReasonerStageConfig(StageConfig):
     streaming: StreamingConfig = Field(default_factory=StreamingConfig)
     # None: the model's max_position_embeddings
     max_model_len: int | None = Field(default=None, ge=256)
+    # Upper bound of tokens prefilled in one engine step (a frame's chunk is never split).
+    max_prefill_tokens: int = Field(default=2048, ge=64)
+    # Batch the decode steps of concurrent sessions into one forward.
+    batch_decode: bool = True
 
 
 class RealtimeStageConfig(StageConfig):
