@@ -60,7 +60,11 @@ class GrammarFactory:
         """Validate at creation: an invalid schema or regex is a 400 with llguidance's message."""
         grammar = grammar_for(sampling)
         if grammar is not None:
-            self.matcher(grammar)
+            matcher = llguidance.LLMatcher(self.lltok, grammar)
+            if matcher.is_error():
+                field = next(name for name in ("guided_json", "guided_choice", "guided_regex")
+                             if getattr(sampling, name) is not None)
+                raise InvalidRequest(f"{field} cannot be compiled: {matcher.get_error()}")
         return grammar
 
     def matcher(self, grammar: str) -> Guide:
