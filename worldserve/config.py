@@ -94,6 +94,8 @@ class StreamingConfig(_Frozen):
     encoder_capacity: int | None = Field(default=None, ge=1)
     spec_method: Literal["none", "ngram"] = "none"
     spec_num_tokens: int = Field(default=3, ge=1, le=16)
+    # None: the library default (7000), lowered to fit small models (A1/A2 of spec 4.5)
+    max_session_tokens: int | None = Field(default=None, ge=1024)
     # How often the api's reaper closes idle sessions (spec section 6.1: every 5 s).
     reaper_interval_s: float = Field(default=5.0, gt=0, le=60)
 
@@ -106,6 +108,10 @@ class ReasonerStageConfig(StageConfig):
     streaming: StreamingConfig = Field(default_factory=StreamingConfig)
     # None: the model's max_position_embeddings
     max_model_len: int | None = Field(default=None, ge=256)
+    # Upper bound of tokens prefilled in one engine step (a frame's chunk is never split).
+    max_prefill_tokens: int = Field(default=2048, ge=64)
+    # Batch the decode steps of concurrent sessions into one forward.
+    batch_decode: bool = True
     # `fake` backend only (protocol tests): delay of every reply, a 0-based frame index that is
     # never answered (frame timeouts), one that fails as an engine error, and whether the
     # backend claims streaming support (False: streaming routes answer 501).
@@ -183,7 +189,10 @@ def read_yaml(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "syntax error"
+        raise ConfigError(f"config file {path} is not valid YAML{where}: {problem}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
