@@ -117,8 +117,9 @@ class StreamingService:
         info = client.info
         if body.model is not None and body.model != info.model:
             raise NotFound(f"unknown model '{body.model}'", param="model")
-        retention = build_retention(body.retention, info.capabilities["retention"])
-        sampling = build_sampling(body.sampling, info.capabilities["sampling"])
+        caps = info.capabilities
+        retention = build_retention(body.retention, caps["retention"], caps.get("library_retention"))
+        sampling = build_sampling(body.sampling, caps["sampling"])
         await self.registry.reap_expired()
         request = CreateSession(request_id=new_request_id("create"),
                                 session_id=f"sess-{uuid.uuid4()}", system_prompt=body.system_prompt,
