@@ -149,8 +149,7 @@ class StreamingService:
         client = self.client()
         request = SessionFrame(request_id=new_request_id("frame"), session_id=session.session_id,
                                image=image, received_at=time.time())
-        session.move(SessionState.BUSY)
-        session.touch()
+        session.move(SessionState.BUSY)  # a busy session is never reaped
         session.inflight_request_id = request.request_id
         task = asyncio.ensure_future(self._run_frame(client, session, request))
         session.inflight = task
@@ -174,21 +173,17 @@ class StreamingService:
         except WorldserveError as exc:
             if http_status(exc) >= 500:
                 await self._kill(session)
-            else:
-                self._finish_frame(session)  # a 4xx frame leaves the session unchanged
+            elif session.state == SessionState.BUSY:
+                session.move(SessionState.IDLE)  # a 4xx frame leaves the session unchanged
             raise
         finally:
             session.inflight = None
         assert isinstance(reply, FrameResult)
         session.num_frames += 1
-        self._finish_frame(session)
-        return reply
-
-    @staticmethod
-    def _finish_frame(session: Session) -> None:
-        session.touch()
+        session.touch()  # an answered frame refreshes the idle clock
         if session.state == SessionState.BUSY:  # else a delete is waiting for this frame
             session.move(SessionState.IDLE)
+        return reply
 
     async def _kill(self, session: Session) -> None:
         """Fail closed: the session answers 409 until deleted or expired (idle from now)."""
