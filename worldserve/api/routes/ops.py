@@ -66,6 +66,8 @@ def model_capabilities(runtime: ServerRuntime, stage: str) -> list[str]:
     client = runtime.clients[stage]
     declared = client.info.capabilities.get("serves") if client.info else None
     out = list(declared) if isinstance(declared, list) else list(STAGE_CAPABILITIES.get(stage, []))
+    if stage == "generation" and client.info is not None and client.info.capabilities.get("actions"):
+        out.append("actions")
     streaming = client.info is not None and client.info.capabilities.get("streaming", False)
     if stage == "reasoner" and streaming and runtime.config.stages.reasoner.streaming.enabled:
         out.insert(0, "streaming_reasoning")
