@@ -192,14 +192,15 @@ class StreamingService:
             session.touch()
         await self._release(session)
 
-    async def close(self, session: Session) -> int:
-        """Delete a session (waiting up to 10 s for its frame in flight); return replies sent."""
+    async def close(self, session: Session, wait_s: float = CLOSE_WAIT_S) -> int:
+        """Delete a session (waiting up to `wait_s` for its frame in flight, then aborting it);
+        return the number of replies sent."""
         if session.state in (SessionState.CLOSING, SessionState.CLOSED):
             raise NotFound(f"session '{session.session_id}' not found; it was already closed")
         session.move(SessionState.CLOSING)
         task = session.inflight
         if task is not None:
-            done, _ = await asyncio.wait({task}, timeout=CLOSE_WAIT_S)
+            done, _ = await asyncio.wait({task}, timeout=wait_s)
             if not done:
                 task.cancel()
                 self._send(Cancel(request_id=new_request_id("cancel"),
