@@ -93,7 +93,8 @@ class ChatService:
 
     async def _message(self, message: ChatMessageIn) -> ChatMessage:
         if isinstance(message.content, str):
-            return ChatMessage(role=message.role, parts=[ChatPart(type="text", text=message.content)])
+            part = ChatPart(type="text", text=message.content)
+            return ChatMessage(role=message.role, parts=[part])
         parts = []
         for part in message.content:
             if part.type == "text":

@@ -125,8 +125,6 @@ class StreamingConnection:
                                      "connection to change its settings")
             else:
                 raise InvalidRequest(f"unknown op {op!r}; expected 'frame' or 'delete'")
-        except FatalError:
-            raise
         except WorldserveError as exc:
             if isinstance(exc, (InvalidRequest, PayloadTooLarge)):  # the session is unchanged
                 await self.ws.send_json(ws_error(exc, fatal=False))

@@ -118,7 +118,8 @@ class StreamingService:
         if body.model is not None and body.model != info.model:
             raise NotFound(f"unknown model '{body.model}'", param="model")
         caps = info.capabilities
-        retention = build_retention(body.retention, caps["retention"], caps.get("library_retention"))
+        retention = build_retention(body.retention, caps["retention"],
+                                    caps.get("library_retention"))
         sampling = build_sampling(body.sampling, caps["sampling"])
         await self.registry.reap_expired()
         request = CreateSession(request_id=new_request_id("create"),
@@ -131,7 +132,8 @@ class StreamingService:
                                             session_id=request.session_id))
             raise
         assert isinstance(reply, SessionCreated)  # the stage protocol, not client input
-        idle_s = self.config.idle_timeout_s if transport == "ws" else self.config.rest_idle_timeout_s
+        idle_s = (self.config.idle_timeout_s if transport == "ws"
+                  else self.config.rest_idle_timeout_s)
         session = Session(session_id=reply.session_id, transport=transport, model=info.model,
                           fps=body.fps, retention=reply.retention, sampling=reply.sampling,
                           idle_timeout_s=idle_s, frame_format=frame_format)

@@ -158,7 +158,8 @@ class FakeReasonerEngine:
             "max_model_len": self.model_limits.max_model_len,
             "max_position_embeddings": self.model_limits.max_position_embeddings,
             "retention": msgspec.to_builtins(retention),
-            "library_retention": msgspec.to_builtins(admission.library_retention(self.model_limits)),
+            "library_retention": msgspec.to_builtins(
+                admission.library_retention(self.model_limits)),
             "sampling": msgspec.to_builtins(ReasonerSampling()),
             "max_sessions": self.limits.max_sessions,
             "image_budget": self.limits.image_budget,
@@ -218,7 +219,8 @@ class FakeReasonerEngine:
             request_id=req.request_id, frame_index=index, text=text, finish_reason=finish,
             token_count=count, ttft_s=round(latency / 2, 6), latency_s=round(latency, 6),
             decode_ms=round(decode_ms, 3), build_ms=0.0, engine_ms=self.config.fake_delay_ms,
-            inqueue_ms=0.0, evicted_segments=1 if index >= session.retention.max_video_segments else 0,
+            inqueue_ms=0.0,
+            evicted_segments=int(index >= session.retention.max_video_segments),
             reprefill_ms=None, session_tokens=FAKE_TOKENS_PER_FRAME * (window + 1))
         self._later(reply, result)
 
@@ -283,6 +285,7 @@ class FakeReasonerEngine:
         self._hung.clear()
 
 
-def create_engine(stage_config: ReasonerStageConfig, server_config: ServerConfig) -> FakeReasonerEngine:
+def create_engine(stage_config: ReasonerStageConfig,
+                  server_config: ServerConfig) -> FakeReasonerEngine:
     return FakeReasonerEngine(stage_config, server_config)
 
