@@ -8,7 +8,7 @@ from fastapi import FastAPI
 
 import worldserve
 from worldserve.api.errors import install_error_handlers
-from worldserve.api.middleware import MetricsMiddleware
+from worldserve.api.middleware import BodyLimitMiddleware, MetricsMiddleware, max_request_body_bytes
 from worldserve.api.routes import ROUTE_MODULES
 from worldserve.api.runtime import ServerRuntime
 
@@ -23,5 +23,7 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
         if setup is not None and setup(runtime) is False:
             continue  # the module declined (feature disabled): its routes stay unregistered
         app.include_router(module.router)
+    app.add_middleware(BodyLimitMiddleware,
+                       max_bytes=max_request_body_bytes(runtime.config.max_upload_bytes))
     app.add_middleware(MetricsMiddleware, metrics=runtime.metrics)
     return app

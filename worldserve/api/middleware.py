@@ -1,7 +1,8 @@
-"""ASGI middleware: per-route request metrics (HTTP and WebSocket)."""
+"""ASGI middleware: per-route request metrics (HTTP and WebSocket), request body size limit."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -45,3 +46,62 @@ class MetricsMiddleware:
             method = scope.get("method", "WS")
             self.metrics.observe(route_label(scope), method, status["code"],
                                  time.perf_counter() - started)
+
+
+def max_request_body_bytes(max_upload_bytes: int) -> int:
+    """Largest HTTP request body: two uploads' worth (base64 inflates by 4/3) plus 1 MiB of
+    fields, and never less than a 16 MiB frame message."""
+    return max(2 * max_upload_bytes, 16 * 1024 * 1024) + 1024 * 1024
+
+
+class BodyLimitMiddleware:
+    """Refuse request bodies above `max_bytes` with 413 before they are buffered.
+
+    A declared `Content-Length` above the limit is answered at once, without reading the body.
+    A chunked body is counted as it streams: past the limit the 413 is sent, the route sees a
+    client disconnect, and whatever the route would have answered is dropped."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and (not declared.strip().isdigit()
+                                     or int(declared) > self.max_bytes):
+            await self._refuse(send)
+            return
+        state = {"received": 0, "refused": False}
+
+        async def limited_receive() -> dict[str, Any]:
+            if state["refused"]:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                state["received"] += len(message.get("body", b""))
+                if state["received"] > self.max_bytes:
+                    state["refused"] = True
+                    await self._refuse(send)
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def guarded_send(message: dict[str, Any]) -> None:
+            if not state["refused"]:  # after a 413 nothing else goes out
+                await send(message)
+
+        await self.app(scope, limited_receive, guarded_send)
+
+    async def _refuse(self, send: Any) -> None:
+        message = (f"request body exceeds the limit of {self.max_bytes} bytes "
+                   "(derived from --max-upload-bytes)")
+        body = json.dumps({"detail": message, "error": {
+            "message": message, "type": "invalid_request_error", "param": None,
+            "code": 413}}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})

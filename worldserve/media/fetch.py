@@ -1,4 +1,4 @@
-"""Media references in requests: data URLs, local paths and remote URLs, under one policy.
+"""Fetching media references under the media policy (`worldserve.media.policy.MediaPolicy`).
 
 - `data:` URLs are decoded within the byte limit.
 - Local paths and `file://` URLs must resolve (symlinks followed) inside
@@ -23,41 +23,32 @@ from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 import httpx
 
-from worldserve.config import ServerConfig
 from worldserve.errors import InvalidRequest, PayloadTooLarge
+from worldserve.media.policy import (  # noqa: F401 (re-exported: one policy type, one place)
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_REDIRECTS,
+    DEFAULT_TIMEOUT_S,
+    MediaPolicy,
+    domain_allowed,
+    is_remote_url,
+    split_media_url,
+)
 
-DEFAULT_MAX_BYTES = 32 * 1024 * 1024
-DEFAULT_TIMEOUT_S = 30.0
-DEFAULT_MAX_REDIRECTS = 5
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 
 
+class FetchFailed(InvalidRequest):
+    """A remote fetch failed (400); `retryable` for 429 / 5xx / network errors."""
+
+    def __init__(self, message: str, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
 @dataclass(frozen=True)
-class MediaPolicy:
-    """Where media may come from; built once from the server config."""
-
-    allowed_local_dir: Path | None = None
-    allowed_domains: tuple[str, ...] = ()
-    max_bytes: int = DEFAULT_MAX_BYTES
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    max_redirects: int = DEFAULT_MAX_REDIRECTS
-
-    @classmethod
-    def from_config(cls, config: ServerConfig) -> "MediaPolicy":
-        local = config.allowed_local_media_path
-        return cls(allowed_local_dir=local.resolve() if local else None,
-                   allowed_domains=tuple(config.allowed_media_domains),
-                   max_bytes=config.max_upload_bytes)
-
-
-def is_remote_url(ref: str) -> bool:
-    return ref[:8].lower().startswith(("http://", "https://"))
-
-
-def domain_allowed(host: str, domains: tuple[str, ...]) -> bool:
-    """Exact host or a subdomain of a listed domain (`cdn.example.com` matches `example.com`)."""
-    host = host.lower().rstrip(".")
-    return any(host == d or host.endswith("." + d) for d in domains)
+class Fetched:
+    data: bytes
+    content_type: str
 
 
 def decode_data_url(url: str, max_bytes: int) -> tuple[str, bytes]:
@@ -79,27 +70,11 @@ def decode_data_url(url: str, max_bytes: int) -> tuple[str, bytes]:
 
 def check_local_path(ref: str, policy: MediaPolicy) -> Path:
     """A plain path or `file://` URL that resolves inside the allowed directory."""
-    if policy.allowed_local_dir is None:
-        raise InvalidRequest("local media paths are not accepted on this server; send an upload "
-                             "or a data URL (operators: --allowed-local-media-path DIR)")
-    raw = ref
-    if ref.lower().startswith("file:"):
-        parts = urlsplit(ref)
-        if parts.netloc not in ("", "localhost"):
-            raise InvalidRequest(f"file URL host must be empty or localhost, got {parts.netloc!r}")
-        raw = unquote(parts.path)
-    if "\0" in raw:
-        raise InvalidRequest("local media path contains a NUL byte")
-    resolved = Path(raw).expanduser().resolve()
-    if not resolved.is_relative_to(policy.allowed_local_dir):
-        raise InvalidRequest("local media path is outside the allowed directory")
-    if not resolved.is_file():
-        raise InvalidRequest(f"local media file {raw!r} does not exist")
-    return resolved
+    return policy.local_path(ref)
 
 
 def _public(address: str) -> bool:
-    ip = ipaddress.ip_address(address)
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
         ip = ip.ipv4_mapped
     return ip.is_global and not ip.is_multicast
@@ -109,26 +84,21 @@ async def _checked_address(host: str, port: int, policy: MediaPolicy) -> str:
     """Resolve once; refuse non-public addresses unless the host is listed explicitly."""
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror:
-        raise InvalidRequest(f"media host {host!r} cannot be resolved") from None
+    except (OSError, UnicodeError):  # gaierror, or an IDNA-invalid name
+        raise FetchFailed(f"media host {host!r} cannot be resolved") from None
     addresses = [info[4][0] for info in infos]
-    explicitly_listed = host.lower().rstrip(".") in policy.allowed_domains
-    if not explicitly_listed and not all(_public(a) for a in addresses):
+    if not addresses:
+        raise FetchFailed(f"media host {host!r} cannot be resolved")
+    if not policy.explicitly_listed(host) and not all(_public(a) for a in addresses):
         raise InvalidRequest(f"media host {host!r} resolves to a non-public address; "
                              "list it with --allowed-media-domain to allow it")
     return addresses[0]
 
 
 def _check_url(url: str, policy: MediaPolicy) -> tuple[str, str, int]:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InvalidRequest(f"media URL {url!r} must be http(s) with a host")
-    if parts.username or parts.password:
-        raise InvalidRequest("media URLs with credentials are not accepted")
-    host = parts.hostname
-    if policy.allowed_domains and not domain_allowed(host, policy.allowed_domains):
-        raise InvalidRequest(f"media host {host!r} is not in the allowed media domains")
-    return parts.scheme, host, parts.port or (443 if parts.scheme == "https" else 80)
+    scheme, host, port = split_media_url(url)
+    policy.check_host(host)
+    return scheme, host, port
 
 
 def _pinned(url: str, address: str) -> str:
@@ -152,7 +122,7 @@ async def _read_capped(response: httpx.Response, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _fetch_hops(url: str, policy: MediaPolicy, client: httpx.AsyncClient) -> bytes:
+async def _fetch_hops(url: str, policy: MediaPolicy, client: httpx.AsyncClient) -> Fetched:
     for _ in range(policy.max_redirects + 1):
         scheme, host, port = _check_url(url, policy)
         address = await _checked_address(host, port, policy)
@@ -166,25 +136,35 @@ async def _fetch_hops(url: str, policy: MediaPolicy, client: httpx.AsyncClient) 
                 url = urljoin(url, response.headers["location"])
                 continue
             if response.status_code != 200:
-                raise InvalidRequest(f"fetching media from {host!r} failed with HTTP "
-                                     f"{response.status_code}")
-            return await _read_capped(response, policy.max_bytes)
+                status = response.status_code
+                raise FetchFailed(f"fetching media from {host!r} failed with HTTP {status}",
+                                  retryable=status == 429 or status >= 500)
+            data = await _read_capped(response, policy.max_bytes)
+            return Fetched(data, response.headers.get("content-type", "").lower())
         finally:
             await response.aclose()
     raise InvalidRequest(f"media URL redirected more than {policy.max_redirects} times")
 
 
-async def fetch_remote(url: str, policy: MediaPolicy) -> bytes:
-    """GET a remote media URL under the policy (every hop checked, bytes and time bounded)."""
+async def fetch_media(url: str, policy: MediaPolicy) -> Fetched:
+    """GET a remote media URL under the policy (every hop checked, bytes and time bounded);
+    returns the bytes and the declared content type."""
     async with httpx.AsyncClient(follow_redirects=False, trust_env=False,
                                  timeout=policy.timeout_s) as client:
         try:
             async with asyncio.timeout(policy.timeout_s):
                 return await _fetch_hops(url, policy, client)
         except TimeoutError:
-            raise InvalidRequest(f"fetching media timed out after {policy.timeout_s:g} s") from None
+            raise FetchFailed(f"fetching media timed out after {policy.timeout_s:g} s",
+                              retryable=True) from None
         except httpx.HTTPError as exc:
-            raise InvalidRequest(f"fetching media failed: {type(exc).__name__}") from None
+            raise FetchFailed(f"fetching media failed: {type(exc).__name__}",
+                              retryable=True) from None
+
+
+async def fetch_remote(url: str, policy: MediaPolicy) -> bytes:
+    """The bytes of a remote media URL (see `fetch_media`)."""
+    return (await fetch_media(url, policy)).data
 
 
 async def load_media(ref: str, policy: MediaPolicy) -> bytes:
@@ -193,7 +173,14 @@ async def load_media(ref: str, policy: MediaPolicy) -> bytes:
         return decode_data_url(ref, policy.max_bytes)[1]
     if is_remote_url(ref):
         return await fetch_remote(ref, policy)
-    path = check_local_path(ref, policy)
-    if path.stat().st_size > policy.max_bytes:
-        raise PayloadTooLarge(f"local media file exceeds the {policy.max_bytes}-byte limit")
-    return await asyncio.to_thread(path.read_bytes)
+    return await read_local(policy.local_path(ref), policy.max_bytes)
+
+
+async def read_local(path: Path, max_bytes: int) -> bytes:
+    """A checked local file's bytes, refusing files above `max_bytes` without reading them."""
+    try:
+        if path.stat().st_size > max_bytes:
+            raise PayloadTooLarge(f"local media file exceeds the {max_bytes}-byte limit")
+        return await asyncio.to_thread(path.read_bytes)
+    except OSError as exc:
+        raise InvalidRequest(f"cannot read local media file: {exc.strerror}") from None

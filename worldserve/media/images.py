@@ -16,7 +16,9 @@ IMAGE_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
 EXTENSIONS = {"png": "png", "jpeg": "jpg", "webp": "webp"}
 CONTENT_TYPES = {"png": "image/png", "jpg": "image/jpeg", "jpeg": "image/jpeg", "webp": "image/webp"}
 # Refuse decompression bombs before decoding pixels (Pillow's own limit is ~89 Mpx).
-MAX_INPUT_PIXELS = 64 * 1024 * 1024
+# 4096 x 4096: a conditioning image is resized to the model's size anyway, and a small file that
+# declares more pixels than this (a decompression bomb) is refused from its header alone.
+MAX_INPUT_PIXELS = 4096 * 4096
 _DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^;,]*)*?);base64,(?P<data>.*)$",
                        re.DOTALL)
 

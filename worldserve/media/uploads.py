@@ -7,14 +7,14 @@ decoded once to refuse non-images and truncated files with a 400 before any work
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from worldserve.errors import InvalidRequest, PayloadTooLarge
+from worldserve.media.fetch import FetchFailed, fetch_media, read_local
 from worldserve.media.images import check_image, decode_data_url
-from worldserve.media.policy import MediaPolicy, check_upload_name
+from worldserve.media.policy import MediaPolicy, check_upload_name, is_remote_url
 
 READ_CHUNK = 1 << 20
 FETCH_TIMEOUT_S = 10.0
@@ -52,62 +52,50 @@ def is_video_reference(value: str, content_type: str | None = None) -> bool:
     return lowered.rsplit("?", 1)[0].rsplit(".", 1)[-1] in VIDEO_EXTENSIONS
 
 
-async def _fetch(url: str, field: str, limit: int) -> bytes:
-    last: str = "no attempt"
-    async with httpx.AsyncClient(timeout=FETCH_TIMEOUT_S, follow_redirects=True) as client:
-        for attempt in range(FETCH_ATTEMPTS):
-            try:
-                async with client.stream("GET", url) as resp:
-                    if resp.status_code == 429 or resp.status_code >= 500:
-                        last = f"HTTP {resp.status_code}"
-                    elif resp.status_code >= 400:
-                        raise InvalidRequest(f"Failed to process image source: {field} answered "
-                                             f"HTTP {resp.status_code}", param=field)
-                    else:
-                        kind = resp.headers.get("content-type", "")
-                        if kind and not kind.startswith(("image/", "application/octet-stream")):
-                            raise InvalidRequest(f"Failed to process image source: {field} has "
-                                                 f"content type {kind!r}, not an image", param=field)
-                        data = bytearray()
-                        async for chunk in resp.aiter_bytes():
-                            data += chunk
-                            if len(data) > limit:
-                                raise _too_large(field, limit)
-                        return bytes(data)
-            except httpx.HTTPError as exc:
-                last = type(exc).__name__
+async def _fetch(url: str, field: str, limit: int, policy: MediaPolicy) -> bytes:
+    """Download through worldserve's own fetcher (every redirect hop re-checked against the
+    policy, non-public addresses refused), retrying 429 / 5xx / network errors (spec §2.3)."""
+    hop_policy = dataclasses.replace(policy, max_bytes=limit, timeout_s=FETCH_TIMEOUT_S)
+    for attempt in range(FETCH_ATTEMPTS):
+        try:
+            fetched = await fetch_media(url, hop_policy)
+        except FetchFailed as exc:
+            if not exc.retryable or attempt == FETCH_ATTEMPTS - 1:
+                raise InvalidRequest(f"Failed to process image source: {field}: {exc.message}",
+                                     param=field) from None
             await asyncio.sleep(FETCH_BACKOFF_S * 2 ** attempt)
-    raise InvalidRequest(f"Failed to process image source: cannot download {field} ({last})",
-                         param=field)
+            continue
+        except PayloadTooLarge:
+            raise _too_large(field, limit) from None
+        kind = fetched.content_type
+        if kind and not kind.startswith(("image/", "application/octet-stream")):
+            raise InvalidRequest(f"Failed to process image source: {field} has content type "
+                                 f"{kind!r}, not an image", param=field)
+        return fetched.data
+    raise InvalidRequest(f"Failed to process image source: cannot download {field}", param=field)
 
 
 async def read_image_reference(value: str, field: str, limit: int, policy: MediaPolicy) -> bytes:
     """An image from a data URL, an http(s) URL or a local path (after the media policy)."""
     value = policy.check_reference(value, field)
     if value.lower().startswith("data:"):
+        if len(value) // 4 * 3 > limit + 1024:  # refuse before decoding anything
+            raise _too_large(field, limit)
         mime, data = decode_data_url(value, field)
         if len(data) > limit:
             raise _too_large(field, limit)
         if mime and mime.startswith("video/"):
             raise InvalidRequest(f"{field}: video conditioning is not supported by this model",
                                  param=field)
-    elif value.lower().startswith(("http://", "https://")):
-        data = await _fetch(value, field, limit)
+    elif is_remote_url(value):
+        data = await _fetch(value, field, limit, policy)
     else:
         if is_video_reference(value):
             raise InvalidRequest(f"{field}: video conditioning is not supported by this model",
                                  param=field)
-        data = _read_local(value, field, limit)
+        try:
+            data = await read_local(Path(value), limit)
+        except PayloadTooLarge:
+            raise _too_large(field, limit) from None
     check_image(data, field)
     return data
-
-
-def _read_local(value: str, field: str, limit: int) -> bytes:
-    path = Path(value).expanduser()
-    try:
-        if path.stat().st_size > limit:
-            raise _too_large(field, limit)
-        return path.read_bytes()
-    except OSError as exc:
-        raise InvalidRequest(f"Failed to process image source: cannot read {field} "
-                             f"({exc.strerror})", param=field) from None

@@ -9,9 +9,9 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
-from worldserve.errors import InvalidRequest, UnsupportedMediaType
+from worldserve.errors import InvalidRequest, UnsupportedMediaType, WorldserveError
 from worldserve.media.extras import flatten_extras
-from worldserve.media.policy import MediaPolicy, check_forbidden_fields
+from worldserve.media.policy import MediaPolicy, check_forbidden_fields, check_prompt_lengths
 
 MAX_FORM_FIELDS = 1000
 
@@ -30,6 +30,8 @@ async def read_json(request: Request) -> dict[str, Any]:
         body = json.loads(raw) if raw.strip() else {}
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"Invalid request body: body is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise InvalidRequest("Invalid request body: JSON is nested too deeply") from None
     if not isinstance(body, dict):
         raise InvalidRequest("Invalid request body: the JSON body must be an object")
     return body
@@ -39,6 +41,8 @@ async def read_form(request: Request) -> FormBody:
     try:
         form = await request.form(max_files=MAX_FORM_FIELDS, max_fields=MAX_FORM_FIELDS,
                                   max_part_size=16 * 1024 * 1024)
+    except WorldserveError:  # e.g. 413 from the body-size limit
+        raise
     except Exception as exc:  # starlette raises assorted parser errors for malformed multipart
         raise InvalidRequest(f"Invalid request body: malformed multipart form ({exc})") from None
     fields: dict[str, Any] = {}
@@ -78,6 +82,7 @@ def prepare(payload: dict[str, Any], policy: MediaPolicy) -> dict[str, Any]:
     (after flattening, so nothing can be smuggled in through a container)."""
     flat = flatten_extras(payload)
     check_forbidden_fields(flat)
+    check_prompt_lengths(flat)
     policy.scan(flat)
     return flat
 

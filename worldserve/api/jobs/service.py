@@ -64,8 +64,7 @@ class MediaService:
         self.store = RecordStore(self.output_dir / RECORDS_FILE)
         self.ttl_s = runtime.config.output_ttl_s
         self.max_records = runtime.config.max_job_records
-        self.policy = MediaPolicy(runtime.config.allowed_local_media_path,
-                                  runtime.config.allowed_media_domains)
+        self.policy = MediaPolicy.from_config(runtime.config)
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.in_flight = 0
         self._sweeper: asyncio.Task[None] | None = None

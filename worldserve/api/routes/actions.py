@@ -100,7 +100,7 @@ async def _payload(request: Request, service: MediaService) -> tuple[dict[str, A
         raw = form.fields.pop("request", None)
         try:
             payload = json.loads(raw) if raw else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             raise InvalidRequest("the 'request' form field must hold a JSON object") from None
         if not isinstance(payload, dict):
             raise InvalidRequest("the 'request' form field must hold a JSON object")

@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from worldserve.media.policy import MAX_PROMPT_CHARS
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -13,7 +15,7 @@ class _Strict(BaseModel):
 
 class TextPart(_Strict):
     type: Literal["text"]
-    text: str
+    text: str = Field(max_length=MAX_PROMPT_CHARS)
 
 
 class ImageURL(_Strict):
@@ -31,7 +33,7 @@ ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 
 class ChatMessageIn(_Strict):
     role: Literal["system", "user", "assistant"]
-    content: str | list[ContentPart]
+    content: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)] | list[ContentPart]
     name: str | None = None
 
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from worldserve.ipc.messages import ReasonerRetention
+from worldserve.media.policy import MAX_PROMPT_CHARS
 
 _LIBRARY = ReasonerRetention()
 
@@ -22,8 +23,8 @@ class CreateSessionBody(BaseModel):
     # Other top-level keys are ignored (spec section 4.1 [W]).
     model_config = ConfigDict(extra="ignore")
 
-    system_prompt: str
-    question: str = ""
+    system_prompt: str = Field(max_length=MAX_PROMPT_CHARS)
+    question: str = Field(default="", max_length=MAX_PROMPT_CHARS)
     fps: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     model: str | None = None
     retention: dict[str, Any] | None = None

@@ -2,7 +2,8 @@
 
 Images come inline as base64 data URLs and pass the frame policy (JPEG/PNG, 8 MiB, 4 MP).
 Remote http(s) image URLs are refused unless `allowed_media_domains` is configured; then they
-are fetched by `worldserve.media.fetch` under that policy with the same byte limit.
+are fetched by `worldserve.media.fetch` under that policy with the same byte limit. Local paths
+and file:// URLs are read only inside `--allowed-local-media-path` (refused without it).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from worldserve.ipc.messages import (
     ReasonerSampling,
     Reply,
 )
-from worldserve.media.fetch import MediaPolicy, fetch_remote
+from worldserve.media.fetch import fetch_remote, load_media
+from worldserve.media.policy import MediaPolicy
 
 # Chat defaults differ from the per-frame streaming defaults: OpenAI-style neutral sampling.
 CHAT_DEFAULTS = {"max_tokens": 256, "temperature": 1.0, "top_p": 1.0, "repetition_penalty": 1.0}
@@ -111,6 +113,9 @@ class ChatService:
             data = decode_data_url(url)
         elif url.startswith(("http://", "https://")):
             data = await self._fetch(url)
+        elif url[:5].lower() == "file:" or "://" not in url:
+            # a local path: only inside --allowed-local-media-path (refused without it)
+            data = await load_media(url, self.media_policy)
         else:
             raise InvalidRequest(f"unsupported image URL scheme in {url[:40]!r}; send a data URL "
                                  "(data:image/jpeg;base64,...)", param="image_url")

@@ -118,6 +118,8 @@ def parse_json_object(data: str | bytes, what: str) -> dict[str, Any]:
         obj = json.loads(data)
     except ValueError as exc:
         raise InvalidRequest(f"{what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidRequest(f"{what} is nested too deeply") from None
     if not isinstance(obj, dict):
         raise InvalidRequest(f"{what} must be a JSON object")
     return obj
