@@ -138,7 +138,7 @@ def test_unknown_model_is_404_in_the_openai_shape(sdk: openai.OpenAI) -> None:
                         "image_url": {"url": "https://example.com/a.jpg"}})},
      "media host 'example.com' is not in the allowed media domains"),
     ({"messages": user({"type": "image_url", "image_url": {"url": "file:///etc/passwd"}})},
-     "unsupported image URL scheme"),
+     "--allowed-local-media-path"),
     ({"messages": user(text("x")), "response_format": {"type": "json_schema"}}, "json_schema"),
     ({"messages": user(text("x")), "guided_choice": ["a"], "guided_regex": "a"}, "at most one"),
     ({"messages": user(text("x")), "guided_regex": "(unclosed"}, "guided_regex does not compile"),

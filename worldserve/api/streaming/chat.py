@@ -20,6 +20,7 @@ import msgspec
 from worldserve.api.runtime import ServerRuntime
 from worldserve.api.schemas.chat import ChatCompletionRequest, ChatMessageIn
 from worldserve.api.streaming.images import MAX_FRAME_BYTES, check_frame, decode_data_url
+from worldserve.api.streaming.params import schema_text
 from worldserve.api.streaming.service import reasoner_client
 from worldserve.errors import (
     InvalidRequest,
@@ -86,12 +87,13 @@ class ChatService:
     def _guided_json(body: ChatCompletionRequest) -> str | None:
         fmt = body.response_format
         if fmt is not None and fmt.type == "json_schema":
-            return json.dumps(fmt.json_schema.schema_)
+            return schema_text(fmt.json_schema.schema_, "response_format.json_schema.schema",
+                               "response_format")
         if fmt is not None and fmt.type == "json_object":
             return JSON_OBJECT_SCHEMA
-        if isinstance(body.guided_json, dict):
-            return json.dumps(body.guided_json)
-        return body.guided_json
+        if body.guided_json is None:
+            return None
+        return schema_text(body.guided_json, "guided_json", "guided_json")
 
     async def _message(self, message: ChatMessageIn) -> ChatMessage:
         if isinstance(message.content, str):

@@ -65,16 +65,39 @@ def build_retention(supplied: dict[str, Any] | None, server_policy: dict[str, An
     return retention
 
 
-def _schema_text(value: dict[str, Any] | str) -> str:
+MAX_SCHEMA_DEPTH = 32
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a JSON value, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth > MAX_SCHEMA_DEPTH:
+            break
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def schema_text(value: dict[str, Any] | str, field: str = "sampling.guided_json",
+                param: str = "sampling") -> str:
+    """A guided-decoding JSON Schema as compact text; 400 when it is not a JSON object or
+    is nested more than MAX_SCHEMA_DEPTH levels (the grammar compiler recurses on it)."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except ValueError as exc:
-            raise InvalidRequest(f"sampling.guided_json is not valid JSON: {exc}",
-                                 param="sampling") from None
+            raise InvalidRequest(f"{field} is not valid JSON: {exc}", param=param) from None
+        except RecursionError:
+            raise InvalidRequest(f"{field} is nested more than {MAX_SCHEMA_DEPTH} levels",
+                                 param=param) from None
     if not isinstance(value, dict):
-        raise InvalidRequest("sampling.guided_json must be a JSON Schema object",
-                             param="sampling")
+        raise InvalidRequest(f"{field} must be a JSON Schema object", param=param)
+    if _depth(value) > MAX_SCHEMA_DEPTH:
+        raise InvalidRequest(f"{field} is nested more than {MAX_SCHEMA_DEPTH} levels",
+                             param=param)
     return json.dumps(value)
 
 
@@ -87,7 +110,7 @@ def build_sampling(supplied: dict[str, Any] | None, defaults: dict[str, Any]) ->
             raise InvalidRequest("at most one of guided_json, guided_choice, guided_regex may be "
                                  "set", param="sampling")
         if given.get("guided_json") is not None:
-            given["guided_json"] = _schema_text(given["guided_json"])
+            given["guided_json"] = schema_text(given["guided_json"])
         fields.update(given)
     return msgspec.convert(fields, ReasonerSampling)
 
