@@ -132,8 +132,12 @@ def test_unknown_busy_cancel_and_close(make_engine):
         drv.call(CloseSession(request_id="c2", session_id="s1"))
 
 
-def test_round_robin_never_runs_one_job_twice_while_others_wait(make_engine):
+@pytest.mark.parametrize("batching", [False, True])
+def test_round_robin_never_runs_one_job_twice_while_others_wait(make_engine, batching):
+    """Unbatched: strict rotation. Batched: every decode step advances all decoding jobs at
+    once, so a job waiting to prefill is next after at most one step."""
     drv = make_engine(max_sessions=3)
+    drv.engine._batching = batching
     for sid in ("a", "b"):
         drv.create(sid, sampling={"max_tokens": 6, **GREEDY})
     for sid, i in (("a", 0), ("b", 1)):
@@ -144,11 +148,12 @@ def test_round_robin_never_runs_one_job_twice_while_others_wait(make_engine):
                                                     parts=[ChatPart(type="text", text="hi")])]))
     order = []
     while drv.engine.has_work():
-        waiting = {j.request_id for j in drv.engine.jobs}
-        order.append((drv.engine.jobs[0].request_id, len(waiting)))
+        decoding = sum(j.phase.value == "decode" for j in drv.engine.jobs)
+        order.append((drv.engine.jobs[0].request_id, len(drv.engine.jobs), decoding))
         drv.engine.step()
-    for (prev, n_prev), (cur, _) in zip(order, order[1:]):
-        assert not (prev == cur and n_prev > 1), order
+    for (prev, n_prev, d_prev), (cur, _, _) in zip(order, order[1:]):
+        batched_all = batching and d_prev == n_prev
+        assert not (prev == cur and n_prev > 1 and not batched_all), order
     done = [r.request_id for r in drv.replies
             if getattr(r, "terminal", True) and not r.request_id.startswith("create")]
     assert sorted(done) == ["a-f", "b-f", "chat"]
@@ -207,3 +212,32 @@ def test_thousand_frame_session_stays_bounded(make_engine):
         assert session.kv.max_position < limit + 64
         assert sum(s.kind == "video" for s in session.segments) <= window
     assert reprefills >= 3 and evicted > 1000
+
+
+def _concurrent_replies(drv, num_sessions, sampling, num_frames=4):
+    from tests.unit.reasoner.reference import reply_tokens
+
+    sids = [f"s{k}" for k in range(num_sessions)]
+    for sid in sids:
+        drv.create(sid, sampling=sampling)
+    out = {sid: [] for sid in sids}
+    for i in range(num_frames):
+        for k, sid in enumerate(sids):
+            drv.submit(SessionFrame(request_id=f"{sid}-{i}", session_id=sid,
+                                    image=frame_bytes(i + 5 * k, size=56 + 28 * k),
+                                    received_at=time.time()))
+        drv.run()
+        for sid in sids:
+            out[sid].append(reply_tokens(drv.engine.sessions[sid]))
+    return out
+
+
+def test_batched_decode_equals_sequential(make_engine):
+    sampling = {"max_tokens": 10, "temperature": 0.8, "seed": 11, "repetition_penalty": 1.2}
+    batched = make_engine(max_sessions=3)
+    sequential = make_engine(max_sessions=3)
+    sequential.engine._batching = False
+    got = _concurrent_replies(batched, 3, sampling)
+    expected = _concurrent_replies(sequential, 3, sampling)
+    assert got == expected
+    assert batched.engine.runner.num_forwards < sequential.engine.runner.num_forwards

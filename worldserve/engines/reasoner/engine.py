@@ -8,6 +8,7 @@ so a long prefill of one session delays another by at most one unit.
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict, deque
 from typing import Any
 
@@ -26,7 +27,7 @@ from worldserve.engines.reasoner.guided import GrammarFactory
 from worldserve.engines.reasoner.jobs import ChatJob, EngineContext, FrameJob, JobPhase
 from worldserve.engines.reasoner.loading import load_vlm
 from worldserve.engines.reasoner.prompt import PromptBuilder
-from worldserve.engines.reasoner.runner import ModelRunner
+from worldserve.engines.reasoner.runner import ModelRunner, forward_decode_batch
 from worldserve.engines.reasoner.session import Session, SessionState
 from worldserve.errors import Conflict, InvalidRequest, NotFound
 from worldserve.ipc.messages import (
@@ -43,6 +44,7 @@ from worldserve.runtime.engine import EngineState, ReplyFn
 
 log = logging.getLogger("worldserve.reasoner")
 MAX_TOMBSTONES = 1024
+MAX_DECODE_BATCH = 16
 
 
 class ReasonerEngine:
@@ -80,6 +82,8 @@ class ReasonerEngine:
         # Dead sessions moved out of capacity accounting: id -> frames, until CloseSession.
         self._tombstones: OrderedDict[str, int] = OrderedDict()
         self.jobs: deque[FrameJob | ChatJob] = deque()
+        # Speculative steps feed a different number of drafts per job: those run one by one.
+        self._batching = stage_config.batch_decode and proposer is None
 
     def _stop_ids(self, loaded: Any) -> set[int]:
         ids = set()
@@ -250,15 +254,33 @@ class ReasonerEngine:
         if not self.jobs:
             return
         job = self.jobs.popleft()
+        batch = [job]
+        if self._batching and job.phase is JobPhase.DECODE:
+            batch += [j for j in self.jobs if j.phase is JobPhase.DECODE][:MAX_DECODE_BATCH - 1]
+            for other in batch[1:]:
+                self.jobs.remove(other)
         try:
-            job.step()
+            if len(batch) > 1:
+                self._decode_batch(batch)
+            else:
+                job.step()
         except Exception as exc:  # a failing request must not take the stage down
             if not isinstance(exc, (Conflict, NotFound, InvalidRequest)):
-                log.exception("request %s failed", job.request_id)
-            job.fail(exc)
+                log.exception("request(s) %s failed", [j.request_id for j in batch])
+            for failed in batch:
+                if failed.phase is not JobPhase.DONE:
+                    failed.fail(exc)
             return
-        if job.phase is not JobPhase.DONE:
-            self.jobs.append(job)
+        self.jobs.extend(j for j in batch if j.phase is not JobPhase.DONE)
+
+    def _decode_batch(self, batch: list[FrameJob | ChatJob]) -> None:
+        """One decode step of every job in `batch` in one forward (no speculation)."""
+        start = time.perf_counter()
+        kvs, tokens = zip(*(j.batch_input() for j in batch))
+        logits = forward_decode_batch(self.runner, list(kvs), list(tokens))
+        share = (time.perf_counter() - start) / len(batch)
+        for row, j in zip(logits, batch):
+            j.apply_logits(row, share)
 
     def shutdown(self) -> None:
         self.jobs.clear()

@@ -91,6 +91,19 @@ class FrameJob:
         finally:
             self.engine_s += time.perf_counter() - t0
 
+    def batch_input(self) -> tuple[KVState, int]:
+        """(cache, token to feed) for a batched decode step (phase DECODE only)."""
+        assert self.session.kv is not None
+        return self.session.kv, self.pending
+
+    def apply_logits(self, logits: torch.Tensor, engine_s: float) -> None:
+        """Finish a batched decode step: sample from this job's row of logits."""
+        assert self.decoder is not None
+        self.engine_s += engine_s
+        self.pending = self.decoder.sample(logits)
+        self.decoder.accept(self.pending)
+        self._after_token()
+
     def _start(self) -> None:
         self.started = time.time()
         session, r = self.session, self.session.retention
@@ -206,6 +219,15 @@ class ChatJob:
             assert self.decoder is not None
             self.pending = decode_step(ctx.runner, self.kv, self.decoder, self.pending,
                                        ctx.proposer)
+        self._emit()
+
+    def batch_input(self) -> tuple[KVState, int]:
+        return self.kv, self.pending
+
+    def apply_logits(self, logits: torch.Tensor, engine_s: float) -> None:
+        assert self.decoder is not None
+        self.pending = self.decoder.sample(logits)
+        self.decoder.accept(self.pending)
         self._emit()
 
     def _emit(self) -> None:

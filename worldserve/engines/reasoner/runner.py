@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
 from worldserve.engines.reasoner.kv import KVState
 from worldserve.engines.reasoner.prompt import ImageInput
@@ -68,3 +69,41 @@ class ModelRunner:
 
 def _grids(images: list[ImageInput]) -> torch.Tensor:
     return torch.cat([im.grid_thw for im in images])
+
+
+@torch.inference_mode()
+def forward_decode_batch(runner: ModelRunner, kvs: list[KVState], tokens: list[int]) -> torch.Tensor:
+    """One decode step of several sequences in one forward; returns (B, V) float32 logits.
+
+    Each sequence keeps its own cache. The caches are left-padded into one batch with a
+    boolean attention mask (padding masked out), and each sequence's new K/V is appended back
+    to its own cache afterwards. Positions are per sequence (`next_pos`), so gaps stay intact.
+    """
+    lengths = [len(kv) for kv in kvs]
+    longest = max(lengths)
+    batch = DynamicCache(config=runner.model.config)
+    num_layers = len(kvs[0].cache.layers)
+    for layer_idx in range(num_layers):
+        keys, values = [], []
+        for kv, length in zip(kvs, lengths):
+            layer = kv.cache.layers[layer_idx]
+            pad = longest - length
+            keys.append(torch.nn.functional.pad(layer.keys, (0, 0, pad, 0)))
+            values.append(torch.nn.functional.pad(layer.values, (0, 0, pad, 0)))
+        batch.update(torch.cat(keys), torch.cat(values), layer_idx)
+    mask = torch.zeros(len(kvs), 1, 1, longest + 1, dtype=torch.bool)
+    for b, length in enumerate(lengths):
+        mask[b, 0, 0, longest - length:] = True
+    positions = torch.tensor([kv.next_pos for kv in kvs]).view(1, -1, 1).expand(3, -1, 1)
+    out = runner.model(
+        input_ids=torch.tensor(tokens).view(-1, 1).to(runner.device),
+        position_ids=positions.to(runner.device), attention_mask=mask.to(runner.device),
+        cache=batch, use_cache=True, logits_to_keep=1,
+    )
+    runner.num_forwards += 1
+    for b, kv in enumerate(kvs):
+        for layer_idx in range(num_layers):
+            new = batch.layers[layer_idx]
+            kv.cache.update(new.keys[b:b + 1, :, -1:], new.values[b:b + 1, :, -1:], layer_idx)
+        kv.record([tokens[b]], positions[:, b])
+    return out.logits[:, -1].float()
