@@ -241,3 +241,18 @@ def test_batched_decode_equals_sequential(make_engine):
     expected = _concurrent_replies(sequential, 3, sampling)
     assert got == expected
     assert batched.engine.runner.num_forwards < sequential.engine.runner.num_forwards
+
+
+def test_close_during_a_frame_answers_the_frame_with_409(make_engine):
+    drv = make_engine()
+    drv.create(sampling={"max_tokens": 8, **GREEDY})
+    drv.submit(SessionFrame(request_id="f", session_id="s1", image=frame_bytes(0),
+                            received_at=time.time()))
+    drv.engine.step()
+    drv.submit(CloseSession(request_id="c", session_id="s1"))
+    closed = drv.replies[-1]
+    assert isinstance(closed, SessionClosed) and closed.frames == 0
+    assert not drv.engine.has_work()
+    frame_reply = [r for r in drv.replies if r.request_id == "f"]
+    assert len(frame_reply) == 1 and frame_reply[0].code == "conflict"
+    assert frame_reply[0].message == "session was closed"

@@ -214,7 +214,7 @@ class ReasonerEngine:
             raise NotFound(f"session {req.session_id!r} not found")
         for job in [j for j in self.jobs if isinstance(j, FrameJob) and j.session is session]:
             self.jobs.remove(job)
-            job.abort()
+            job.abort(closed=True)
         session.kill()
         return SessionClosed(request_id=req.request_id, session_id=req.session_id,
                              frames=session.frames)

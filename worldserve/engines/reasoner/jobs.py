@@ -176,10 +176,14 @@ class FrameJob:
             self.session.kill()
         self.reply(ErrorReply(request_id=self.request_id, code=code, message=message))
 
-    def abort(self) -> None:
-        """Cancelled (frame timeout, close): the session is dead, no reply is sent."""
+    def abort(self, closed: bool = False) -> None:
+        """Cancelled (frame timeout: no reply, the api gave up) or closed under the frame (the
+        frame's request gets 409 `session was closed`). Either way the session is dead."""
         self.phase = JobPhase.DONE
         self.session.kill()
+        if closed:
+            self.reply(ErrorReply(request_id=self.request_id, code="conflict",
+                                  message="session was closed"))
 
 
 class ChatJob:
