@@ -170,6 +170,9 @@ def part_flatness(bench: Bench, frames: list[bytes], num_frames: int, max_tokens
     late = lat[-100:]
     return {"part": "flatness", "frames": num_frames, "p95_early_ms": p95(early) * 1000,
             "p95_late_ms": p95(late) * 1000, "flatness": p95(late) / p95(early),
+            "p50_early_ms": statistics.median(early) * 1000,
+            "p50_late_ms": statistics.median(late) * 1000,
+            "session_tokens_frame_60": results[60].session_tokens if num_frames > 60 else None,
             "reprefills": sum(r.reprefill_ms is not None for r in results),
             "max_session_tokens_seen": max(r.session_tokens for r in results)}
 

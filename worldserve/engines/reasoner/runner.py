@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
-from worldserve.engines.reasoner.kv import KVState
+from worldserve.engines.reasoner.kv import KVState, new_cache
 from worldserve.engines.reasoner.prompt import ImageInput
 
 
@@ -64,7 +63,7 @@ class ModelRunner:
         )
         self.num_forwards += 1
         kv.record(ids, positions[:, 0])
-        return out.logits[0, -num_logits:].float()
+        return out.logits[0, -num_logits:].float().cpu()  # sampling runs on CPU tensors
 
 
 def _grids(images: list[ImageInput]) -> torch.Tensor:
@@ -81,16 +80,20 @@ def forward_decode_batch(runner: ModelRunner, kvs: list[KVState], tokens: list[i
     """
     lengths = [len(kv) for kv in kvs]
     longest = max(lengths)
-    batch = DynamicCache(config=runner.model.config)
-    num_layers = len(kvs[0].cache.layers)
-    for layer_idx in range(num_layers):
-        keys, values = [], []
-        for kv, length in zip(kvs, lengths):
-            layer = kv.cache.layers[layer_idx]
-            pad = longest - length
-            keys.append(torch.nn.functional.pad(layer.keys, (0, 0, pad, 0)))
-            values.append(torch.nn.functional.pad(layer.values, (0, 0, pad, 0)))
-        batch.update(torch.cat(keys), torch.cat(values), layer_idx)
+    batch = new_cache(runner.model.config)
+    for layer_idx, layer in enumerate(batch.layers):
+        first = kvs[0].cache.layers[layer_idx]
+        k_shape = (len(kvs), first.keys.shape[1], longest + 1, first.keys.shape[-1])
+        v_shape = (len(kvs), first.values.shape[1], longest + 1, first.values.shape[-1])
+        # zeros, not empty: padded slots are masked, but 0 x NaN would still poison the output
+        keys, values = first.keys.new_zeros(k_shape), first.values.new_zeros(v_shape)
+        for b, (kv, length) in enumerate(zip(kvs, lengths)):
+            src = kv.cache.layers[layer_idx]
+            keys[b, :, longest - length:longest] = src.keys[0]
+            values[b, :, longest - length:longest] = src.values[0]
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+        layer.length = longest  # the new token is written into the spare last slot
     mask = torch.zeros(len(kvs), 1, 1, longest + 1, dtype=torch.bool)
     for b, length in enumerate(lengths):
         mask[b, 0, 0, longest - length:] = True
@@ -102,8 +105,7 @@ def forward_decode_batch(runner: ModelRunner, kvs: list[KVState], tokens: list[i
     )
     runner.num_forwards += 1
     for b, kv in enumerate(kvs):
-        for layer_idx in range(num_layers):
-            new = batch.layers[layer_idx]
-            kv.cache.update(new.keys[b:b + 1, :, -1:], new.values[b:b + 1, :, -1:], layer_idx)
+        for layer_idx, new in enumerate(batch.layers):
+            kv.cache.layers[layer_idx].update(new.keys[b:b + 1, :, -1:], new.values[b:b + 1, :, -1:])
         kv.record([tokens[b]], positions[:, b])
-    return out.logits[:, -1].float()
+    return out.logits[:, -1].float().cpu()
