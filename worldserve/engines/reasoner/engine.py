@@ -32,6 +32,8 @@ from worldserve.engines.reasoner.session import Session, SessionState
 from worldserve.errors import Conflict, InvalidRequest, NotFound
 from worldserve.ipc.messages import (
     ChatCompletion,
+    ChatMessage,
+    ChatPart,
     CloseSession,
     CreateSession,
     ReasonerSampling,
@@ -84,6 +86,24 @@ class ReasonerEngine:
         self.jobs: deque[FrameJob | ChatJob] = deque()
         # Speculative steps feed a different number of drafts per job: those run one by one.
         self._batching = stage_config.batch_decode and proposer is None
+        if stage_config.warmup_mode == "server":
+            self._warmup()
+
+    def _warmup(self) -> None:
+        """One image chat through every code path (vision, prefill, decode) before `ready`."""
+        import io
+
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.new("RGB", (224, 224), (128, 128, 128)).save(buf, format="PNG")
+        request = ChatCompletion(request_id="warmup", sampling=ReasonerSampling(max_tokens=2),
+                                 messages=[ChatMessage(role="user", parts=[
+                                     ChatPart(type="image", image=buf.getvalue()),
+                                     ChatPart(type="text", text="warmup")])])
+        self._chat(request, lambda _: None)
+        while self.jobs:
+            self.step()
 
     def _stop_ids(self, loaded: Any) -> set[int]:
         ids = set()
