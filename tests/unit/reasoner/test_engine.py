@@ -256,3 +256,34 @@ def test_close_during_a_frame_answers_the_frame_with_409(make_engine):
     frame_reply = [r for r in drv.replies if r.request_id == "f"]
     assert len(frame_reply) == 1 and frame_reply[0].code == "conflict"
     assert frame_reply[0].message == "session was closed"
+
+
+def test_engine_failure_kills_the_session_not_the_engine(make_engine):
+    drv = make_engine()
+    drv.create("a", sampling={"max_tokens": 4, **GREEDY})
+    drv.create("b", sampling={"max_tokens": 4, **GREEDY})
+    drv.frame("a", frame_bytes(0))
+    runner = drv.engine.runner
+    original = runner.forward
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("device lost")
+
+    runner.forward = broken  # the model boundary fails mid-frame
+    with pytest.raises(Exception, match="engine failure: device lost") as info:
+        drv.frame("a", frame_bytes(1))
+    assert info.value.code == "internal_error"
+    runner.forward = original
+    with pytest.raises(Conflict, match="no longer usable"):
+        drv.frame("a", frame_bytes(2))
+    assert drv.frame("b", frame_bytes(3)).frame_index == 0  # other sessions carry on
+    assert drv.call(CloseSession(request_id="c", session_id="a")).frames == 1
+
+
+def test_streaming_disabled_refuses_sessions(make_engine):
+    from worldserve.errors import NotSupported
+
+    drv = make_engine(enabled=False)
+    assert drv.engine.capabilities()["streaming"] is False
+    with pytest.raises(NotSupported):
+        drv.create()

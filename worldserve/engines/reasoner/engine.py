@@ -29,7 +29,7 @@ from worldserve.engines.reasoner.loading import load_vlm
 from worldserve.engines.reasoner.prompt import PromptBuilder
 from worldserve.engines.reasoner.runner import ModelRunner, forward_decode_batch
 from worldserve.engines.reasoner.session import Session, SessionState
-from worldserve.errors import Conflict, InvalidRequest, NotFound
+from worldserve.errors import Conflict, InvalidRequest, NotFound, NotSupported
 from worldserve.ipc.messages import (
     ChatCompletion,
     ChatMessage,
@@ -182,6 +182,8 @@ class ReasonerEngine:
             raise unsupported(request, "reasoner")
 
     def _create(self, req: CreateSession) -> SessionCreated:
+        if not self.config.streaming.enabled:
+            raise NotSupported("streaming sessions are disabled on this server")
         if req.session_id in self.sessions:
             raise Conflict(f"session {req.session_id!r} already exists")
         admission.check_retention(req.retention, req.sampling, self.model_limits, self.limits)
