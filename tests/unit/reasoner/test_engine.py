@@ -287,3 +287,10 @@ def test_streaming_disabled_refuses_sessions(make_engine):
     assert drv.engine.capabilities()["streaming"] is False
     with pytest.raises(NotSupported):
         drv.create()
+
+
+def test_server_policy_that_can_never_fit_is_a_startup_error(make_engine):
+    from worldserve.engines.common import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="stages.reasoner.streaming.*max_session_tokens"):
+        make_engine(max_session_tokens=4000)

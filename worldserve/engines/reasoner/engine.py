@@ -70,6 +70,13 @@ class ReasonerEngine:
         self.default_sampling = ReasonerSampling()
         self.default_retention = admission.server_retention(self.model_limits,
                                                             stage_config.streaming)
+        try:
+            admission.check_retention(self.default_retention, self.default_sampling,
+                                      self.model_limits, self.limits)
+        except InvalidRequest as exc:
+            raise ModelLoadError(
+                f"stages.reasoner.streaming: the server retention policy can never be admitted "
+                f"for this model: {exc.message}") from None
         streaming = stage_config.streaming
         proposer = (NgramProposer(streaming.spec_num_tokens)
                     if streaming.spec_method == "ngram" else None)
@@ -111,7 +118,9 @@ class ReasonerEngine:
         ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if loaded.tokenizer.eos_token_id is not None:
             ids.add(loaded.tokenizer.eos_token_id)
-        ids.add(self.prompts.end_of_turn_ids[0])
+        first = self.prompts.end_of_turn_ids[0]
+        if first in set(loaded.tokenizer.all_special_ids):  # e.g. <|im_end|> of ChatML
+            ids.add(first)
         return ids
 
     # ------------------------------------------------------------------ facts
