@@ -232,9 +232,12 @@ def _concurrent_replies(drv, num_sessions, sampling, num_frames=4):
     return out
 
 
-def test_batched_decode_equals_sequential(make_engine):
+@pytest.mark.parametrize("spec", ["none", "ngram"])
+def test_batched_decode_equals_sequential(make_engine, spec):
+    """Decode steps of concurrent sessions (with their n-gram drafts) share one forward and
+    give the same tokens as running them one by one without speculation."""
     sampling = {"max_tokens": 10, "temperature": 0.8, "seed": 11, "repetition_penalty": 1.2}
-    batched = make_engine(max_sessions=3)
+    batched = make_engine(max_sessions=3, spec_method=spec, spec_num_tokens=3)
     sequential = make_engine(max_sessions=3)
     sequential.engine._batching = False
     got = _concurrent_replies(batched, 3, sampling)

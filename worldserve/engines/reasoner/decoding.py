@@ -133,13 +133,18 @@ class NgramProposer:
         return []
 
 
-def decode_step(runner: ModelRunner, kv: KVState, decoder: ReplyDecoder, pending: int,
-                proposer: NgramProposer | None) -> int:
-    """Feed `pending` (+ drafts), sample until a draft is rejected or the reply ends.
-    Returns the new pending token (sampled, not fed)."""
+def propose(kv: KVState, decoder: ReplyDecoder, pending: int,
+            proposer: NgramProposer | None) -> list[int]:
+    """The tokens to feed this step: the last sampled token, then any n-gram drafts."""
     drafts = proposer.propose(kv.ids + [pending], decoder.remaining - 1) if proposer else []
-    fed = [pending] + drafts
-    logits = runner.forward(kv, fed, num_logits=len(fed))
+    return [pending] + drafts
+
+
+def verify(kv: KVState, decoder: ReplyDecoder, fed: list[int], logits: torch.Tensor) -> int:
+    """Sample position by position from the logits of `fed` (already appended to `kv`); keep a
+    draft only when it equals the sampled token; crop the K/V of the rest. Returns the new
+    pending token (sampled, not fed)."""
+    drafts = fed[1:]
     num_kept = len(fed)
     for i in range(len(fed)):
         token = decoder.sample(logits[i])
@@ -149,3 +154,12 @@ def decode_step(runner: ModelRunner, kv: KVState, decoder: ReplyDecoder, pending
             break
     kv.truncate(len(kv) - (len(fed) - num_kept))
     return token
+
+
+def decode_step(runner: ModelRunner, kv: KVState, decoder: ReplyDecoder, pending: int,
+                proposer: NgramProposer | None) -> int:
+    """Feed `pending` (+ drafts), sample until a draft is rejected or the reply ends.
+    Returns the new pending token (sampled, not fed)."""
+    fed = propose(kv, decoder, pending, proposer)
+    logits = runner.forward(kv, fed, num_logits=len(fed))
+    return verify(kv, decoder, fed, logits)

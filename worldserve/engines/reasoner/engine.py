@@ -91,8 +91,7 @@ class ReasonerEngine:
         # Dead sessions moved out of capacity accounting: id -> frames, until CloseSession.
         self._tombstones: OrderedDict[str, int] = OrderedDict()
         self.jobs: deque[FrameJob | ChatJob] = deque()
-        # Speculative steps feed a different number of drafts per job: those run one by one.
-        self._batching = stage_config.batch_decode and proposer is None
+        self._batching = stage_config.batch_decode
         if stage_config.warmup_mode == "server":
             self._warmup()
 
@@ -305,10 +304,11 @@ class ReasonerEngine:
         self.jobs.extend(j for j in batch if j.phase is not JobPhase.DONE)
 
     def _decode_batch(self, batch: list[FrameJob | ChatJob]) -> None:
-        """One decode step of every job in `batch` in one forward (no speculation)."""
+        """One decode step (with its drafts, if speculating) of every job in `batch`, in one
+        forward."""
         start = time.perf_counter()
-        kvs, tokens = zip(*(j.batch_input() for j in batch))
-        logits = forward_decode_batch(self.runner, list(kvs), list(tokens))
+        kvs, fed = zip(*(j.batch_input() for j in batch))
+        logits = forward_decode_batch(self.runner, list(kvs), list(fed))
         share = (time.perf_counter() - start) / len(batch)
         for row, j in zip(logits, batch):
             j.apply_logits(row, share)

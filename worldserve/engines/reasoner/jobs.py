@@ -13,7 +13,13 @@ from typing import Any, Callable
 
 import torch
 
-from worldserve.engines.reasoner.decoding import NgramProposer, ReplyDecoder, decode_step
+from worldserve.engines.reasoner.decoding import (
+    NgramProposer,
+    ReplyDecoder,
+    decode_step,
+    propose,
+    verify,
+)
 from worldserve.engines.reasoner.guided import GrammarFactory
 from worldserve.engines.reasoner.kv import KVState
 from worldserve.engines.reasoner.prompt import ChatPrompt, FrameChunk
@@ -75,6 +81,7 @@ class FrameJob:
         self.first_text_at: float | None = None
         self.decoder: ReplyDecoder | None = None
         self.pending = 0
+        self._fed: list[int] = []
 
     def step(self) -> None:
         t0 = time.perf_counter()
@@ -91,17 +98,17 @@ class FrameJob:
         finally:
             self.engine_s += time.perf_counter() - t0
 
-    def batch_input(self) -> tuple[KVState, int]:
-        """(cache, token to feed) for a batched decode step (phase DECODE only)."""
-        assert self.session.kv is not None
-        return self.session.kv, self.pending
+    def batch_input(self) -> tuple[KVState, list[int]]:
+        """(cache, tokens to feed) for a batched decode step (phase DECODE only)."""
+        assert self.session.kv is not None and self.decoder is not None
+        self._fed = propose(self.session.kv, self.decoder, self.pending, self.ctx.proposer)
+        return self.session.kv, self._fed
 
     def apply_logits(self, logits: torch.Tensor, engine_s: float) -> None:
-        """Finish a batched decode step: sample from this job's row of logits."""
-        assert self.decoder is not None
+        """Finish a batched decode step from this job's logits rows (one per fed token)."""
+        assert self.decoder is not None and self.session.kv is not None
         self.engine_s += engine_s
-        self.pending = self.decoder.sample(logits)
-        self.decoder.accept(self.pending)
+        self.pending = verify(self.session.kv, self.decoder, self._fed, logits)
         self._after_token()
 
     def _start(self) -> None:
@@ -206,6 +213,7 @@ class ChatJob:
             self.generator.seed()
         self.decoder: ReplyDecoder | None = None
         self.pending = 0
+        self._fed: list[int] = []
         self.sent_chars = 0
 
     def step(self) -> None:
@@ -225,13 +233,14 @@ class ChatJob:
                                        ctx.proposer)
         self._emit()
 
-    def batch_input(self) -> tuple[KVState, int]:
-        return self.kv, self.pending
+    def batch_input(self) -> tuple[KVState, list[int]]:
+        assert self.decoder is not None
+        self._fed = propose(self.kv, self.decoder, self.pending, self.ctx.proposer)
+        return self.kv, self._fed
 
     def apply_logits(self, logits: torch.Tensor, engine_s: float) -> None:
         assert self.decoder is not None
-        self.pending = self.decoder.sample(logits)
-        self.decoder.accept(self.pending)
+        self.pending = verify(self.kv, self.decoder, self._fed, logits)
         self._emit()
 
     def _emit(self) -> None:
