@@ -228,11 +228,15 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--spec", choices=["none", "ngram"], default="none")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="0 = greedy (the dev model then emits no text: TTFT falls back to "
+                             "latency)")
     args = parser.parse_args()
 
     import torch
 
     torch.set_num_threads(args.threads)
+    SAMPLING["temperature"] = args.temperature
     frames = make_frames(40, args.frame_size)
     bench = Bench(args.model_path, args.spec)
     summary: dict[str, float] = {}
@@ -246,6 +250,10 @@ def main() -> None:
         fps = part_concurrency(bench, frames, n, args.per_session, args.max_tokens)
         print(json.dumps({"part": "concurrency", "sessions": n, "fps": fps}), flush=True)
         summary[f"fps_{n}"] = round(fps, 2)
+    extra = bench.engine.stats()["extra"]
+    if "spec_drafted" in extra:
+        print(json.dumps({"part": "speculation", "drafted": extra["spec_drafted"],
+                          "accepted": extra["spec_accepted"]}), flush=True)
     print(json.dumps(summary))
 
 

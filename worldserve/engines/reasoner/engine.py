@@ -172,8 +172,14 @@ class ReasonerEngine:
     def stats(self) -> dict[str, Any]:
         running = sum(1 for j in self.jobs if j.phase is not JobPhase.QUEUED)
         live = sum(1 for s in self.sessions.values() if s.state is not SessionState.DEAD)
+        extra: dict[str, Any] = {"forwards": self.runner.num_forwards,
+                                 "kv_tokens": sum(len(s.kv) for s in self.sessions.values()
+                                                  if s.kv is not None)}
+        if self.ctx.proposer is not None:
+            extra["spec_drafted"] = self.ctx.proposer.num_drafted
+            extra["spec_accepted"] = self.ctx.proposer.num_accepted
         return {"queue_depth": len(self.jobs) - running, "running": running, "sessions": live,
-                "extra": {"forwards": self.runner.num_forwards}}
+                "extra": extra}
 
     # ------------------------------------------------------------------ requests
 

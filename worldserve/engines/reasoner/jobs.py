@@ -108,7 +108,8 @@ class FrameJob:
         """Finish a batched decode step from this job's logits rows (one per fed token)."""
         assert self.decoder is not None and self.session.kv is not None
         self.engine_s += engine_s
-        self.pending = verify(self.session.kv, self.decoder, self._fed, logits)
+        self.pending = verify(self.session.kv, self.decoder, self._fed, logits,
+                              self.ctx.proposer)
         self._after_token()
 
     def _start(self) -> None:
@@ -240,7 +241,7 @@ class ChatJob:
 
     def apply_logits(self, logits: torch.Tensor, engine_s: float) -> None:
         assert self.decoder is not None
-        self.pending = verify(self.kv, self.decoder, self._fed, logits)
+        self.pending = verify(self.kv, self.decoder, self._fed, logits, self.ctx.proposer)
         self._emit()
 
     def _emit(self) -> None:
