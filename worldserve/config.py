@@ -61,11 +61,10 @@ class StageConfig(_Frozen):
     @field_validator("server_args_overrides")
     @classmethod
     def _override_host_is_loopback(cls, overrides: dict[str, Any]) -> dict[str, Any]:
+        # Exactly 127.0.0.1 (native-media spec 1.3): `localhost` or `::` may resolve elsewhere.
         host = overrides.get("host")
-        if host is not None and not is_loopback_host(str(host)):
-            raise ValueError(
-                f"host: stage sockets bind loopback only; got {host!r} (use 127.0.0.1)"
-            )
+        if host is not None and host != "127.0.0.1":
+            raise ValueError(f"host: stage sockets bind 127.0.0.1 only; got {host!r}")
         return overrides
 
 
@@ -117,6 +116,8 @@ class StreamingConfig(_Frozen):
     spec_num_tokens: int = Field(default=3, ge=1, le=16)
     # None: the library default (7000), lowered to fit small models (A1/A2 of spec 4.5)
     max_session_tokens: int | None = Field(default=None, ge=1024)
+    # How often the api's reaper closes idle sessions (spec section 6.1: every 5 s).
+    reaper_interval_s: float = Field(default=5.0, gt=0, le=60)
 
 
 class ReasonerStageConfig(StageConfig):
@@ -131,6 +132,13 @@ class ReasonerStageConfig(StageConfig):
     max_prefill_tokens: int = Field(default=2048, ge=64)
     # Batch the decode steps of concurrent sessions into one forward.
     batch_decode: bool = True
+    # `fake` backend only (protocol tests): delay of every reply, a 0-based frame index that is
+    # never answered (frame timeouts), one that fails as an engine error, and whether the
+    # backend claims streaming support (False: streaming routes answer 501).
+    fake_delay_ms: float = Field(default=0.0, ge=0, le=60_000)
+    fake_hang_on_frame: int | None = Field(default=None, ge=0)
+    fake_fail_on_frame: int | None = Field(default=None, ge=0)
+    fake_streaming: bool = True
 
 
 class RealtimeStageConfig(StageConfig):
