@@ -98,3 +98,36 @@ def test_reasoning_latency_includes_the_engine_time(page, playground) -> None:
     assert REASONING_DELAY_MS <= server_ms <= round_trip_ms
     page.locator("#reasoning-stop").click()
     page.wait_for_selector("#tab-reasoning[data-state=closed]", timeout=15_000)
+
+
+def write_test_video(path, num_frames: int = 40, fps: int = 10) -> None:
+    """A short H.264 MP4 of a moving bar (PyAV), as a person would pick from disk."""
+    import av
+    import numpy as np
+
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = 160, 120, "yuv420p"
+        for i in range(num_frames):
+            rgb = np.zeros((120, 160, 3), np.uint8)
+            rgb[:, (i * 4) % 160:(i * 4) % 160 + 16] = (255, 200, 0)
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")))
+        container.mux(stream.encode())
+
+
+def test_replies_for_a_local_video_file(page, playground, tmp_path) -> None:
+    require_surface(playground, "streaming")
+    video_path = tmp_path / "clip.mp4"
+    write_test_video(video_path)
+    open_tab(page, playground, "reasoning")
+    form = page.locator("#reasoning-form")
+    form.locator("select[name=source]").select_option("file")
+    form.locator("input[name=file]").set_input_files(str(video_path))
+    form.locator("input[name=fps]").fill("8")
+    page.locator("#reasoning-start").click()
+    page.wait_for_function("() => Number(document.querySelector('#reasoning-count').textContent) >= 3")
+    size = page.locator("#reasoning-video").evaluate("v => [v.videoWidth, v.videoHeight, v.srcObject === null]")
+    assert size == [160, 120, True]
+    page.locator("#reasoning-stop").click()
+    page.wait_for_selector("#tab-reasoning[data-state=closed]", timeout=15_000)
+    assert page.errors == []

@@ -41,10 +41,15 @@ async function openSource(form, video) {
 }
 
 function closeSource(video) {
+  video.pause();
   for (const track of video.srcObject?.getTracks?.() ?? []) track.stop();
   video.srcObject = null;
-  if (video.src.startsWith("blob:")) URL.revokeObjectURL(video.src);
-  video.pause();
+  const fileUrl = video.src.startsWith("blob:") ? video.src : null;
+  if (fileUrl) {
+    video.removeAttribute("src");
+    video.load(); // detach before revoking, or the element reloads a revoked URL
+    URL.revokeObjectURL(fileUrl);
+  }
 }
 
 /** One JPEG of the video's current frame, at most `maxWidth` wide. */
