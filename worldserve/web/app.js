@@ -11,9 +11,12 @@ const TABS = { images, videos, reasoning, realtime };
 const DEFAULT_TAB = "images";
 const mounted = {};
 
-function markUnavailable(section) {
+function markUnavailable(tab, section) {
   const note = section.querySelector(".unavailable");
   note.textContent = `This server does not offer ${SURFACE_NAMES[section.dataset.surface]}.`;
+  const button = document.getElementById(`tabbtn-${tab}`);
+  button.classList.add("off");
+  button.title = note.textContent;
   note.hidden = false;
   section.classList.add("disabled");
   for (const control of section.querySelectorAll("button, input, select, textarea")) control.disabled = true;
@@ -49,7 +52,7 @@ async function main() {
   for (const [tab, tabModule] of Object.entries(TABS)) {
     const section = document.getElementById(`tab-${tab}`);
     if (offered[section.dataset.surface] === false) {
-      markUnavailable(section);
+      markUnavailable(tab, section);
       continue;
     }
     mounted[tab] = tabModule.mount(section);
