@@ -6,5 +6,9 @@
 ROUTE_MODULES: tuple[str, ...] = (
     "worldserve.api.routes.ops",
     "worldserve.api.routes.admin",
+    "worldserve.api.routes.images",
+    "worldserve.api.routes.videos",
+    "worldserve.api.routes.actions",
+    "worldserve.api.routes.outputs",
     "worldserve.api.routes.web",
 )
