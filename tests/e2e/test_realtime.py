@@ -89,3 +89,19 @@ def test_prompt_switch_and_chunk_stats(page, playground) -> None:
     page.wait_for_function("() => parseFloat(document.querySelector('#realtime-fps').textContent) > 1")
     page.locator("#realtime-stop").click()
     assert page.errors == []
+
+
+def test_refused_init_is_shown_and_ends_the_session(page, playground) -> None:
+    require_surface(playground, "realtime")
+    open_tab(page, playground, "realtime")
+    # a size the model cannot make (not a multiple of 16), as a hand-edited request would be
+    page.evaluate("""() => { const s = document.querySelector('#realtime-form select[name=size]');
+                            s.add(new Option('100x100', '100x100')); s.value = '100x100'; }""")
+    page.locator("#realtime-start").click()
+    error = page.locator("#realtime-form .error")
+    error.wait_for(state="visible", timeout=15_000)
+    assert error.locator("strong").inner_text() == "The server refused the request: check the settings."
+    assert "invalid generate request" in error.locator(".detail").inner_text()
+    page.wait_for_selector("#tab-realtime[data-state=stopped]")
+    assert page.locator("#realtime-start").is_enabled()
+    assert [e for e in page.errors if e.startswith("uncaught")] == []

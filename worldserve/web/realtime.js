@@ -16,8 +16,9 @@ const DEFAULT_FPS = 16;
 // real time, and a viewer steering the camera wants the newest frames, not a backlog.
 const MAX_QUEUED_FRAMES = 48;
 const MAX_PENDING_EVENTS = 64;
-// Errors after which the server keeps the session going (realtime-video.md §4.4).
-const NON_FATAL = new Set(["invalid_event", "invalid_init"]);
+// Errors after which the session goes on (realtime-video.md §4.4). After `invalid_init` the
+// server would wait for another init, but the page sends one per session: it ends there.
+const NON_FATAL = new Set(["invalid_event"]);
 
 /** Draws queued frames at a fixed rate and measures the rate actually shown. */
 class Player {
