@@ -51,7 +51,7 @@ def test_replies_for_the_camera_and_stop_deletes_the_session(page, playground) -
     lit = page.locator("#reasoning-chart").evaluate("""c => {
         const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
         let n = 0; for (let i = 0; i < d.length; i += 4) if (d[i + 2] > 200) n++; return n; }""")
-    assert lit > 50
+    assert lit > 300  # a 2 px line across the 640 px chart, whatever the latencies
     session_id = page.locator("#tab-reasoning").get_attribute("data-session-id")
     assert session_id.startswith("sess-") and reasoner_sessions(playground) == 1
     screenshot(page, "reasoning")

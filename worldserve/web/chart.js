@@ -1,5 +1,6 @@
 // A small latency chart on a <canvas>: the page's round trip as a line, the server's own
-// latency as dots, the last `capacity` frames, y axis scaled to the largest value shown.
+// latency as dots, the last `capacity` frames across the full width, y axis scaled to the
+// largest value shown.
 
 export class LatencyChart {
   constructor(canvas, capacity = 60) {
@@ -26,7 +27,7 @@ export class LatencyChart {
     ctx.fillStyle = style.getPropertyValue("--chart-bg") || "#111";
     ctx.fillRect(0, 0, w, h);
     const maxMs = Math.max(50, ...points.map((p) => Math.max(p.roundTripMs, p.serverMs ?? 0)));
-    const x = (i) => pad + (i * (w - 2 * pad)) / Math.max(1, this.capacity - 1);
+    const x = (i) => pad + (i * (w - 2 * pad)) / Math.max(1, points.length - 1); // fill the width
     const y = (ms) => h - pad / 2 - (ms / maxMs) * (h - pad * 1.5);
     ctx.fillStyle = style.getPropertyValue("--chart-text") || "#aaa";
     ctx.font = "11px system-ui, sans-serif";
