@@ -37,6 +37,8 @@ def test_ngram_speculation_is_lossless(make_engine, sampling):
     assert got == expected
     # drafts were accepted: fewer forwards for the same tokens
     assert spec.engine.runner.num_forwards < plain.engine.runner.num_forwards
+    extra = spec.engine.stats()["extra"]
+    assert 0 < extra["spec_accepted"] <= extra["spec_drafted"]
 
 
 def test_seeded_sampling_is_reproducible_and_seed_dependent(make_engine):

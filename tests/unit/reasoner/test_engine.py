@@ -132,8 +132,12 @@ def test_unknown_busy_cancel_and_close(make_engine):
         drv.call(CloseSession(request_id="c2", session_id="s1"))
 
 
-def test_round_robin_never_runs_one_job_twice_while_others_wait(make_engine):
+@pytest.mark.parametrize("batching", [False, True])
+def test_round_robin_never_runs_one_job_twice_while_others_wait(make_engine, batching):
+    """Unbatched: strict rotation. Batched: every decode step advances all decoding jobs at
+    once, so a job waiting to prefill is next after at most one step."""
     drv = make_engine(max_sessions=3)
+    drv.engine._batching = batching
     for sid in ("a", "b"):
         drv.create(sid, sampling={"max_tokens": 6, **GREEDY})
     for sid, i in (("a", 0), ("b", 1)):
@@ -144,11 +148,12 @@ def test_round_robin_never_runs_one_job_twice_while_others_wait(make_engine):
                                                     parts=[ChatPart(type="text", text="hi")])]))
     order = []
     while drv.engine.has_work():
-        waiting = {j.request_id for j in drv.engine.jobs}
-        order.append((drv.engine.jobs[0].request_id, len(waiting)))
+        decoding = sum(j.phase.value == "decode" for j in drv.engine.jobs)
+        order.append((drv.engine.jobs[0].request_id, len(drv.engine.jobs), decoding))
         drv.engine.step()
-    for (prev, n_prev), (cur, _) in zip(order, order[1:]):
-        assert not (prev == cur and n_prev > 1), order
+    for (prev, n_prev, d_prev), (cur, _, _) in zip(order, order[1:]):
+        batched_all = batching and d_prev == n_prev
+        assert not (prev == cur and n_prev > 1 and not batched_all), order
     done = [r.request_id for r in drv.replies
             if getattr(r, "terminal", True) and not r.request_id.startswith("create")]
     assert sorted(done) == ["a-f", "b-f", "chat"]
@@ -207,3 +212,88 @@ def test_thousand_frame_session_stays_bounded(make_engine):
         assert session.kv.max_position < limit + 64
         assert sum(s.kind == "video" for s in session.segments) <= window
     assert reprefills >= 3 and evicted > 1000
+
+
+def _concurrent_replies(drv, num_sessions, sampling, num_frames=4):
+    from tests.unit.reasoner.reference import reply_tokens
+
+    sids = [f"s{k}" for k in range(num_sessions)]
+    for sid in sids:
+        drv.create(sid, sampling=sampling)
+    out = {sid: [] for sid in sids}
+    for i in range(num_frames):
+        for k, sid in enumerate(sids):
+            drv.submit(SessionFrame(request_id=f"{sid}-{i}", session_id=sid,
+                                    image=frame_bytes(i + 5 * k, size=56 + 28 * k),
+                                    received_at=time.time()))
+        drv.run()
+        for sid in sids:
+            out[sid].append(reply_tokens(drv.engine.sessions[sid]))
+    return out
+
+
+@pytest.mark.parametrize("spec", ["none", "ngram"])
+def test_batched_decode_equals_sequential(make_engine, spec):
+    """Decode steps of concurrent sessions (with their n-gram drafts) share one forward and
+    give the same tokens as running them one by one without speculation."""
+    sampling = {"max_tokens": 10, "temperature": 0.8, "seed": 11, "repetition_penalty": 1.2}
+    batched = make_engine(max_sessions=3, spec_method=spec, spec_num_tokens=3)
+    sequential = make_engine(max_sessions=3)
+    sequential.engine._batching = False
+    got = _concurrent_replies(batched, 3, sampling)
+    expected = _concurrent_replies(sequential, 3, sampling)
+    assert got == expected
+    assert batched.engine.runner.num_forwards < sequential.engine.runner.num_forwards
+
+
+def test_close_during_a_frame_answers_the_frame_with_409(make_engine):
+    drv = make_engine()
+    drv.create(sampling={"max_tokens": 8, **GREEDY})
+    drv.submit(SessionFrame(request_id="f", session_id="s1", image=frame_bytes(0),
+                            received_at=time.time()))
+    drv.engine.step()
+    drv.submit(CloseSession(request_id="c", session_id="s1"))
+    closed = drv.replies[-1]
+    assert isinstance(closed, SessionClosed) and closed.frames == 0
+    assert not drv.engine.has_work()
+    frame_reply = [r for r in drv.replies if r.request_id == "f"]
+    assert len(frame_reply) == 1 and frame_reply[0].code == "conflict"
+    assert frame_reply[0].message == "session was closed"
+
+
+def test_engine_failure_kills_the_session_not_the_engine(make_engine):
+    drv = make_engine()
+    drv.create("a", sampling={"max_tokens": 4, **GREEDY})
+    drv.create("b", sampling={"max_tokens": 4, **GREEDY})
+    drv.frame("a", frame_bytes(0))
+    runner = drv.engine.runner
+    original = runner.forward
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("device lost")
+
+    runner.forward = broken  # the model boundary fails mid-frame
+    with pytest.raises(Exception, match="engine failure: device lost") as info:
+        drv.frame("a", frame_bytes(1))
+    assert info.value.code == "internal_error"
+    runner.forward = original
+    with pytest.raises(Conflict, match="no longer usable"):
+        drv.frame("a", frame_bytes(2))
+    assert drv.frame("b", frame_bytes(3)).frame_index == 0  # other sessions carry on
+    assert drv.call(CloseSession(request_id="c", session_id="a")).frames == 1
+
+
+def test_streaming_disabled_refuses_sessions(make_engine):
+    from worldserve.errors import NotSupported
+
+    drv = make_engine(enabled=False)
+    assert drv.engine.capabilities()["streaming"] is False
+    with pytest.raises(NotSupported):
+        drv.create()
+
+
+def test_server_policy_that_can_never_fit_is_a_startup_error(make_engine):
+    from worldserve.engines.common import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="stages.reasoner.streaming.*max_session_tokens"):
+        make_engine(max_session_tokens=4000)

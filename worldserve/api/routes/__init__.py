@@ -13,4 +13,5 @@ ROUTE_MODULES: tuple[str, ...] = (
     "worldserve.api.routes.metadata",
     "worldserve.api.routes.streaming",
     "worldserve.api.routes.chat",
+    "worldserve.api.routes.web",
 )

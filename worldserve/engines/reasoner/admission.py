@@ -38,10 +38,11 @@ def streaming_limits(cfg: StreamingConfig) -> StreamingLimits:
 
 def fitted_session_tokens(model: ModelLimits, sampling: ReasonerSampling,
                           threshold: float) -> int:
-    """The library default (7000), lowered for small models to the largest multiple of 256
-    that passes A1 and A2 with the default sampling (never below 1024)."""
+    """The library default (7000), lowered for small models: a multiple of 256 that passes A1
+    with the default sampling and stays at half the re-prefill trigger (A2 with headroom, so
+    that after a re-prefill the next one is many frames away). Never below 1024."""
     bound = min(model.max_model_len - sampling.max_tokens - 1,
-                math.ceil(threshold * model.max_position_embeddings) - 1)
+                math.ceil(threshold * model.max_position_embeddings / 2) - 1)
     if bound >= LIBRARY_MAX_SESSION_TOKENS:
         return LIBRARY_MAX_SESSION_TOKENS
     return max(MIN_SESSION_TOKENS, bound // 256 * 256)

@@ -118,6 +118,8 @@ class NgramProposer:
 
     def __init__(self, num_tokens: int, max_n: int = 3, min_n: int = 1) -> None:
         self.num_tokens, self.max_n, self.min_n = num_tokens, max_n, min_n
+        self.num_drafted = 0  # engine-wide counters, reported in stats()
+        self.num_accepted = 0
 
     def propose(self, context: list[int], limit: int) -> list[int]:
         k = min(self.num_tokens, limit)
@@ -133,13 +135,21 @@ class NgramProposer:
         return []
 
 
-def decode_step(runner: ModelRunner, kv: KVState, decoder: ReplyDecoder, pending: int,
-                proposer: NgramProposer | None) -> int:
-    """Feed `pending` (+ drafts), sample until a draft is rejected or the reply ends.
-    Returns the new pending token (sampled, not fed)."""
+def propose(kv: KVState, decoder: ReplyDecoder, pending: int,
+            proposer: NgramProposer | None) -> list[int]:
+    """The tokens to feed this step: the last sampled token, then any n-gram drafts."""
     drafts = proposer.propose(kv.ids + [pending], decoder.remaining - 1) if proposer else []
-    fed = [pending] + drafts
-    logits = runner.forward(kv, fed, num_logits=len(fed))
+    if proposer:
+        proposer.num_drafted += len(drafts)
+    return [pending] + drafts
+
+
+def verify(kv: KVState, decoder: ReplyDecoder, fed: list[int], logits: torch.Tensor,
+           proposer: NgramProposer | None = None) -> int:
+    """Sample position by position from the logits of `fed` (already appended to `kv`); keep a
+    draft only when it equals the sampled token; crop the K/V of the rest. Returns the new
+    pending token (sampled, not fed)."""
+    drafts = fed[1:]
     num_kept = len(fed)
     for i in range(len(fed)):
         token = decoder.sample(logits[i])
@@ -148,4 +158,15 @@ def decode_step(runner: ModelRunner, kv: KVState, decoder: ReplyDecoder, pending
             num_kept = i + 1
             break
     kv.truncate(len(kv) - (len(fed) - num_kept))
+    if proposer:
+        proposer.num_accepted += num_kept - 1
     return token
+
+
+def decode_step(runner: ModelRunner, kv: KVState, decoder: ReplyDecoder, pending: int,
+                proposer: NgramProposer | None) -> int:
+    """Feed `pending` (+ drafts), sample until a draft is rejected or the reply ends.
+    Returns the new pending token (sampled, not fed)."""
+    fed = propose(kv, decoder, pending, proposer)
+    logits = runner.forward(kv, fed, num_logits=len(fed))
+    return verify(kv, decoder, fed, logits, proposer)

@@ -8,6 +8,7 @@ so a long prefill of one session delays another by at most one unit.
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict, deque
 from typing import Any
 
@@ -26,11 +27,13 @@ from worldserve.engines.reasoner.guided import GrammarFactory
 from worldserve.engines.reasoner.jobs import ChatJob, EngineContext, FrameJob, JobPhase
 from worldserve.engines.reasoner.loading import load_vlm
 from worldserve.engines.reasoner.prompt import PromptBuilder
-from worldserve.engines.reasoner.runner import ModelRunner
+from worldserve.engines.reasoner.runner import ModelRunner, forward_decode_batch
 from worldserve.engines.reasoner.session import Session, SessionState
-from worldserve.errors import Conflict, InvalidRequest, NotFound
+from worldserve.errors import Conflict, InvalidRequest, NotFound, NotSupported
 from worldserve.ipc.messages import (
     ChatCompletion,
+    ChatMessage,
+    ChatPart,
     CloseSession,
     CreateSession,
     ReasonerSampling,
@@ -43,6 +46,7 @@ from worldserve.runtime.engine import EngineState, ReplyFn
 
 log = logging.getLogger("worldserve.reasoner")
 MAX_TOMBSTONES = 1024
+MAX_DECODE_BATCH = 16
 
 
 class ReasonerEngine:
@@ -66,6 +70,13 @@ class ReasonerEngine:
         self.default_sampling = ReasonerSampling()
         self.default_retention = admission.server_retention(self.model_limits,
                                                             stage_config.streaming)
+        try:
+            admission.check_retention(self.default_retention, self.default_sampling,
+                                      self.model_limits, self.limits)
+        except InvalidRequest as exc:
+            raise ModelLoadError(
+                f"stages.reasoner.streaming: the server retention policy can never be admitted "
+                f"for this model: {exc.message}") from None
         streaming = stage_config.streaming
         proposer = (NgramProposer(streaming.spec_num_tokens)
                     if streaming.spec_method == "ngram" else None)
@@ -80,6 +91,25 @@ class ReasonerEngine:
         # Dead sessions moved out of capacity accounting: id -> frames, until CloseSession.
         self._tombstones: OrderedDict[str, int] = OrderedDict()
         self.jobs: deque[FrameJob | ChatJob] = deque()
+        self._batching = stage_config.batch_decode
+        if stage_config.warmup_mode == "server":
+            self._warmup()
+
+    def _warmup(self) -> None:
+        """One image chat through every code path (vision, prefill, decode) before `ready`."""
+        import io
+
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.new("RGB", (224, 224), (128, 128, 128)).save(buf, format="PNG")
+        request = ChatCompletion(request_id="warmup", sampling=ReasonerSampling(max_tokens=2),
+                                 messages=[ChatMessage(role="user", parts=[
+                                     ChatPart(type="image", image=buf.getvalue()),
+                                     ChatPart(type="text", text="warmup")])])
+        self._chat(request, lambda _: None)
+        while self.jobs:
+            self.step()
 
     def _stop_ids(self, loaded: Any) -> set[int]:
         ids = set()
@@ -87,7 +117,9 @@ class ReasonerEngine:
         ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if loaded.tokenizer.eos_token_id is not None:
             ids.add(loaded.tokenizer.eos_token_id)
-        ids.add(self.prompts.end_of_turn_ids[0])
+        first = self.prompts.end_of_turn_ids[0]
+        if first in set(loaded.tokenizer.all_special_ids):  # e.g. <|im_end|> of ChatML
+            ids.add(first)
         return ids
 
     # ------------------------------------------------------------------ facts
@@ -140,8 +172,14 @@ class ReasonerEngine:
     def stats(self) -> dict[str, Any]:
         running = sum(1 for j in self.jobs if j.phase is not JobPhase.QUEUED)
         live = sum(1 for s in self.sessions.values() if s.state is not SessionState.DEAD)
+        extra: dict[str, Any] = {"forwards": self.runner.num_forwards,
+                                 "kv_tokens": sum(len(s.kv) for s in self.sessions.values()
+                                                  if s.kv is not None)}
+        if self.ctx.proposer is not None:
+            extra["spec_drafted"] = self.ctx.proposer.num_drafted
+            extra["spec_accepted"] = self.ctx.proposer.num_accepted
         return {"queue_depth": len(self.jobs) - running, "running": running, "sessions": live,
-                "extra": {"forwards": self.runner.num_forwards}}
+                "extra": extra}
 
     # ------------------------------------------------------------------ requests
 
@@ -158,6 +196,8 @@ class ReasonerEngine:
             raise unsupported(request, "reasoner")
 
     def _create(self, req: CreateSession) -> SessionCreated:
+        if not self.config.streaming.enabled:
+            raise NotSupported("streaming sessions are disabled on this server")
         if req.session_id in self.sessions:
             raise Conflict(f"session {req.session_id!r} already exists")
         admission.check_retention(req.retention, req.sampling, self.model_limits, self.limits)
@@ -210,7 +250,7 @@ class ReasonerEngine:
             raise NotFound(f"session {req.session_id!r} not found")
         for job in [j for j in self.jobs if isinstance(j, FrameJob) and j.session is session]:
             self.jobs.remove(job)
-            job.abort()
+            job.abort(closed=True)
         session.kill()
         return SessionClosed(request_id=req.request_id, session_id=req.session_id,
                              frames=session.frames)
@@ -250,15 +290,34 @@ class ReasonerEngine:
         if not self.jobs:
             return
         job = self.jobs.popleft()
+        batch = [job]
+        if self._batching and job.phase is JobPhase.DECODE:
+            batch += [j for j in self.jobs if j.phase is JobPhase.DECODE][:MAX_DECODE_BATCH - 1]
+            for other in batch[1:]:
+                self.jobs.remove(other)
         try:
-            job.step()
+            if len(batch) > 1:
+                self._decode_batch(batch)
+            else:
+                job.step()
         except Exception as exc:  # a failing request must not take the stage down
             if not isinstance(exc, (Conflict, NotFound, InvalidRequest)):
-                log.exception("request %s failed", job.request_id)
-            job.fail(exc)
+                log.exception("request(s) %s failed", [j.request_id for j in batch])
+            for failed in batch:
+                if failed.phase is not JobPhase.DONE:
+                    failed.fail(exc)
             return
-        if job.phase is not JobPhase.DONE:
-            self.jobs.append(job)
+        self.jobs.extend(j for j in batch if j.phase is not JobPhase.DONE)
+
+    def _decode_batch(self, batch: list[FrameJob | ChatJob]) -> None:
+        """One decode step (with its drafts, if speculating) of every job in `batch`, in one
+        forward."""
+        start = time.perf_counter()
+        kvs, fed = zip(*(j.batch_input() for j in batch))
+        logits = forward_decode_batch(self.runner, list(kvs), list(fed))
+        share = (time.perf_counter() - start) / len(batch)
+        for row, j in zip(logits, batch):
+            j.apply_logits(row, share)
 
     def shutdown(self) -> None:
         self.jobs.clear()

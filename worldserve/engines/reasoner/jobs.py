@@ -13,7 +13,13 @@ from typing import Any, Callable
 
 import torch
 
-from worldserve.engines.reasoner.decoding import NgramProposer, ReplyDecoder, decode_step
+from worldserve.engines.reasoner.decoding import (
+    NgramProposer,
+    ReplyDecoder,
+    decode_step,
+    propose,
+    verify,
+)
 from worldserve.engines.reasoner.guided import GrammarFactory
 from worldserve.engines.reasoner.kv import KVState
 from worldserve.engines.reasoner.prompt import ChatPrompt, FrameChunk
@@ -75,6 +81,7 @@ class FrameJob:
         self.first_text_at: float | None = None
         self.decoder: ReplyDecoder | None = None
         self.pending = 0
+        self._fed: list[int] = []
 
     def step(self) -> None:
         t0 = time.perf_counter()
@@ -90,6 +97,20 @@ class FrameJob:
                 self._after_token()
         finally:
             self.engine_s += time.perf_counter() - t0
+
+    def batch_input(self) -> tuple[KVState, list[int]]:
+        """(cache, tokens to feed) for a batched decode step (phase DECODE only)."""
+        assert self.session.kv is not None and self.decoder is not None
+        self._fed = propose(self.session.kv, self.decoder, self.pending, self.ctx.proposer)
+        return self.session.kv, self._fed
+
+    def apply_logits(self, logits: torch.Tensor, engine_s: float) -> None:
+        """Finish a batched decode step from this job's logits rows (one per fed token)."""
+        assert self.decoder is not None and self.session.kv is not None
+        self.engine_s += engine_s
+        self.pending = verify(self.session.kv, self.decoder, self._fed, logits,
+                              self.ctx.proposer)
+        self._after_token()
 
     def _start(self) -> None:
         self.started = time.time()
@@ -163,10 +184,14 @@ class FrameJob:
             self.session.kill()
         self.reply(ErrorReply(request_id=self.request_id, code=code, message=message))
 
-    def abort(self) -> None:
-        """Cancelled (frame timeout, close): the session is dead, no reply is sent."""
+    def abort(self, closed: bool = False) -> None:
+        """Cancelled (frame timeout: no reply, the api gave up) or closed under the frame (the
+        frame's request gets 409 `session was closed`). Either way the session is dead."""
         self.phase = JobPhase.DONE
         self.session.kill()
+        if closed:
+            self.reply(ErrorReply(request_id=self.request_id, code="conflict",
+                                  message="session was closed"))
 
 
 class ChatJob:
@@ -189,6 +214,7 @@ class ChatJob:
             self.generator.seed()
         self.decoder: ReplyDecoder | None = None
         self.pending = 0
+        self._fed: list[int] = []
         self.sent_chars = 0
 
     def step(self) -> None:
@@ -206,6 +232,16 @@ class ChatJob:
             assert self.decoder is not None
             self.pending = decode_step(ctx.runner, self.kv, self.decoder, self.pending,
                                        ctx.proposer)
+        self._emit()
+
+    def batch_input(self) -> tuple[KVState, list[int]]:
+        assert self.decoder is not None
+        self._fed = propose(self.kv, self.decoder, self.pending, self.ctx.proposer)
+        return self.kv, self._fed
+
+    def apply_logits(self, logits: torch.Tensor, engine_s: float) -> None:
+        assert self.decoder is not None
+        self.pending = verify(self.kv, self.decoder, self._fed, logits, self.ctx.proposer)
         self._emit()
 
     def _emit(self) -> None:

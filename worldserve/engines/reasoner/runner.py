@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from worldserve.engines.reasoner.kv import KVState
+from worldserve.engines.reasoner.kv import KVState, new_cache
 from worldserve.engines.reasoner.prompt import ImageInput
 
 
@@ -63,8 +63,59 @@ class ModelRunner:
         )
         self.num_forwards += 1
         kv.record(ids, positions[:, 0])
-        return out.logits[0, -num_logits:].float()
+        return out.logits[0, -num_logits:].float().cpu()  # sampling runs on CPU tensors
 
 
 def _grids(images: list[ImageInput]) -> torch.Tensor:
     return torch.cat([im.grid_thw for im in images])
+
+
+@torch.inference_mode()
+def forward_decode_batch(runner: ModelRunner, kvs: list[KVState],
+                         fed: list[list[int]]) -> list[torch.Tensor]:
+    """One decode step of several sequences in one forward. `fed[b]` is sequence b's last
+    sampled token plus its speculative drafts (if any). Returns (len(fed[b]), V) float32 logits
+    per sequence.
+
+    Each sequence keeps its own cache. The caches are left-padded into one batch with a
+    boolean attention mask (padding masked out); shorter query rows are padded at the end (their
+    outputs are ignored). Each sequence's new K/V is appended back to its own cache; positions
+    are per sequence (`next_pos` onward), so gaps stay intact.
+    """
+    lengths = [len(kv) for kv in kvs]
+    longest, width = max(lengths), max(len(f) for f in fed)
+    batch = new_cache(runner.model.config)
+    for layer_idx, layer in enumerate(batch.layers):
+        first = kvs[0].cache.layers[layer_idx]
+        k_shape = (len(kvs), first.keys.shape[1], longest + width, first.keys.shape[-1])
+        v_shape = (len(kvs), first.values.shape[1], longest + width, first.values.shape[-1])
+        # zeros, not empty: padded slots are masked, but 0 x NaN would still poison the output
+        keys, values = first.keys.new_zeros(k_shape), first.values.new_zeros(v_shape)
+        for b, (kv, length) in enumerate(zip(kvs, lengths)):
+            src = kv.cache.layers[layer_idx]
+            keys[b, :, longest - length:longest] = src.keys[0]
+            values[b, :, longest - length:longest] = src.values[0]
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+        layer.length = longest  # the fed tokens are written into the spare slots
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    mask = torch.zeros(len(kvs), 1, width, longest + width, dtype=torch.bool)
+    for b, length in enumerate(lengths):
+        mask[b, 0, :, longest - length:longest] = True
+        mask[b, 0, :, longest:] = causal
+    steps = torch.arange(width)
+    positions = torch.stack([kv.next_pos + steps for kv in kvs]).unsqueeze(0).expand(3, -1, -1)
+    tokens = torch.tensor([f + [f[-1]] * (width - len(f)) for f in fed])
+    out = runner.model(
+        input_ids=tokens.to(runner.device), position_ids=positions.to(runner.device),
+        attention_mask=mask.to(runner.device), cache=batch, use_cache=True, logits_to_keep=width,
+    )
+    runner.num_forwards += 1
+    logits = out.logits.float().cpu()
+    for b, kv in enumerate(kvs):
+        n = len(fed[b])
+        for layer_idx, new in enumerate(batch.layers):
+            kv.cache.layers[layer_idx].update(new.keys[b:b + 1, :, longest:longest + n],
+                                              new.values[b:b + 1, :, longest:longest + n])
+        kv.record(fed[b], positions[:, b, :n])
+    return [logits[b, : len(fed[b])] for b in range(len(kvs))]
