@@ -94,6 +94,8 @@ class StreamingConfig(_Frozen):
     encoder_capacity: int | None = Field(default=None, ge=1)
     spec_method: Literal["none", "ngram"] = "none"
     spec_num_tokens: int = Field(default=3, ge=1, le=16)
+    # How often the api's reaper closes idle sessions (spec section 6.1: every 5 s).
+    reaper_interval_s: float = Field(default=5.0, gt=0, le=60)
 
 
 class ReasonerStageConfig(StageConfig):
@@ -104,6 +106,13 @@ class ReasonerStageConfig(StageConfig):
     streaming: StreamingConfig = Field(default_factory=StreamingConfig)
     # None: the model's max_position_embeddings
     max_model_len: int | None = Field(default=None, ge=256)
+    # `fake` backend only (protocol tests): delay of every reply, a 0-based frame index that is
+    # never answered (frame timeouts), one that fails as an engine error, and whether the
+    # backend claims streaming support (False: streaming routes answer 501).
+    fake_delay_ms: float = Field(default=0.0, ge=0, le=60_000)
+    fake_hang_on_frame: int | None = Field(default=None, ge=0)
+    fake_fail_on_frame: int | None = Field(default=None, ge=0)
+    fake_streaming: bool = True
 
 
 class RealtimeStageConfig(StageConfig):

@@ -6,4 +6,7 @@
 ROUTE_MODULES: tuple[str, ...] = (
     "worldserve.api.routes.ops",
     "worldserve.api.routes.admin",
+    "worldserve.api.routes.metadata",
+    "worldserve.api.routes.streaming",
+    "worldserve.api.routes.chat",
 )
