@@ -96,6 +96,8 @@ class StreamingConfig(_Frozen):
     spec_num_tokens: int = Field(default=3, ge=1, le=16)
     # How often the api's reaper closes idle sessions (spec section 6.1: every 5 s).
     reaper_interval_s: float = Field(default=5.0, gt=0, le=60)
+    # None: the library default (7000), lowered to fit small models (A1/A2 of spec 4.5)
+    max_session_tokens: int | None = Field(default=None, ge=1024)
 
 
 class ReasonerStageConfig(StageConfig):
@@ -113,6 +115,10 @@ class ReasonerStageConfig(StageConfig):
     fake_hang_on_frame: int | None = Field(default=None, ge=0)
     fake_fail_on_frame: int | None = Field(default=None, ge=0)
     fake_streaming: bool = True
+    # Upper bound of tokens prefilled in one engine step (a frame's chunk is never split).
+    max_prefill_tokens: int = Field(default=2048, ge=64)
+    # Batch the decode steps of concurrent sessions into one forward.
+    batch_decode: bool = True
 
 
 class RealtimeStageConfig(StageConfig):
@@ -183,7 +189,10 @@ def read_yaml(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "syntax error"
+        raise ConfigError(f"config file {path} is not valid YAML{where}: {problem}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
