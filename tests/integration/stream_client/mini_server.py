@@ -28,6 +28,7 @@ class MiniBehaviour:
     model_type: str = "reasoner"
     ws_nonfatal_errors_at: set[int] = field(default_factory=set)  # 0-based frames received
     ws_fatal_error_at: int | None = None
+    delete_status: int = 200               # REST DELETE; anything else fails the cleanup
 
 
 @dataclass
@@ -84,9 +85,13 @@ def create_app(behaviour: MiniBehaviour, state: MiniState) -> FastAPI:
         return JSONResponse(_reply(state.sessions[session_id] - 1))
 
     @app.delete("/v1/streaming/sessions/{session_id}")
-    async def delete(session_id: str) -> dict:
+    async def delete(session_id: str) -> JSONResponse:
+        if behaviour.delete_status != 200:
+            return JSONResponse({"error": {"message": "cleanup broke", "code": 500}},
+                                status_code=behaviour.delete_status)
         state.deleted.append(session_id)
-        return {"session_id": session_id, "frames": state.sessions.pop(session_id), "closed": True}
+        return JSONResponse({"session_id": session_id, "frames": state.sessions.pop(session_id),
+                             "closed": True})
 
     @app.websocket("/v1/streaming/ws")
     async def ws(websocket: WebSocket) -> None:

@@ -54,6 +54,16 @@ def test_rest_binary_against_a_server_that_refuses_raw_bodies(mini: MiniServer,
     assert "closed after 0 frames" in done.stdout
 
 
+@pytest.mark.parametrize("mini", [MiniBehaviour(delete_status=500)], indirect=True)
+def test_failed_cleanup_exits_1(mini: MiniServer, clip: Path) -> None:
+    done = run_client("--url", mini.base_url, "--video", str(clip), "--fps", "2",
+                      "--max-frames", "2", "--transport", "rest")
+    assert done.returncode == 1
+    assert len([l for l in done.stdout.splitlines() if l.startswith("frame")]) == 2
+    assert ("session cleanup failed: HTTP 500: cleanup broke; idle timeout is the backstop"
+            in done.stderr)
+
+
 @pytest.mark.parametrize("mini", [MiniBehaviour(ws_nonfatal_errors_at={1, 3})], indirect=True)
 def test_non_fatal_websocket_errors_are_printed_and_the_stream_goes_on(mini: MiniServer,
                                                                        clip: Path) -> None:
