@@ -1,4 +1,4 @@
-"""Module-scoped servers on the fake reasoner backend (each starts in about a second)."""
+"""The shared server on the fake reasoner backend, started once for this folder."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.support.server import ServerProcess
 FAIL_ON_FRAME = 5
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def fake_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     workdir = tmp_path_factory.mktemp("fake")
     server = start_server(workdir, fake_config(workdir, fake_fail_on_frame=FAIL_ON_FRAME))

@@ -190,9 +190,10 @@ class StreamingService:
             session.move(SessionState.IDLE)
 
     async def _kill(self, session: Session) -> None:
-        """Fail closed: the session answers 409 until deleted or expired."""
+        """Fail closed: the session answers 409 until deleted or expired (idle from now)."""
         if session.state == SessionState.BUSY:
             session.move(SessionState.DEAD)
+            session.touch()
         await self._release(session)
 
     async def close(self, session: Session) -> int:
