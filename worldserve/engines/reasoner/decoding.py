@@ -22,7 +22,7 @@ class ReplyDecoder:
 
     def __init__(self, sampling: ReasonerSampling, context_ids: list[int], stop_ids: set[int],
                  tokenizer, vocab_size: int, generator: torch.Generator,
-                 guide: Guide | None = None) -> None:
+                 guide: Guide | None = None, banned_ids: tuple[int, ...] = ()) -> None:
         self.sampling = sampling
         self.stop_ids = stop_ids
         self.tokenizer = tokenizer
@@ -37,11 +37,16 @@ class ReplyDecoder:
         self._counts = torch.zeros(vocab_size)  # frequency/presence: reply only
         self._stop_mask = torch.zeros(vocab_size, dtype=torch.bool)
         self._stop_mask[[t for t in stop_ids if t < vocab_size]] = True
+        # Vision placeholders are never output: fed back as context they would be read as image
+        # positions (mm_token_type_ids) without an image.
+        self._banned = torch.tensor([t for t in banned_ids if 0 <= t < vocab_size],
+                                    dtype=torch.long)
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
         """(V,) raw logits -> penalised and grammar-masked logits."""
         s = self.sampling
         logits = logits[: self._seen.shape[0]].clone()
+        logits[self._banned] = float("-inf")
         if s.repetition_penalty != 1.0:
             seen = logits[self._seen]
             logits[self._seen] = torch.where(seen > 0, seen / s.repetition_penalty,

@@ -74,6 +74,7 @@ class ReasonerEngine:
             grammars=GrammarFactory(loaded.tokenizer, self.runner.vocab_size), proposer=proposer,
             max_model_len=m, max_position_embeddings=p or m,
             max_prefill_tokens=stage_config.max_prefill_tokens,
+            banned_ids=self.prompts.placeholder_ids,
         )
         self.sessions: dict[str, Session] = {}
         # Dead sessions moved out of capacity accounting: id -> frames, until CloseSession.
@@ -95,18 +96,28 @@ class ReasonerEngine:
         import msgspec
 
         cfg, s = self.config, self.config.streaming
+        retention = msgspec.to_builtins(self.default_retention)
+        sampling = msgspec.to_builtins(self.default_sampling)
         return {
+            # keys the api reads (notes/rsn-api.md), then engine facts for diagnostics
             "backend": "hf",
+            "streaming": s.enabled,
+            "chat": True,
+            "retention": retention,
+            "sampling": sampling,
+            "max_sessions": self.limits.max_sessions,
+            "image_budget": self.limits.image_budget,
+            "encoder_capacity": self.limits.encoder_capacity,
             "architecture": type(self.model).__name__,
             "dtype": cfg.dtype,
             "served_model_name": self.model_name,
             "model_path": self.model_path,
             "max_model_len": self.model_limits.max_model_len,
             "max_position_embeddings": self.model_limits.max_position_embeddings,
-            "default_retention": msgspec.to_builtins(self.default_retention),
+            "default_retention": retention,
             "library_retention": msgspec.to_builtins(
                 admission.library_retention(self.model_limits)),
-            "default_sampling": msgspec.to_builtins(self.default_sampling),
+            "default_sampling": sampling,
             "limits": {
                 "max_sessions": self.limits.max_sessions,
                 "max_frame_bytes": 8_388_608, "max_frame_pixels": 4_194_304,

@@ -52,6 +52,7 @@ class EngineContext:
     max_model_len: int
     max_position_embeddings: int
     max_prefill_tokens: int
+    banned_ids: tuple[int, ...] = ()
 
 
 class FrameJob:
@@ -117,7 +118,7 @@ class FrameJob:
         guide = self.ctx.grammars.matcher(session.grammar) if session.grammar else None
         self.decoder = ReplyDecoder(session.sampling, session.kv.ids, self.ctx.stop_ids,
                                     self.ctx.tokenizer, self.ctx.runner.vocab_size,
-                                    session.generator, guide)
+                                    session.generator, guide, self.ctx.banned_ids)
         self.pending = self.decoder.sample(logits)
         self.decoder.accept(self.pending)
         self.phase = JobPhase.DECODE
@@ -196,7 +197,8 @@ class ChatJob:
             logits = ctx.runner.forward(self.kv, self.prompt.input_ids, self.prompt.images)[-1]
             guide = ctx.grammars.matcher(self.grammar) if self.grammar else None
             self.decoder = ReplyDecoder(self.request.sampling, self.prompt.input_ids, ctx.stop_ids,
-                                        ctx.tokenizer, ctx.runner.vocab_size, self.generator, guide)
+                                        ctx.tokenizer, ctx.runner.vocab_size, self.generator, guide,
+                                        ctx.banned_ids)
             self.pending = self.decoder.sample(logits)
             self.decoder.accept(self.pending)
             self.phase = JobPhase.DECODE

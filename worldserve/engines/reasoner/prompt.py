@@ -18,6 +18,7 @@ from PIL import Image
 from worldserve.errors import InvalidRequest, PayloadTooLarge
 
 IMAGE_PAD = "<|image_pad|>"
+VIDEO_PAD = "<|video_pad|>"
 MAX_FRAME_PIXELS = 4_194_304
 _MARK = "\u2063worldserve\u2063"  # a marker no real prompt contains
 
@@ -74,6 +75,10 @@ class PromptBuilder:
         self.image_processor = image_processor
         self.chat_template = chat_template
         self.image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+        video_token_id = tokenizer.convert_tokens_to_ids(VIDEO_PAD)
+        unk = getattr(tokenizer, "unk_token_id", None)
+        self.placeholder_ids = tuple(t for t in (self.image_token_id, video_token_id)
+                                     if isinstance(t, int) and t != unk)
         self.merge = int(getattr(image_processor, "merge_size", 2)) ** 2
         self.later_turn_text = self._later_turn_text()
         self.end_of_turn_ids = self._end_of_turn_ids()
