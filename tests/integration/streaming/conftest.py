@@ -17,7 +17,9 @@ FAIL_ON_FRAME = 5
 @pytest.fixture(scope="package")
 def fake_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     workdir = tmp_path_factory.mktemp("fake")
-    server = start_server(workdir, fake_config(workdir, fake_fail_on_frame=FAIL_ON_FRAME))
+    config = fake_config(workdir, fake_fail_on_frame=FAIL_ON_FRAME)
+    config["allowed_media_domains"] = ["localhost"]  # chat image URLs served by a test
+    server = start_server(workdir, config)
     yield server
     server.stop()
 

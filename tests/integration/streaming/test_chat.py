@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
+from typing import Iterator
 
 import httpx
 import openai
@@ -82,6 +85,38 @@ def test_json_schema_response_format(sdk: openai.OpenAI) -> None:
     assert isinstance(json.loads(done.choices[0].message.content), dict)
 
 
+@pytest.fixture
+def image_host() -> Iterator[str]:
+    """A local HTTP server holding /frame.jpg and /frame.gif (host `localhost` is allowed)."""
+    files = {"/frame.jpg": image_bytes(), "/frame.gif": image_bytes("GIF")}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            data = files.get(self.path)
+            self.send_response(200 if data else 404)
+            self.send_header("Content-Length", str(len(data or b"")))
+            self.end_headers()
+            self.wfile.write(data or b"")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://localhost:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_remote_image_from_an_allowed_host(sdk: openai.OpenAI, image_host: str) -> None:
+    part = {"type": "image_url", "image_url": {"url": f"{image_host}/frame.jpg"}}
+    done = sdk.chat.completions.create(model=MODEL, messages=user(text("What?"), part))
+    assert done.choices[0].message.content
+    part = {"type": "image_url", "image_url": {"url": f"{image_host}/frame.gif"}}
+    with pytest.raises(openai.BadRequestError, match="JPEG or PNG"):
+        sdk.chat.completions.create(model=MODEL, messages=user(part))
+
+
 def test_unknown_model_is_404_in_the_openai_shape(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
         sdk.chat.completions.create(model="gpt-4o", messages=user(text("hi")))
@@ -101,7 +136,7 @@ def test_unknown_model_is_404_in_the_openai_shape(sdk: openai.OpenAI) -> None:
      "must be base64"),
     ({"messages": user({"type": "image_url",
                         "image_url": {"url": "https://example.com/a.jpg"}})},
-     "remote image URLs are not supported"),
+     "media host 'example.com' is not in the allowed media domains"),
     ({"messages": user({"type": "image_url", "image_url": {"url": "file:///etc/passwd"}})},
      "unsupported image URL scheme"),
     ({"messages": user(text("x")), "response_format": {"type": "json_schema"}}, "json_schema"),

@@ -162,3 +162,13 @@ def test_websocket_is_not_in_the_openapi_document(fake_server) -> None:
     paths = httpx.get(f"{fake_server.base_url}/openapi.json").json()["paths"]
     assert "/v1/streaming/ws" not in paths
     assert "/v1/streaming/sessions" in paths
+
+
+def test_message_above_16_mib_is_closed_1009_by_the_stack(fake_server) -> None:
+    with ws_connect(fake_server) as ws:
+        create(ws)
+        try:
+            ws.send(bytes(17 * 1024 * 1024))
+        except ConnectionClosed:
+            pass
+        assert_closed_with(ws, 1009)

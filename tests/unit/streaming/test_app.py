@@ -94,3 +94,13 @@ async def test_without_a_reasoner_stage(tmp_path: Path) -> None:
         assert meta["selectedModelProfileId"]
         assert (await http.get("/v1/streaming/config")).status_code == 404
         assert (await http.post("/v1/chat/completions", json={})).status_code == 404
+
+
+async def test_remote_image_urls_need_allowed_media_domains(tmp_path: Path,
+                                                           config: ServerConfig) -> None:
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.jpg"}}
+    body = {"model": "tiny-vl", "messages": [{"role": "user", "content": [image]}]}
+    async for http in serve(config, {"reasoner": reasoner_client(tmp_path)}):
+        response = await http.post("/v1/chat/completions", json=body)
+        assert response.status_code == 400
+        assert "remote image URLs are not supported" in response.json()["error"]["message"]

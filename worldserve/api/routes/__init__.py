@@ -6,6 +6,10 @@
 ROUTE_MODULES: tuple[str, ...] = (
     "worldserve.api.routes.ops",
     "worldserve.api.routes.admin",
+    "worldserve.api.routes.images",
+    "worldserve.api.routes.videos",
+    "worldserve.api.routes.actions",
+    "worldserve.api.routes.outputs",
     "worldserve.api.routes.metadata",
     "worldserve.api.routes.streaming",
     "worldserve.api.routes.chat",

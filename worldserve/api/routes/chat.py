@@ -22,7 +22,8 @@ def setup(runtime: ServerRuntime) -> bool:
 
 
 @router.post("/v1/chat/completions", response_model=None)
-async def chat_completions(request: Request, body: ChatCompletionRequest) -> dict | StreamingResponse:
+async def chat_completions(request: Request,
+                           body: ChatCompletionRequest) -> dict | StreamingResponse:
     service: ChatService = request.app.state.runtime.services["chat"]
     client = service.client()
     chat = await service.build(body, client)

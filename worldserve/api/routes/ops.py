@@ -63,11 +63,14 @@ STAGE_CAPABILITIES = {"generation": ["images", "videos"], "reasoner": ["chat_com
 
 
 def model_capabilities(runtime: ServerRuntime, stage: str) -> list[str]:
-    client = runtime.clients[stage]
-    declared = client.info.capabilities.get("serves") if client.info else None
+    info = runtime.clients[stage].info
+    caps = info.capabilities if info is not None else {}
+    declared = caps.get("serves")
     out = list(declared) if isinstance(declared, list) else list(STAGE_CAPABILITIES.get(stage, []))
-    streaming = client.info is not None and client.info.capabilities.get("streaming", False)
-    if stage == "reasoner" and streaming and runtime.config.stages.reasoner.streaming.enabled:
+    if stage == "generation" and caps.get("actions"):
+        out.append("actions")
+    enabled = runtime.config.stages.reasoner.streaming.enabled
+    if stage == "reasoner" and caps.get("streaming", False) and enabled:
         out.insert(0, "streaming_reasoning")
     return out
 

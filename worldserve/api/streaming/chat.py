@@ -1,37 +1,29 @@
 """`ChatService`: one-shot OpenAI chat completions on the reasoner stage (stream and not).
 
 Images come inline as base64 data URLs and pass the frame policy (JPEG/PNG, 8 MiB, 4 MP).
-Remote http(s) image URLs are refused unless `allowed_media_domains` names their host; then
-they are fetched with the same byte limit (a fuller media fetcher is a later issue).
+Remote http(s) image URLs are refused unless `allowed_media_domains` is configured; then they
+are fetched by `worldserve.media.fetch` under that policy with the same byte limit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
 from typing import Any, AsyncIterator
-from urllib.parse import urlsplit
 
-import httpx
 import msgspec
 
 from worldserve.api.runtime import ServerRuntime
 from worldserve.api.schemas.chat import ChatCompletionRequest, ChatMessageIn
-from worldserve.api.streaming.images import (
-    MAX_FRAME_BYTES,
-    check_content_length,
-    check_frame,
-    decode_data_url,
-    read_limited,
-)
+from worldserve.api.streaming.images import MAX_FRAME_BYTES, check_frame, decode_data_url
 from worldserve.api.streaming.service import reasoner_client
 from worldserve.errors import (
     InvalidRequest,
     NotFound,
     RequestTimeout,
-    UpstreamError,
     WorldserveError,
     error_body,
 )
@@ -45,21 +37,20 @@ from worldserve.ipc.messages import (
     ReasonerSampling,
     Reply,
 )
+from worldserve.media.fetch import MediaPolicy, fetch_remote
 
 # Chat defaults differ from the per-frame streaming defaults: OpenAI-style neutral sampling.
 CHAT_DEFAULTS = {"max_tokens": 256, "temperature": 1.0, "top_p": 1.0, "repetition_penalty": 1.0}
-FETCH_TIMEOUT_S = 10.0
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
-
-
-def _host_allowed(host: str, domains: list[str]) -> bool:
-    return any(host == d or host.endswith("." + d) for d in domains)
 
 
 class ChatService:
     def __init__(self, runtime: ServerRuntime) -> None:
         self.runtime = runtime
         self.timeout_s = runtime.config.stages.reasoner.streaming.frame_timeout_s
+        # Remote images: only allowed hosts, each redirect re-checked, at most one frame's bytes.
+        self.media_policy = dataclasses.replace(MediaPolicy.from_config(runtime.config),
+                                                max_bytes=MAX_FRAME_BYTES)
 
     def client(self) -> StageClient:
         return reasoner_client(self.runtime, "chat")
@@ -102,7 +93,8 @@ class ChatService:
 
     async def _message(self, message: ChatMessageIn) -> ChatMessage:
         if isinstance(message.content, str):
-            return ChatMessage(role=message.role, parts=[ChatPart(type="text", text=message.content)])
+            part = ChatPart(type="text", text=message.content)
+            return ChatMessage(role=message.role, parts=[part])
         parts = []
         for part in message.content:
             if part.type == "text":
@@ -126,24 +118,11 @@ class ChatService:
         return data
 
     async def _fetch(self, url: str) -> bytes:
-        domains = self.runtime.config.allowed_media_domains
-        host = (urlsplit(url).hostname or "").lower()
-        if not domains:
+        if not self.media_policy.allowed_domains:
             raise InvalidRequest("remote image URLs are not supported by this server; send the "
                                  "image inline as a data URL (data:image/jpeg;base64,...) or "
                                  "configure allowed_media_domains", param="image_url")
-        if not _host_allowed(host, domains):
-            raise InvalidRequest(f"image host '{host}' is not in allowed_media_domains",
-                                 param="image_url")
-        try:
-            async with httpx.AsyncClient(timeout=FETCH_TIMEOUT_S, follow_redirects=False) as http:
-                async with http.stream("GET", url) as response:
-                    if response.status_code != 200:
-                        raise UpstreamError(f"fetching {url} answered {response.status_code}")
-                    check_content_length(response.headers.get("content-length"), MAX_FRAME_BYTES)
-                    return await read_limited(response.aiter_bytes(), MAX_FRAME_BYTES)
-        except httpx.HTTPError as exc:
-            raise UpstreamError(f"fetching {url} failed: {exc}") from None
+        return await fetch_remote(url, self.media_policy)
 
     # ------------------------------------------------------------------ running
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import json
 import logging
 from typing import Any
 
@@ -20,7 +19,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from worldserve.api.errors import validation_message
 from worldserve.api.schemas.streaming import WsCreateMessage
 from worldserve.api.streaming.errors import WS_CLOSE_NORMAL, IdleTimeout, ws_close_code, ws_error
-from worldserve.api.streaming.images import check_frame, decode_b64_image
+from worldserve.api.streaming.images import check_frame, decode_b64_image, parse_json_object
 from worldserve.api.streaming.service import StreamingService
 from worldserve.api.streaming.sessions import Session, SessionState
 from worldserve.errors import InternalError, InvalidRequest, PayloadTooLarge, WorldserveError
@@ -41,16 +40,6 @@ class FatalError(Exception):
     def __init__(self, error: WorldserveError) -> None:
         super().__init__(error.message)
         self.error = error
-
-
-def _parse_text(text: str) -> dict[str, Any]:
-    try:
-        obj = json.loads(text)
-    except ValueError as exc:
-        raise InvalidRequest(f"message is not valid JSON: {exc}") from None
-    if not isinstance(obj, dict):
-        raise InvalidRequest("message must be a JSON object")
-    return obj
 
 
 class StreamingConnection:
@@ -104,7 +93,7 @@ class StreamingConnection:
             raise FatalError(InvalidRequest("the first message must be a JSON text create "
                                             "message, not binary data"))
         try:
-            obj = _parse_text(text)
+            obj = parse_json_object(text, "message")
             op = obj.get("op", "create")
             if op != "create":
                 raise InvalidRequest(f"the first message must create the session; got op {op!r}")
@@ -125,7 +114,7 @@ class StreamingConnection:
             if message.get("bytes") is not None:
                 await self._frame_bytes(message["bytes"], "binary")
                 return
-            obj = _parse_text(message.get("text") or "")
+            obj = parse_json_object(message.get("text") or "", "message")
             op = obj.get("op")
             if op == "frame":
                 await self._frame_bytes(obj.get("image_b64"), "base64")
@@ -136,8 +125,6 @@ class StreamingConnection:
                                      "connection to change its settings")
             else:
                 raise InvalidRequest(f"unknown op {op!r}; expected 'frame' or 'delete'")
-        except FatalError:
-            raise
         except WorldserveError as exc:
             if isinstance(exc, (InvalidRequest, PayloadTooLarge)):  # the session is unchanged
                 await self.ws.send_json(ws_error(exc, fatal=False))

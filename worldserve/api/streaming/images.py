@@ -12,7 +12,7 @@ import binascii
 import io
 import json
 import re
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from PIL import Image, UnidentifiedImageError
 from starlette.requests import Request
@@ -112,6 +112,17 @@ async def read_limited(chunks: AsyncIterator[bytes], limit: int) -> bytes:
     return bytes(out)
 
 
+def parse_json_object(data: str | bytes, what: str) -> dict[str, Any]:
+    """A JSON object, else 400 naming `what` (a frame body, a WebSocket message)."""
+    try:
+        obj = json.loads(data)
+    except ValueError as exc:
+        raise InvalidRequest(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise InvalidRequest(f"{what} must be a JSON object")
+    return obj
+
+
 RAW_FRAME_TYPES = ("image/jpeg", "image/png", "application/octet-stream")
 
 
@@ -121,13 +132,7 @@ async def read_frame(request: Request) -> bytes:
     if content_type == "application/json":
         check_content_length(request.headers.get("content-length"), MAX_JSON_FRAME_BYTES)
         body = await read_limited(request.stream(), MAX_JSON_FRAME_BYTES)
-        try:
-            obj = json.loads(body)
-        except ValueError as exc:
-            raise InvalidRequest(f"frame body is not valid JSON: {exc}") from None
-        if not isinstance(obj, dict):
-            raise InvalidRequest('frame body must be a JSON object {"image_b64": "<base64>"}')
-        image = decode_b64_image(obj.get("image_b64"))
+        image = decode_b64_image(parse_json_object(body, "frame body").get("image_b64"))
     elif content_type in RAW_FRAME_TYPES:
         check_content_length(request.headers.get("content-length"), MAX_FRAME_BYTES)
         image = await read_limited(request.stream(), MAX_FRAME_BYTES)

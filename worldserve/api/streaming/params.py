@@ -45,20 +45,24 @@ def _validate(schema: type[BaseModel], data: Any, section: str) -> BaseModel:
         raise _invalid(exc, section) from None
 
 
-def build_retention(supplied: dict[str, Any] | None,
-                    server_policy: dict[str, Any]) -> ReasonerRetention:
+def build_retention(supplied: dict[str, Any] | None, server_policy: dict[str, Any],
+                    library: dict[str, Any] | None = None) -> ReasonerRetention:
+    """Omitted -> the server policy; supplied -> `library` defaults (the engine's, fitted to
+    the model; else ReasonerRetention's) plus the supplied fields."""
     if supplied is None:
         return msgspec.convert(server_policy, ReasonerRetention)
-    retention = _validate(RetentionIn, supplied, "retention")
+    given = _validate(RetentionIn, supplied, "retention").model_dump(exclude_unset=True)
+    base = library if library is not None else msgspec.to_builtins(ReasonerRetention())
+    retention = msgspec.convert({**base, **given}, ReasonerRetention)
     if retention.max_text_tokens is not None and \
             retention.max_text_tokens > retention.max_session_tokens:
         raise InvalidRequest(f"retention.max_text_tokens ({retention.max_text_tokens}) must not "
                              f"exceed max_session_tokens ({retention.max_session_tokens})",
                              param="retention")
-    if "max_video_segments" not in supplied:
+    if "max_video_segments" not in given:
         log.warning("a supplied retention object without max_video_segments gets the library "
                     "default %d, not the server policy", retention.max_video_segments)
-    return ReasonerRetention(**retention.model_dump())
+    return retention
 
 
 def _schema_text(value: dict[str, Any] | str) -> str:

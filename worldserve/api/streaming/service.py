@@ -117,8 +117,10 @@ class StreamingService:
         info = client.info
         if body.model is not None and body.model != info.model:
             raise NotFound(f"unknown model '{body.model}'", param="model")
-        retention = build_retention(body.retention, info.capabilities["retention"])
-        sampling = build_sampling(body.sampling, info.capabilities["sampling"])
+        caps = info.capabilities
+        retention = build_retention(body.retention, caps["retention"],
+                                    caps.get("library_retention"))
+        sampling = build_sampling(body.sampling, caps["sampling"])
         await self.registry.reap_expired()
         request = CreateSession(request_id=new_request_id("create"),
                                 session_id=f"sess-{uuid.uuid4()}", system_prompt=body.system_prompt,
@@ -130,7 +132,8 @@ class StreamingService:
                                             session_id=request.session_id))
             raise
         assert isinstance(reply, SessionCreated)  # the stage protocol, not client input
-        idle_s = self.config.idle_timeout_s if transport == "ws" else self.config.rest_idle_timeout_s
+        idle_s = (self.config.idle_timeout_s if transport == "ws"
+                  else self.config.rest_idle_timeout_s)
         session = Session(session_id=reply.session_id, transport=transport, model=info.model,
                           fps=body.fps, retention=reply.retention, sampling=reply.sampling,
                           idle_timeout_s=idle_s, frame_format=frame_format)
@@ -148,8 +151,7 @@ class StreamingService:
         client = self.client()
         request = SessionFrame(request_id=new_request_id("frame"), session_id=session.session_id,
                                image=image, received_at=time.time())
-        session.move(SessionState.BUSY)
-        session.touch()
+        session.move(SessionState.BUSY)  # a busy session is never reaped
         session.inflight_request_id = request.request_id
         task = asyncio.ensure_future(self._run_frame(client, session, request))
         session.inflight = task
@@ -173,21 +175,17 @@ class StreamingService:
         except WorldserveError as exc:
             if http_status(exc) >= 500:
                 await self._kill(session)
-            else:
-                self._finish_frame(session)  # a 4xx frame leaves the session unchanged
+            elif session.state == SessionState.BUSY:
+                session.move(SessionState.IDLE)  # a 4xx frame leaves the session unchanged
             raise
         finally:
             session.inflight = None
         assert isinstance(reply, FrameResult)
         session.num_frames += 1
-        self._finish_frame(session)
-        return reply
-
-    @staticmethod
-    def _finish_frame(session: Session) -> None:
-        session.touch()
+        session.touch()  # an answered frame refreshes the idle clock
         if session.state == SessionState.BUSY:  # else a delete is waiting for this frame
             session.move(SessionState.IDLE)
+        return reply
 
     async def _kill(self, session: Session) -> None:
         """Fail closed: the session answers 409 until deleted or expired (idle from now)."""
@@ -196,14 +194,15 @@ class StreamingService:
             session.touch()
         await self._release(session)
 
-    async def close(self, session: Session) -> int:
-        """Delete a session (waiting up to 10 s for its frame in flight); return replies sent."""
+    async def close(self, session: Session, wait_s: float = CLOSE_WAIT_S) -> int:
+        """Delete a session (waiting up to `wait_s` for its frame in flight, then aborting it);
+        return the number of replies sent."""
         if session.state in (SessionState.CLOSING, SessionState.CLOSED):
             raise NotFound(f"session '{session.session_id}' not found; it was already closed")
         session.move(SessionState.CLOSING)
         task = session.inflight
         if task is not None:
-            done, _ = await asyncio.wait({task}, timeout=CLOSE_WAIT_S)
+            done, _ = await asyncio.wait({task}, timeout=wait_s)
             if not done:
                 task.cancel()
                 self._send(Cancel(request_id=new_request_id("cancel"),

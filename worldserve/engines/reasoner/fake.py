@@ -1,6 +1,6 @@
 """`fake` reasoner backend: deterministic replies behind the real session interface.
 
-It speaks the same messages as the `hf` engine and applies the same admission rules (spec
+It speaks the same messages as the `hf` engine and applies the same admission code (spec
 streaming-reasoning.md sections 4.5-4.6) with the same messages, so that protocol tests are fast
 and exact. A frame's text is derived from a hash of its bytes and its index; a chat reply from a
 hash of the conversation. Configurable through `ReasonerStageConfig.fake_*`: a delay for every
@@ -23,7 +23,8 @@ from PIL import Image, UnidentifiedImageError
 
 from worldserve.config import ReasonerStageConfig, ServerConfig
 from worldserve.engines.common import unsupported
-from worldserve.errors import CapacityExceeded, InternalError, InvalidRequest, NotFound
+from worldserve.engines.reasoner import admission
+from worldserve.errors import InternalError, InvalidRequest, NotFound
 from worldserve.ipc.messages import (
     ChatCompletion,
     ChatDelta,
@@ -56,28 +57,6 @@ class FakeSession:
     retention: ReasonerRetention
     sampling: ReasonerSampling
     num_frames: int = 0
-
-
-def image_budget(streaming: Any) -> int:
-    """Per-session image limit L: the configured budget, never below 2 x sessions x window."""
-    floor = 2 * streaming.max_sessions * streaming.max_video_segments
-    return max(streaming.image_budget or floor, floor)
-
-
-def check_admission(retention: ReasonerRetention, sampling: ReasonerSampling, *,
-                    max_model_len: int, positions: int, limit: int) -> None:
-    """Configuration that can never fit (A1-A3) -> InvalidRequest with the spec's messages."""
-    total = retention.max_session_tokens + sampling.max_tokens
-    if total >= max_model_len:
-        raise InvalidRequest(f"max_session_tokens + max_tokens ({total}) must be below the model "
-                             f"context length ({max_model_len})")
-    bound = retention.reprefill_threshold * positions
-    if retention.max_session_tokens >= bound:
-        raise InvalidRequest(f"max_session_tokens ({retention.max_session_tokens}) must be below "
-                             f"reprefill_threshold × max_position_embeddings ({bound:g})")
-    if 2 * retention.max_video_segments > limit:
-        raise InvalidRequest(f"retention window needs {2 * retention.max_video_segments} image "
-                             f"slots; the limit is {limit}")
 
 
 def check_grammar(sampling: ReasonerSampling) -> None:
@@ -158,9 +137,9 @@ class FakeReasonerEngine:
         self.model_name = stage_config.served_model_name or "fake-reasoner"
         self.model_path = str(stage_config.model_path or "fake")
         self.num_params = 0
-        self.max_model_len = stage_config.max_model_len or FAKE_MAX_MODEL_LEN
-        self.image_budget = image_budget(self.streaming)
-        self.encoder_capacity = self.streaming.encoder_capacity or self.image_budget
+        self.model_limits = admission.ModelLimits(
+            stage_config.max_model_len or FAKE_MAX_MODEL_LEN, FAKE_POSITIONS)
+        self.limits = admission.streaming_limits(self.streaming)
         self.sessions: dict[str, FakeSession] = {}
         # (due monotonic time, reply function, message); hung frames wait for cancel/close.
         self._pending: list[tuple[float, ReplyFn, Message]] = []
@@ -169,19 +148,22 @@ class FakeReasonerEngine:
     # ------------------------------------------------------------------ facts
 
     def capabilities(self) -> dict[str, Any]:
-        retention = ReasonerRetention(max_video_segments=self.streaming.max_video_segments)
+        """The keys of the hf engine's capabilities that the api reads."""
+        retention = admission.server_retention(self.model_limits, self.streaming)
         return {
             "backend": "fake",
             "dtype": self.config.dtype,
             "streaming": self.config.fake_streaming,
             "chat": True,
-            "max_model_len": self.max_model_len,
-            "max_position_embeddings": FAKE_POSITIONS,
+            "max_model_len": self.model_limits.max_model_len,
+            "max_position_embeddings": self.model_limits.max_position_embeddings,
             "retention": msgspec.to_builtins(retention),
+            "library_retention": msgspec.to_builtins(
+                admission.library_retention(self.model_limits)),
             "sampling": msgspec.to_builtins(ReasonerSampling()),
-            "max_sessions": self.streaming.max_sessions,
-            "image_budget": self.image_budget,
-            "encoder_capacity": self.encoder_capacity,
+            "max_sessions": self.limits.max_sessions,
+            "image_budget": self.limits.image_budget,
+            "encoder_capacity": self.limits.encoder_capacity,
         }
 
     def state(self) -> EngineState:
@@ -207,17 +189,10 @@ class FakeReasonerEngine:
             raise unsupported(request, "reasoner")
 
     def _create(self, req: CreateSession) -> SessionCreated:
+        admission.check_retention(req.retention, req.sampling, self.model_limits, self.limits)
         check_grammar(req.sampling)
-        check_admission(req.retention, req.sampling, max_model_len=self.max_model_len,
-                        positions=FAKE_POSITIONS, limit=self.image_budget)
-        live = len(self.sessions)
-        if live >= self.streaming.max_sessions:
-            raise CapacityExceeded(f"session slots exhausted ({live}/{self.streaming.max_sessions})")
-        used = sum(2 * s.retention.max_video_segments for s in self.sessions.values())
-        need = 2 * req.retention.max_video_segments
-        if used + need > self.encoder_capacity:
-            raise CapacityExceeded(f"shared encoder capacity exhausted "
-                                   f"({used}+{need} > {self.encoder_capacity})")
+        admission.check_capacity([s.retention.max_video_segments for s in self.sessions.values()],
+                                 req.retention.max_video_segments, self.limits)
         self.sessions[req.session_id] = FakeSession(req.session_id, req.retention, req.sampling)
         return SessionCreated(request_id=req.request_id, session_id=req.session_id,
                               retention=req.retention, sampling=req.sampling)
@@ -244,7 +219,8 @@ class FakeReasonerEngine:
             request_id=req.request_id, frame_index=index, text=text, finish_reason=finish,
             token_count=count, ttft_s=round(latency / 2, 6), latency_s=round(latency, 6),
             decode_ms=round(decode_ms, 3), build_ms=0.0, engine_ms=self.config.fake_delay_ms,
-            inqueue_ms=0.0, evicted_segments=1 if index >= session.retention.max_video_segments else 0,
+            inqueue_ms=0.0,
+            evicted_segments=int(index >= session.retention.max_video_segments),
             reprefill_ms=None, session_tokens=FAKE_TOKENS_PER_FRAME * (window + 1))
         self._later(reply, result)
 
@@ -262,10 +238,11 @@ class FakeReasonerEngine:
         text, finish, count = compose_reply(_digest(*parts), req.sampling)
         prompt_tokens = sum(len((p.text or "").split()) + (FAKE_TOKENS_PER_FRAME if p.image else 0)
                             for m in req.messages for p in m.parts)
-        if prompt_tokens + req.sampling.max_tokens > self.max_model_len:
+        max_model_len = self.model_limits.max_model_len
+        if prompt_tokens + req.sampling.max_tokens > max_model_len:
             raise InvalidRequest(f"prompt ({prompt_tokens} tokens) + max_tokens "
                                  f"({req.sampling.max_tokens}) exceed the context length "
-                                 f"({self.max_model_len})")
+                                 f"({max_model_len})")
         out: list[Message] = []
         if req.stream:
             words = text.split(" ")
@@ -308,6 +285,7 @@ class FakeReasonerEngine:
         self._hung.clear()
 
 
-def create_engine(stage_config: ReasonerStageConfig, server_config: ServerConfig) -> FakeReasonerEngine:
+def create_engine(stage_config: ReasonerStageConfig,
+                  server_config: ServerConfig) -> FakeReasonerEngine:
     return FakeReasonerEngine(stage_config, server_config)
 
