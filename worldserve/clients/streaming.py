@@ -395,6 +395,15 @@ def make_transport(opts: StreamOptions) -> Transport:
 
 # --- printer ---------------------------------------------------------------------------------
 
+# C0/C1 control characters (ESC, BEL, CR...) from a reply must not drive the user's terminal.
+_CONTROL_TO_ESCAPE = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7f, 0xa0))}
+
+
+def printable(text: str) -> str:
+    """`text` with control characters shown as \\xNN escapes."""
+    return text.translate(_CONTROL_TO_ESCAPE)
+
+
 def percentile(values: list[float], fraction: float) -> float:
     """Nearest-rank percentile of a non-empty list."""
     ordered = sorted(values)
@@ -434,13 +443,13 @@ class Printer:
             return
         timing = f"  ({latency_s:.2f}s)" if latency_s is not None else ""
         self._clear_progress()
-        print(f"frame {index:>4}: {reply.get('text', '')}{timing}", file=self.out, flush=True)
+        print(f"frame {index:>4}: {printable(str(reply.get('text', '')))}{timing}", file=self.out, flush=True)
 
     def error(self, error: FrameError | str) -> None:
         self._clear_progress()
         if isinstance(error, FrameError):
             error = f"[error {error.code}] {error.message}" if error.code else error.message
-        print(error, file=self.err, flush=True)
+        print(printable(error), file=self.err, flush=True)
 
     def sent(self, num_sent: int) -> None:
         if self.progress:

@@ -146,3 +146,10 @@ def test_percentile_nearest_rank() -> None:
     assert percentile([1.0], 0.95) == 1.0
     assert percentile([float(i) for i in range(1, 21)], 0.95) == 19.0
     assert percentile([float(i) for i in range(1, 101)], 0.95) == 95.0
+
+
+def test_control_characters_in_replies_cannot_drive_the_terminal() -> None:
+    out = io.StringIO()
+    Printer(options(), out, io.StringIO()).reply(
+        {"frame_index": 0, "text": "a\x1b[2Jb\x07c\nd\u00e9", "latency_s": None}, 0.1)
+    assert out.getvalue() == "frame    0: a\\x1b[2Jb\\x07c\\x0ad\u00e9\n"
