@@ -133,8 +133,7 @@ class RealtimeStageConfig(StageConfig):
 class StagesConfig(_Frozen):
     generation: GenerationStageConfig = Field(default_factory=GenerationStageConfig)
     reasoner: ReasonerStageConfig = Field(default_factory=ReasonerStageConfig)
-    # Disabled until the realtime engine lands (issue: realtime world exploration).
-    realtime: RealtimeStageConfig = Field(default_factory=lambda: RealtimeStageConfig(enabled=False))
+    realtime: RealtimeStageConfig = Field(default_factory=RealtimeStageConfig)
 
     def enabled(self) -> dict[str, StageConfig]:
         """Enabled stages by name, in start order."""
