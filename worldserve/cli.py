@@ -86,6 +86,14 @@ def serve(
     log_level: Optional[str] = typer.Option(None, help="debug | info | warning | error."),
     admin_key_file: Optional[Path] = typer.Option(
         None, help="File holding the admin bearer key (else $WORLDSERVE_ADMIN_KEY)."),
+    output_ttl: Optional[float] = typer.Option(
+        None, help="Delete generated outputs and their records this many seconds after they "
+                   "finish [default: 0 = never]."),
+    max_job_records: Optional[int] = typer.Option(
+        None, help="Keep at most this many image/video records; the oldest finished ones go "
+                   "first [default: 0 = unlimited]."),
+    max_upload_bytes: Optional[int] = typer.Option(
+        None, help="Largest accepted upload per file, in bytes."),
 ) -> None:
     """Start the api process and its stage processes."""
     overrides: dict[str, Any] = {
@@ -94,6 +102,8 @@ def serve(
         "allowed_local_media_path": str(allowed_local_media_path)
         if allowed_local_media_path else None,
         "allowed_media_domains": allowed_media_domain or None,
+        "output_ttl_s": output_ttl, "max_job_records": max_job_records,
+        "max_upload_bytes": max_upload_bytes,
         **_model_overrides(model_path),
     }
     try:

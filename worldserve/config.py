@@ -78,6 +78,27 @@ class GenerationStageConfig(StageConfig):
     warmup_steps: int = Field(default=2, ge=1, le=100)
     warmup_resolutions: list[str] | None = None
     prompt_enhancer: Path | None = None
+    # Requests admitted at once across the native media routes; beyond it 503 + Retry-After.
+    max_in_flight: int = Field(default=32, ge=1, le=100_000)
+    # Per-request deadline for hung (not dead) stages -> job failed with code `timeout`.
+    request_timeout_s: float = Field(default=3600.0, gt=0)
+    # DELETE of a running job waits this long for the stage to confirm the cancellation.
+    video_cancel_timeout_s: float = Field(default=10.0, ge=0)
+    # Omit absolute `file_path(s)` from responses.
+    hide_file_paths: bool = False
+
+    @field_validator("warmup_resolutions")
+    @classmethod
+    def _resolutions_are_sizes(cls, sizes: list[str] | None) -> list[str] | None:
+        for size in sizes or []:
+            w, sep, h = size.lower().partition("x")
+            if not (sep and w.isdigit() and h.isdigit() and int(w) > 0 and int(h) > 0):
+                raise ValueError(f"warmup_resolutions: {size!r} is not a positive WIDTHxHEIGHT")
+        return sizes
+
+    def resolved_output_dir(self) -> Path:
+        """Absolute output directory (both the api process and the stage resolve it alike)."""
+        return self.output_dir.expanduser().resolve()
 
 
 class StreamingConfig(_Frozen):

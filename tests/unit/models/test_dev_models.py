@@ -35,6 +35,7 @@ GENERATION_FILES = {
     "tokenizer/chat_template.jinja", "transformer/config.json",
     "transformer/diffusion_pytorch_model.safetensors", "vae/config.json",
     "vae/diffusion_pytorch_model.safetensors", MARKER_NAME,
+    "action_head/config.json", "action_head/model.safetensors",  # serves /v1/actions/*
 }
 
 

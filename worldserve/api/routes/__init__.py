@@ -6,4 +6,8 @@
 ROUTE_MODULES: tuple[str, ...] = (
     "worldserve.api.routes.ops",
     "worldserve.api.routes.admin",
+    "worldserve.api.routes.images",
+    "worldserve.api.routes.videos",
+    "worldserve.api.routes.actions",
+    "worldserve.api.routes.outputs",
 )
