@@ -149,6 +149,18 @@ class RealtimeStageConfig(StageConfig):
     max_height: int = Field(default=1280, ge=16)
     # Session table bound = max_sessions + this margin (LRU safety net for lost releases).
     session_table_margin: int = Field(default=2, ge=0, le=64)
+    # With warmup_mode "server": "WxH" sizes of the synthetic warm-up sessions (spec section 9);
+    # None: the checkpoint's default size.
+    warmup_sizes: list[str] | None = None
+
+    @field_validator("warmup_sizes")
+    @classmethod
+    def _sizes_are_wxh(cls, sizes: list[str] | None) -> list[str] | None:
+        for size in sizes or []:
+            parts = size.split("x")
+            if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+                raise ValueError(f"warm-up size {size!r} is not WxH (e.g. 832x480)")
+        return sizes
 
 
 class StagesConfig(_Frozen):
