@@ -13,8 +13,13 @@ import time
 from typing import Any
 
 from worldserve.config import RealtimeStageConfig, ServerConfig
-from worldserve.engines.common import count_parameters, model_dir, served_model_name, torch_dtype
-from worldserve.engines.common import unsupported
+from worldserve.engines.common import (
+    count_parameters,
+    model_dir,
+    served_model_name,
+    torch_dtype,
+    unsupported,
+)
 from worldserve.engines.realtime.loader import RealtimeModel, load_realtime_model
 from worldserve.engines.realtime.runner import CausalRunner
 from worldserve.engines.realtime.scheduler import PendingChunk, RoundRobinQueue
