@@ -61,11 +61,10 @@ class StageConfig(_Frozen):
     @field_validator("server_args_overrides")
     @classmethod
     def _override_host_is_loopback(cls, overrides: dict[str, Any]) -> dict[str, Any]:
+        # Exactly 127.0.0.1 (native-media spec 1.3): `localhost` or `::` may resolve elsewhere.
         host = overrides.get("host")
-        if host is not None and not is_loopback_host(str(host)):
-            raise ValueError(
-                f"host: stage sockets bind loopback only; got {host!r} (use 127.0.0.1)"
-            )
+        if host is not None and host != "127.0.0.1":
+            raise ValueError(f"host: stage sockets bind 127.0.0.1 only; got {host!r}")
         return overrides
 
 

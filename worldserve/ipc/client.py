@@ -213,6 +213,9 @@ class StageClient:
                 log.error("stage %s sent an undecodable message", self.stage)
                 continue
             self._route(msg)
+            # recv() on a busy socket completes without suspending; yield so a fast stage
+            # cannot starve the routes' own tasks.
+            await asyncio.sleep(0)
 
     def _route(self, msg: Message) -> None:
         if isinstance(msg, StageStatus):

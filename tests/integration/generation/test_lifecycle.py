@@ -131,3 +131,13 @@ def test_failed_explicit_warmup_fails_startup(tmp_path, gen_model_dir):
         assert "multiple of 16" in server.log()
     finally:
         server.stop()
+
+
+def test_orderly_shutdown_cancels_live_jobs(tmp_path, gen_model_dir):
+    server = start_server(tmp_path, gen_model_dir)
+    job = httpx.post(f"{server.base_url}/v1/videos", json=LONG_VIDEO, timeout=30).json()
+    wait_status(server.base_url, job["id"], {"in_progress"})
+    assert server.stop() == 0
+    record = stored(tmp_path, job["id"])
+    assert record["status"] == "cancelled"
+    assert record["error"]["code"] == "cancelled"

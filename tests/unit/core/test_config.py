@@ -23,6 +23,14 @@ def test_non_loopback_stage_host_names_the_setting() -> None:
         build_config({"stages": {"reasoner": {"host": "10.1.2.3"}}})
 
 
+@pytest.mark.parametrize("host", ["localhost", "::", "::1", "10.0.0.1"])
+def test_override_host_must_be_exactly_127_0_0_1(host: str) -> None:
+    with pytest.raises(ConfigError, match=f"server_args_overrides: host: .*{host!r}"):
+        build_config({"stages": {"generation": {"server_args_overrides": {"host": host}}}})
+    ok = build_config({"stages": {"generation": {"server_args_overrides": {"host": "127.0.0.1"}}}})
+    assert ok.stages.generation.server_args_overrides["host"] == "127.0.0.1"
+
+
 def test_loopback_hosts_are_accepted() -> None:
     config = build_config({"stages": {"generation": {"ipc": "tcp", "host": "::1"}}})
     assert config.stages.generation.host == "::1"

@@ -327,6 +327,22 @@ class MediaService:
         return {"object": "outputs.prune", "removed_records": len(removed_ids),
                 "removed_files": files, "ids": removed_ids}
 
+    async def shutdown(self) -> None:
+        """Orderly shutdown: live jobs become `cancelled` after the stage was asked to stop them."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for video_id, task in list(self.tasks.items()):
+            record = self.store.get(video_id, "video")
+            if record is not None and record["status"] in LIVE_STATUSES:
+                with contextlib.suppress(StageUnavailable):
+                    self.client().send_nowait(Cancel(request_id=new_request_id("cancel"),
+                                                     target_id=record["stage_request_id"]))
+                self._set_status(record, "cancelled",
+                                 error={"message": "server shut down before the job finished",
+                                        "code": "cancelled"})
+            task.cancel()
+        await asyncio.sleep(0.05)  # let the cancellations reach the stage before it stops
+
     def start_sweeper(self) -> None:
         try:
             loop = asyncio.get_running_loop()
@@ -360,5 +376,6 @@ def service_of(runtime: ServerRuntime) -> MediaService:
     if service is None:
         service = MediaService(runtime)
         runtime.services["media"] = service
+        runtime.shutdown_hooks.append(service.shutdown)
         service.start_sweeper()
     return service
