@@ -114,6 +114,10 @@ class StreamingConfig(_Frozen):
     encoder_capacity: int | None = Field(default=None, ge=1)
     spec_method: Literal["none", "ngram"] = "none"
     spec_num_tokens: int = Field(default=3, ge=1, le=16)
+    # None: the library default (7000), lowered to fit small models (A1/A2 of spec 4.5)
+    max_session_tokens: int | None = Field(default=None, ge=1024)
+    # How often the api's reaper closes idle sessions (spec section 6.1: every 5 s).
+    reaper_interval_s: float = Field(default=5.0, gt=0, le=60)
 
 
 class ReasonerStageConfig(StageConfig):
@@ -124,6 +128,17 @@ class ReasonerStageConfig(StageConfig):
     streaming: StreamingConfig = Field(default_factory=StreamingConfig)
     # None: the model's max_position_embeddings
     max_model_len: int | None = Field(default=None, ge=256)
+    # Upper bound of tokens prefilled in one engine step (a frame's chunk is never split).
+    max_prefill_tokens: int = Field(default=2048, ge=64)
+    # Batch the decode steps of concurrent sessions into one forward.
+    batch_decode: bool = True
+    # `fake` backend only (protocol tests): delay of every reply, a 0-based frame index that is
+    # never answered (frame timeouts), one that fails as an engine error, and whether the
+    # backend claims streaming support (False: streaming routes answer 501).
+    fake_delay_ms: float = Field(default=0.0, ge=0, le=60_000)
+    fake_hang_on_frame: int | None = Field(default=None, ge=0)
+    fake_fail_on_frame: int | None = Field(default=None, ge=0)
+    fake_streaming: bool = True
 
 
 class RealtimeStageConfig(StageConfig):

@@ -194,7 +194,8 @@ class StageClient:
     def send_nowait(self, request: Request) -> None:
         """Fire-and-forget (cancellations, releases). Dropped silently when the stage is down."""
         if self.down_reason is None:
-            asyncio.get_running_loop().create_task(self._send(request))
+            # Sent now, not from a task: a later call() must never overtake it.
+            self._sock.send(self._codec.encode(request))
 
     async def _send(self, request: Request) -> None:
         await self._sock.send(self._codec.encode(request))

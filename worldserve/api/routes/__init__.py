@@ -10,4 +10,8 @@ ROUTE_MODULES: tuple[str, ...] = (
     "worldserve.api.routes.videos",
     "worldserve.api.routes.actions",
     "worldserve.api.routes.outputs",
+    "worldserve.api.routes.metadata",
+    "worldserve.api.routes.streaming",
+    "worldserve.api.routes.chat",
+    "worldserve.api.routes.web",
 )
