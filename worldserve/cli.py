@@ -1,4 +1,4 @@
-"""The `worldserve` command: serve | dev-models (and the clients added beside them)."""
+"""The `worldserve` command: serve | stream | dev-models (and the clients added beside them)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any, Optional
 import typer
 
 from worldserve import envs
+from worldserve.clients.streaming import stream_command
 from worldserve.config import ConfigError, ServerConfig, load_config
 
 app = typer.Typer(help="worldserve: serve world foundation models (images, videos, actions, "
@@ -20,7 +21,7 @@ app = typer.Typer(help="worldserve: serve world foundation models (images, video
 dev_models_app = typer.Typer(help="Tiny built-in development checkpoints.", no_args_is_help=True)
 app.add_typer(dev_models_app, name="dev-models")
 
-DEV_STAGE_DIRS = ("generation", "reasoner")
+DEV_STAGE_DIRS = ("generation", "reasoner", "realtime")
 
 
 def _usage_error(message: str) -> typer.Exit:
@@ -128,6 +129,9 @@ async def _serve(cfg: ServerConfig, key: str | None) -> int:
     from worldserve.api.server import serve as run_server
 
     return await run_server(cfg, key)
+
+
+app.command("stream")(stream_command)
 
 
 @dev_models_app.command("build")

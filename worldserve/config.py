@@ -151,13 +151,36 @@ class RealtimeStageConfig(StageConfig):
     max_sessions_per_user: int = Field(default=0, ge=0)
     idle_timeout_s: float = Field(default=300.0, gt=0)
     max_lifetime_s: float = Field(default=0.0, ge=0)
+    # Model (engine) settings. None: the checkpoint's default (realtime_config.json). Frame
+    # counts are latent frames; sessions may override sink/window within the bounds of
+    # spec realtime-video.md section 6.3.
+    sink_frames: int | None = Field(default=None, ge=0)
+    window_frames: int | None = Field(default=None, ge=1)
+    frames_per_block: int | None = Field(default=None, ge=1, le=16)
+    num_inference_steps: int | None = Field(default=None, ge=1, le=50)
+    max_inference_steps: int = Field(default=16, ge=1, le=100)
+    max_width: int = Field(default=1280, ge=16)
+    max_height: int = Field(default=1280, ge=16)
+    # Session table bound = max_sessions + this margin (LRU safety net for lost releases).
+    session_table_margin: int = Field(default=2, ge=0, le=64)
+    # With warmup_mode "server": "WxH" sizes of the synthetic warm-up sessions (spec section 9);
+    # None: the checkpoint's default size.
+    warmup_sizes: list[str] | None = None
+
+    @field_validator("warmup_sizes")
+    @classmethod
+    def _sizes_are_wxh(cls, sizes: list[str] | None) -> list[str] | None:
+        for size in sizes or []:
+            parts = size.split("x")
+            if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+                raise ValueError(f"warm-up size {size!r} is not WxH (e.g. 832x480)")
+        return sizes
 
 
 class StagesConfig(_Frozen):
     generation: GenerationStageConfig = Field(default_factory=GenerationStageConfig)
     reasoner: ReasonerStageConfig = Field(default_factory=ReasonerStageConfig)
-    # Disabled until the realtime engine lands (issue: realtime world exploration).
-    realtime: RealtimeStageConfig = Field(default_factory=lambda: RealtimeStageConfig(enabled=False))
+    realtime: RealtimeStageConfig = Field(default_factory=RealtimeStageConfig)
 
     def enabled(self) -> dict[str, StageConfig]:
         """Enabled stages by name, in start order."""

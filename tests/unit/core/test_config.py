@@ -5,9 +5,9 @@ import pytest
 from worldserve.config import ConfigError, ServerConfig, build_config, load_config
 
 
-def test_defaults_enable_generation_and_reasoner() -> None:
+def test_defaults_enable_generation_reasoner_and_realtime() -> None:
     config = build_config({})
-    assert list(config.stages.enabled()) == ["generation", "reasoner"]
+    assert list(config.stages.enabled()) == ["generation", "reasoner", "realtime"]
     assert config.host == "127.0.0.1" and config.port == 8000
 
 
