@@ -100,8 +100,8 @@ def server_config(workdir: Path, gen_model: Path) -> dict[str, Any]:
         "generation": {"model_path": str(gen_model)},
         "reasoner": {"backend": "fake", "model_path": str(workdir)},
     }
-    if HAS_REALTIME:
-        stages["realtime"] = {"enabled": True, "backend": "fake", "model_path": str(workdir)}
+    stages["realtime"] = ({"enabled": True, "backend": "fake", "model_path": str(workdir)}
+                          if HAS_REALTIME else {"enabled": False})
     return {"stages": stages}
 
 
