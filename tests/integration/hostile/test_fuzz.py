@@ -164,3 +164,101 @@ def test_generated_streaming_ws_messages(strict: ServerProcess) -> None:
     assert len(counter) >= WS_EXAMPLES // 2  # the generator really ran
     assert time.monotonic() - started < 120
     assert_alive(strict)
+
+
+# ---------------------------------------------------------------------- realtime (msgpack)
+
+RT_KEYS = st.sampled_from([
+    "type", "prompt", "first_frame", "condition_inputs", "max_chunks", "seed", "guidance_scale",
+    "size", "fps", "num_frames", "num_inference_steps", "negative_prompt",
+    "realtime_output_format", "realtime_preview_max_width", "output_compression",
+    "realtime_delta_level", "realtime_output_pacing", "realtime_causal_sink_size",
+    "realtime_causal_kv_cache_num_frames", "camera_actions", "action", "intrinsics", "kind",
+    "payload", "event_id", "mode", "transitions", "actions", "client_ts_ms", "input_types",
+    "refresh_kv", "output_path",
+]) | st.text(max_size=6)
+RT_LEAVES = (st.none() | st.booleans() | st.integers(-(2 ** 63), 2 ** 64 - 1) | st.floats()
+             | st.text(max_size=16) | st.binary(max_size=32) | st.sampled_from([
+                 "raw", "webp", "jpeg", "delta-gzip", "delta-zstd", "64x64", "0x0", "w", "wasd",
+                 "state", "heartbeat", "prompt", "camera_actions", "composite_input",
+                 "w-5,none-2", "file:///etc/passwd", "http://127.0.0.1:1/x"]))
+RT_VALUES = st.recursive(RT_LEAVES, lambda inner: st.lists(inner, max_size=4)
+                         | st.dictionaries(RT_KEYS, inner, max_size=4), max_leaves=16)
+RT_INIT = {"type": "init", "prompt": "a corridor", "size": "64x64", "max_chunks": 1}
+RT_EVENT_KINDS = st.sampled_from(["camera_actions", "prompt", "composite_input", "action",
+                                  "heartbeat", "nope"])
+
+
+def _bounded_init(extra: dict[str, Any]) -> dict[str, Any]:
+    """A fuzzed init that stays cheap: at most 2 chunks of at most 128x128 pixels."""
+    init = {**RT_INIT, **extra}
+    chunks = init.get("max_chunks")
+    if chunks is None or (isinstance(chunks, int) and not isinstance(chunks, bool) and chunks > 2):
+        init["max_chunks"] = 2
+    size = init.get("size")
+    if isinstance(size, str) and "x" in size:
+        dims = size.lower().split("x")
+        if all(d.strip().isdigit() for d in dims) and int(dims[0]) * int(dims[1]) > 128 * 128:
+            init["size"] = "64x64"
+    return init
+
+
+RT_MESSAGES = st.one_of(
+    st.builds(lambda kind, extra: {"type": "event", "kind": kind, **extra}, RT_EVENT_KINDS,
+              st.dictionaries(RT_KEYS, RT_VALUES, max_size=3)),
+    st.dictionaries(RT_KEYS, RT_VALUES, max_size=4),
+)
+
+
+async def _realtime_exchange(url: str, messages: list[bytes]) -> tuple[list[Any], int | None]:
+    import asyncio
+
+    import websockets
+
+    maps: list[Any] = []
+    async with websockets.connect(url, max_size=None) as ws:
+        try:
+            for message in messages:
+                await ws.send(message)
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline:
+                data = await asyncio.wait_for(ws.recv(), 0.5)
+                try:
+                    maps.append(msgpack.unpackb(data, raw=False))
+                except (ValueError, msgpack.UnpackException):
+                    pass  # raw frame payload
+        except (asyncio.TimeoutError, websockets.ConnectionClosed):
+            pass
+    code = ws.close_code
+    return maps, code
+
+
+def test_generated_realtime_messages(strict: ServerProcess) -> None:
+    from tests.integration.hostile.conftest import HAS_REALTIME
+
+    if not HAS_REALTIME:
+        pytest.skip("no realtime route on this branch")
+    import asyncio
+
+    url = strict.ws_url + "/v1/realtime_video/generate"
+
+    def packable(obj: Any) -> bytes | None:
+        try:
+            return msgpack.packb(obj, use_bin_type=True)
+        except (OverflowError, ValueError, TypeError):
+            return None
+
+    @fuzz_settings(WS_EXAMPLES)
+    @given(init=st.dictionaries(RT_KEYS, RT_VALUES, max_size=4).map(_bounded_init),
+           rest=st.lists(RT_MESSAGES, max_size=5))
+    def run(init: dict[str, Any], rest: list[dict[str, Any]]) -> None:
+        messages = [packable(m) for m in [init, *rest]]
+        assume(all(m is not None for m in messages))
+        maps, code = asyncio.run(_realtime_exchange(url, messages))  # type: ignore[arg-type]
+        assert code in (None, 1000, 1008, 1009), (code, maps[-3:])
+        for item in maps:
+            if isinstance(item, dict) and item.get("type") == "error":
+                assert item.get("code") in ("invalid_init", "invalid_event"), item
+
+    run()
+    assert_alive(strict)
