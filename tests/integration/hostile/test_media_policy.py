@@ -186,6 +186,17 @@ def test_media_reference(servers: dict[str, ServerProcess], ctx: Ctx, case: str,
         assert fragment in response.json()["error"]["message"], (case, response.text[:500])
 
 
+@pytest.mark.parametrize("method,path", [
+    ("GET", "/web/..%2f..%2f..%2fetc%2fpasswd"), ("GET", "/web/a%00b.html"),
+    ("GET", "/v1/images/..%2f..%2fetc%2fpasswd/content"), ("GET", "/v1/images/%00/content"),
+    ("GET", "/v1/videos/..%2f..%2fetc/content"), ("DELETE", "/v1/videos/%00"),
+    ("DELETE", "/v1/streaming/sessions/..%2f%00"),
+])
+def test_ids_and_paths_in_urls_are_404(strict: ServerProcess, method: str, path: str) -> None:
+    response = httpx.request(method, strict.base_url + path, timeout=30)
+    assert response.status_code == 404, (path, response.text[:300])
+
+
 def test_servers_survived(servers: dict[str, ServerProcess]) -> None:
     for server in servers.values():
         assert_alive(server)

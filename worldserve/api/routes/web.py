@@ -74,9 +74,13 @@ def _static(path: Path) -> FileResponse:
 
 def resolve_web_file(relative: str) -> Path:
     """The file under WEB_DIR named by `relative`, or NotFound (no escaping the folder)."""
-    candidate = (WEB_DIR / relative).resolve()
-    if not candidate.is_relative_to(WEB_DIR) or not candidate.is_file():
-        raise NotFound(f"no playground file '{relative}'")
+    try:
+        candidate = (WEB_DIR / relative).resolve()
+        found = candidate.is_relative_to(WEB_DIR) and candidate.is_file()
+    except (ValueError, OSError):  # NUL bytes, names too long: never a playground file
+        found = False
+    if not found:
+        raise NotFound(f"no playground file '{relative[:80]}'")
     if candidate.suffix.lower() not in CONTENT_TYPES:
         raise NotFound(f"no playground file '{relative}'")
     return candidate
