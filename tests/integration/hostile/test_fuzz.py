@@ -28,8 +28,8 @@ from tests.support.server import ServerProcess
 schemathesis = pytest.importorskip("schemathesis")
 from schemathesis.checks import not_a_server_error  # noqa: E402
 
-SCHEMA_EXAMPLES = 30
-BODY_EXAMPLES = 400
+SCHEMA_EXAMPLES = 40
+BODY_EXAMPLES = 600
 WS_EXAMPLES = 30
 
 
