@@ -116,6 +116,10 @@ class RealtimeStageConfig(StageConfig):
     max_sessions_per_user: int = Field(default=0, ge=0)
     idle_timeout_s: float = Field(default=300.0, gt=0)
     max_lifetime_s: float = Field(default=0.0, ge=0)
+    # Api side of the WebSocket: how long a socket may go without a valid init, and how long
+    # one chunk may take in the stage before the session fails.
+    init_timeout_s: float = Field(default=60.0, gt=0)
+    chunk_timeout_s: float = Field(default=300.0, gt=0)
 
 
 class StagesConfig(_Frozen):

@@ -6,4 +6,5 @@
 ROUTE_MODULES: tuple[str, ...] = (
     "worldserve.api.routes.ops",
     "worldserve.api.routes.admin",
+    "worldserve.api.routes.realtime",
 )
