@@ -221,7 +221,7 @@ class RealtimeConnection:
         self.controls = SessionControls(facts.min_pulse_items, facts.max_script_frames)
         if settings.initial_script is not None:
             self.controls.camera.set_script(settings.initial_script, self.controls.tag(None))
-        applier = EventApplier(self.controls, facts.camera, facts.max_script_frames,
+        applier = EventApplier(self.controls, facts.camera_conditioning, facts.max_script_frames,
                                settings.refresh_kv_default)
         sender = ChunkSender(self.writer, ChunkEncoder(settings.encode),
                              session_id=settings.session_id, trace_id=self.trace_id,

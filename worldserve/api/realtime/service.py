@@ -32,43 +32,53 @@ WORKER_ID = "realtime0"
 
 @dataclass(frozen=True)
 class EngineFacts:
-    """What the realtime engine declared in its capabilities (with safe defaults)."""
+    """What the realtime engine declared in its capabilities (keys: notes/rt-engine.md)."""
 
     pipeline: str
     realtime_supported: bool
     frames_per_chunk: int
     first_chunk_frames: int
-    latent_frames_per_chunk: int
+    latent_frames_per_block: int
     default_fps: int
     default_width: int
     default_height: int
     size_multiple: int
     max_width: int
     max_height: int
-    camera: bool
+    max_inference_steps: int | None
+    max_window_frames: int | None
+    camera_conditioning: bool
     min_pulse_items: int
     max_script_frames: int
-    requires_first_frame: bool
+    supports_first_frame: bool
+    supports_guidance: bool
 
     @classmethod
     def from_capabilities(cls, caps: dict[str, Any]) -> "EngineFacts":
         frames = int(caps.get("frames_per_chunk", 12))
+
+        def optional(key: str) -> int | None:
+            return int(caps[key]) if caps.get(key) is not None else None
+
         return cls(
             pipeline=str(caps.get("pipeline", "unknown")),
             realtime_supported=bool(caps.get("realtime_supported", False)),
             frames_per_chunk=frames,
             first_chunk_frames=int(caps.get("first_chunk_frames", frames)),
-            latent_frames_per_chunk=int(caps.get("latent_frames_per_chunk", 3)),
+            latent_frames_per_block=int(caps.get("latent_frames_per_block", 3)),
             default_fps=int(caps.get("default_fps", 16)),
             default_width=int(caps.get("default_width", 832)),
             default_height=int(caps.get("default_height", 480)),
             size_multiple=int(caps.get("size_multiple", 1)),
             max_width=int(caps.get("max_width", 4096)),
             max_height=int(caps.get("max_height", 4096)),
-            camera=bool(caps.get("camera", False)),
+            max_inference_steps=optional("max_inference_steps"),
+            max_window_frames=optional("max_window_frames"),
+            camera_conditioning=bool(caps.get("camera_conditioning", False)),
             min_pulse_items=int(caps.get("min_pulse_items", 1)),
             max_script_frames=int(caps.get("max_script_frames", 512)),
-            requires_first_frame=bool(caps.get("requires_first_frame", False)),
+            supports_first_frame=bool(caps.get("supports_first_frame", False)),
+            supports_guidance=bool(caps.get("supports_guidance", True)),
         )
 
     def frames_in_chunk(self, chunk_index: int) -> int:
@@ -134,13 +144,13 @@ class RealtimeService:
         width, height = parse_size(init.size) if init.size else (facts.default_width,
                                                                  facts.default_height)
         _check_size(width, height, facts)
-        _check_window(init, facts)
+        _check_model_limits(init, facts)
         script = _initial_script(init, facts)
+        if init.first_frame is not None and not facts.supports_first_frame:
+            raise InvalidRequest(f"first_frame: pipeline {facts.pipeline} is not image-"
+                                 "conditioned; remove first_frame", param="first_frame")
         first_frame = await resolve_first_frame(init.first_frame,
                                                 self.runtime.config.allowed_media_domains)
-        if facts.requires_first_frame and first_frame is None:
-            raise InvalidRequest(f"first_frame is required by pipeline {facts.pipeline}",
-                                 param="first_frame")
         fmt = init.output_format
         return SessionSettings(
             session_id=new_session_id(), trace_id=trace_id, user=user, prompt=init.prompt,
@@ -183,20 +193,31 @@ def _check_size(width: int, height: int, facts: EngineFacts) -> None:
                              "dimensions", param="size")
 
 
-def _check_window(init: InitRequest, facts: EngineFacts) -> None:
+def _check_model_limits(init: InitRequest, facts: EngineFacts) -> None:
     sink, window = init.realtime_causal_sink_size, init.realtime_causal_kv_cache_num_frames
-    if window is not None and window < (sink or 0) + facts.latent_frames_per_chunk:
+    if window is not None and window < (sink or 0) + facts.latent_frames_per_block:
         raise InvalidRequest(
             f"realtime_causal_kv_cache_num_frames: {window} must be >= sink "
-            f"({sink or 0}) + frames per block ({facts.latent_frames_per_chunk})",
+            f"({sink or 0}) + frames per block ({facts.latent_frames_per_block})",
             param="realtime_causal_kv_cache_num_frames")
+    if window is not None and facts.max_window_frames and window > facts.max_window_frames:
+        raise InvalidRequest(f"realtime_causal_kv_cache_num_frames: {window} exceeds "
+                             f"{facts.max_window_frames}",
+                             param="realtime_causal_kv_cache_num_frames")
+    steps = init.num_inference_steps
+    if steps is not None and facts.max_inference_steps and steps > facts.max_inference_steps:
+        raise InvalidRequest(f"num_inference_steps: {steps} exceeds {facts.max_inference_steps}",
+                             param="num_inference_steps")
+    if not facts.supports_guidance and init.guidance_scale != 1.0:
+        raise InvalidRequest(f"guidance_scale: pipeline {facts.pipeline} is guidance-distilled; "
+                             f"use 1.0 (got {init.guidance_scale:g})", param="guidance_scale")
 
 
 def _initial_script(init: InitRequest, facts: EngineFacts) -> list[list[str]] | None:
     inputs = init.condition_inputs
     if inputs is None or (inputs.camera_actions is None and inputs.action is None):
         return None
-    if not facts.camera:
+    if not facts.camera_conditioning:
         raise InvalidRequest(f"condition_inputs: pipeline {facts.pipeline} has no camera "
                              "conditioning", param="condition_inputs")
     if inputs.action is not None:
