@@ -19,7 +19,7 @@ from typing import Any
 import msgpack
 import numpy as np
 from pydantic import ValidationError
-from starlette.websockets import WebSocket
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from worldserve.api.realtime.admission import AdmissionRejected, Lease
 from worldserve.api.realtime.controls import SessionControls
@@ -118,9 +118,11 @@ class RealtimeConnection:
         finally:
             if self.state != ConnectionState.CLOSING:
                 self._enter(ConnectionState.CLOSING)
-            await self._close(decision)
-            await self._cleanup()
-            self._enter(ConnectionState.CLOSED)
+            try:
+                await self._close(decision)
+            finally:
+                await self._cleanup()
+                self._enter(ConnectionState.CLOSED)
 
     async def _run(self) -> CloseDecision:
         self._enter(ConnectionState.WAITING_WARM)
@@ -158,7 +160,7 @@ class RealtimeConnection:
             return
         try:
             await self.websocket.close(decision.code, decision.reason)
-        except (RuntimeError, OSError):
+        except (WebSocketDisconnect, RuntimeError, OSError):
             pass  # the client is already gone; nothing left to tell it
 
     async def _cleanup(self) -> None:
@@ -186,7 +188,7 @@ class RealtimeConnection:
         """('bytes', data) or ('text', str); raises ClientGone on disconnect."""
         try:
             message = await self.websocket.receive()
-        except (RuntimeError, OSError):
+        except (WebSocketDisconnect, RuntimeError, OSError):
             raise ClientGone() from None
         if message["type"] == "websocket.disconnect":
             raise ClientGone()
