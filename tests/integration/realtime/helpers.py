@@ -117,7 +117,8 @@ class Session:
 
 def connect(server: ServerProcess, query: str = "") -> Any:
     url = server.ws_url + ENDPOINT + (f"?{query}" if query else "")
-    return websockets.connect(url, max_size=None)
+    # A short close timeout: a test client that stopped reading must not stall the test.
+    return websockets.connect(url, max_size=None, close_timeout=2)
 
 
 class ExpectedFrames:

@@ -263,3 +263,12 @@ async def test_first_frame_as_data_url(rt_server):
         chunks, code, _ = await session.read_until_close()
     expected = ExpectedFrames("framed", width=32, height=32, first_frame_mean=60)
     assert code == 1000 and np.array_equal(chunks[0].frames, expected.chunk())
+
+
+async def test_api_process_loads_no_model_library(rt_server):
+    async with connect(rt_server) as ws:
+        session = Session(ws)
+        await session.send(init(size="32x32", max_chunks=1, realtime_output_format="webp"))
+        await session.read_until_close()
+    maps = open(f"/proc/{rt_server.proc.pid}/maps").read()
+    assert "libtorch" not in maps and "/torch/" not in maps
