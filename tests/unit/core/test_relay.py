@@ -1,0 +1,192 @@
+"""StageClient <-> StageLoop over real ZeroMQ (ipc), with a small in-test engine in a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from worldserve.errors import InvalidRequest, RequestTimeout, StageUnavailable
+from worldserve.ipc.client import StageClient, new_request_id
+from worldserve.ipc.messages import (
+    ChatCompletion,
+    ChatDelta,
+    ChatResult,
+    CloseSession,
+    Echo,
+    EchoReply,
+    ReasonerSampling,
+    Request,
+    SessionClosed,
+    StageStats,
+    StatsRequest,
+)
+from worldserve.ipc.transport import StageServer, check_address
+from worldserve.runtime.stage import StageLoop
+
+
+class CountingEngine:
+    """Streams `n` deltas per ChatCompletion (one per step), answers CloseSession at once,
+    and fails any other request."""
+
+    model_name, model_path, num_params = "counting", "/nowhere", 0
+
+    def __init__(self, num_deltas: int = 5) -> None:
+        self.num_deltas = num_deltas
+        self.active: list[tuple[str, int, Any]] = []
+        self.cancelled: list[str] = []
+
+    def capabilities(self) -> dict[str, Any]:
+        return {"deltas": self.num_deltas}
+
+    def state(self) -> str:
+        return "ready"
+
+    def submit(self, request: Request, reply: Any) -> None:
+        if isinstance(request, ChatCompletion):
+            self.active.append((request.request_id, 0, reply))
+        elif isinstance(request, CloseSession):
+            reply(SessionClosed(request_id=request.request_id, session_id=request.session_id,
+                                frames=0))
+        else:
+            raise InvalidRequest(f"cannot handle {type(request).__name__}")
+
+    def cancel(self, request_id: str) -> None:
+        self.cancelled.append(request_id)
+        self.active = [a for a in self.active if a[0] != request_id]
+
+    def has_work(self) -> bool:
+        return bool(self.active)
+
+    def step(self) -> None:
+        request_id, sent, reply = self.active.pop(0)
+        if sent < self.num_deltas:
+            reply(ChatDelta(request_id=request_id, text=str(sent)))
+            self.active.append((request_id, sent + 1, reply))
+        else:
+            reply(ChatResult(request_id=request_id, text="done", finish_reason="stop",
+                             prompt_tokens=1, completion_tokens=sent))
+
+    def stats(self) -> dict[str, Any]:
+        return {"queue_depth": len(self.active), "running": len(self.active)}
+
+    def shutdown(self) -> None:
+        pass
+
+
+@pytest.fixture
+def stage(tmp_path: Path) -> Iterator[tuple[str, StageLoop]]:
+    address = f"ipc://{tmp_path / 'stage.sock'}"
+    loop = StageLoop("test", StageServer(address), CountingEngine())
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    yield address, loop
+    loop.running = False
+    thread.join(5)
+    loop.server.close()
+
+
+def chat(request_id: str | None = None) -> ChatCompletion:
+    return ChatCompletion(request_id=request_id or new_request_id(), messages=[],
+                          sampling=ReasonerSampling())
+
+
+async def test_handshake_call_and_stats(stage: tuple[str, StageLoop]) -> None:
+    client = StageClient("test", stage[0])
+    info = await client.handshake(timeout_s=5)
+    assert info.stage == "test" and info.capabilities == {"deltas": 5}
+    assert client.state == "ready"
+    reply = await client.call(Echo(request_id="e1", payload=b"x" * 1024), timeout_s=5)
+    assert isinstance(reply, EchoReply) and reply.payload == b"x" * 1024
+    stats = await client.call(StatsRequest(request_id="s1"), timeout_s=5)
+    assert isinstance(stats, StageStats) and stats.queue_depth == 0
+    await client.close()
+
+
+async def test_stream_yields_every_reply_in_order(stage: tuple[str, StageLoop]) -> None:
+    client = StageClient("test", stage[0])
+    await client.handshake(timeout_s=5)
+    stream = await client.stream(chat())
+    texts = [reply.text async for reply in stream]
+    assert texts == ["0", "1", "2", "3", "4", "done"]
+    await client.close()
+
+
+async def test_concurrent_streams_are_routed_by_request_id(stage: tuple[str, StageLoop]) -> None:
+    client = StageClient("test", stage[0])
+    await client.handshake(timeout_s=5)
+
+    async def run(request_id: str) -> list[str]:
+        return [r.text async for r in await client.stream(chat(request_id))]
+
+    results = await asyncio.gather(*(run(f"r{i}") for i in range(4)))
+    assert all(r == ["0", "1", "2", "3", "4", "done"] for r in results)
+    await client.close()
+
+
+async def test_engine_error_becomes_the_mapped_exception(stage: tuple[str, StageLoop]) -> None:
+    client = StageClient("test", stage[0])
+    await client.handshake(timeout_s=5)
+    with pytest.raises(InvalidRequest, match="cannot handle StatsRequest|cannot handle"):
+        from worldserve.ipc.messages import SessionFrame
+
+        await client.call(SessionFrame(request_id="f", session_id="s", image=b"", received_at=0),
+                          timeout_s=5)
+    await client.close()
+
+
+async def test_timeout_cancels_in_the_stage(stage: tuple[str, StageLoop]) -> None:
+    client = StageClient("test", stage[0])
+    await client.handshake(timeout_s=5)
+    with pytest.raises(RequestTimeout):
+        await client.call(Echo(request_id="slow", delay_ms=2000), timeout_s=0.05)
+    await client.close()
+
+
+async def test_stream_cancel_reaches_the_engine(stage: tuple[str, StageLoop]) -> None:
+    address, loop = stage
+    loop.engine.num_deltas = 10_000
+    client = StageClient("test", address)
+    await client.handshake(timeout_s=5)
+    stream = await client.stream(chat("long"))
+    async for _ in stream:
+        break
+    stream.cancel()
+    for _ in range(100):
+        if "long" in loop.engine.cancelled:
+            break
+        await asyncio.sleep(0.02)
+    assert "long" in loop.engine.cancelled
+    await client.close()
+
+
+async def test_mark_down_fails_waiters_and_new_requests(stage: tuple[str, StageLoop]) -> None:
+    stage[1].engine.num_deltas = 10_000
+    client = StageClient("test", stage[0])
+    await client.handshake(timeout_s=5)
+    waiter = asyncio.ensure_future(client.call(Echo(request_id="w", delay_ms=5000), timeout_s=10))
+    stream = await client.stream(chat())
+    await asyncio.sleep(0.05)
+    client.mark_down("killed by signal SIGKILL")
+    with pytest.raises(StageUnavailable, match="SIGKILL"):
+        await waiter
+    with pytest.raises(StageUnavailable):
+        async for _ in stream:
+            pass
+    with pytest.raises(StageUnavailable):
+        await client.call(Echo(request_id="after"), timeout_s=1)
+    assert client.state == "failed"
+    await client.close()
+
+
+@pytest.mark.parametrize("address", ["tcp://0.0.0.0:5555", "tcp://10.0.0.1:1", "inproc://x"])
+def test_only_ipc_and_loopback_addresses(address: str) -> None:
+    with pytest.raises(ValueError):
+        check_address(address)
+
+
+def test_loopback_tcp_is_accepted() -> None:
+    assert check_address("tcp://127.0.0.1:5555") == "tcp://127.0.0.1:5555"

@@ -1,0 +1,160 @@
+"""Deterministic tiny "dev checkpoints": random-weight models of the real architectures.
+
+`build_dev_models(root)` writes one Hugging Face-layout directory per entry of `BUILDERS`
+(`root/reasoner/`, `root/generation/`), each from a fixed seed, so the loaders that serve real
+checkpoints serve these too. A directory counts as built only once its `worldserve_dev.json`
+marker exists: each model is built in a temporary sibling directory, the marker is written last,
+and the directory is renamed into place.
+
+This module imports no model library; a builder's module is imported when it runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# Bump whenever a builder's output changes: a marker with another version is rebuilt.
+DEV_MODELS_VERSION = "1"
+DEV_MODELS_SEED = 0
+MARKER_NAME = "worldserve_dev.json"
+_TMP_PREFIX = ".tmp-"
+# A temporary build directory older than this is left over from a crashed build (a real
+# build takes seconds), so it is safe to delete.
+_STALE_TMP_AGE_S = 600.0
+
+
+@dataclass(frozen=True)
+class DevModelBuilder:
+    """One dev model: the id it is served under and `module:function` that writes it.
+
+    The function has the signature `builder(target_dir: Path, seed: int) -> None` and writes a
+    complete checkpoint into `target_dir` (which exists and is empty).
+    """
+
+    served_model_name: str
+    entry_point: str
+
+    def __call__(self, target_dir: Path, seed: int) -> None:
+        module_name, function_name = self.entry_point.split(":")
+        build: Callable[[Path, int], None] = getattr(
+            importlib.import_module(module_name), function_name
+        )
+        build(target_dir, seed)
+
+
+# name (directory under the root) -> builder. Add a model by adding one entry.
+BUILDERS: dict[str, DevModelBuilder] = {
+    "reasoner": DevModelBuilder(
+        "worldserve-dev-reasoner", "worldserve.models.dev.reasoner:build_reasoner"
+    ),
+    "generation": DevModelBuilder(
+        "worldserve-dev-wan", "worldserve.models.dev.generation:build_generation"
+    ),
+}
+
+
+def read_marker(model_dir: Path) -> dict[str, Any] | None:
+    """The marker of a complete dev model directory, or None when it is missing or unreadable."""
+    try:
+        marker = json.loads((Path(model_dir) / MARKER_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def dev_model_ready(model_dir: Path, name: str) -> bool:
+    """True when `model_dir` holds a complete build of `name` at the current version."""
+    marker = read_marker(model_dir)
+    return (
+        marker is not None
+        and marker.get("name") == name
+        and marker.get("version") == DEV_MODELS_VERSION
+    )
+
+
+def dev_models_ready(root: Path) -> bool:
+    """True when every model in `BUILDERS` is completely built under `root`."""
+    return all(dev_model_ready(Path(root) / name, name) for name in BUILDERS)
+
+
+def build_dev_models(root: Path, *, force: bool = False) -> dict[str, Path]:
+    """Build every dev model under `root` (skipping complete ones unless `force`).
+
+    Returns name -> model directory, e.g. {"reasoner": root/"reasoner", ...}.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_stale_tmp_dirs(root)
+    built = {}
+    for name, builder in BUILDERS.items():
+        target = root / name
+        if force or not dev_model_ready(target, name):
+            _build_one(name, builder, target, force=force)
+        else:
+            logger.info("dev model %s is up to date at %s", name, target)
+        built[name] = target
+    return built
+
+
+def _build_one(name: str, builder: DevModelBuilder, target: Path, *, force: bool) -> None:
+    """Build into a temporary sibling directory, write the marker last, rename into place."""
+    start = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{name}-", dir=target.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the cache is readable like any checkpoint
+    try:
+        builder(tmp, DEV_MODELS_SEED)
+        _write_marker(tmp, name, builder)
+        if not force and dev_model_ready(target, name):
+            logger.info("dev model %s was built meanwhile by another process", name)
+            return
+        _replace_dir(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful rename
+    logger.info(
+        "built dev model %s (%s) in %.1f s at %s",
+        name, builder.served_model_name, time.perf_counter() - start, target,
+    )
+
+
+def _write_marker(model_dir: Path, name: str, builder: DevModelBuilder) -> None:
+    marker = {
+        "name": name,
+        "served_model_name": builder.served_model_name,
+        "version": DEV_MODELS_VERSION,
+        "seed": DEV_MODELS_SEED,
+        "builder": builder.entry_point,
+    }
+    (model_dir / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    """Move `new` to `target`; an existing `target` is moved aside first, then deleted."""
+    old = None
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{target.name}-old-", dir=target.parent))
+        os.replace(target, old / target.name)
+    os.replace(new, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _remove_stale_tmp_dirs(root: Path) -> None:
+    now = time.time()
+    for path in root.glob(f"{_TMP_PREFIX}*"):
+        try:
+            if path.is_dir() and now - path.stat().st_mtime > _STALE_TMP_AGE_S:
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            continue  # another builder removed it meanwhile
