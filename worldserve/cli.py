@@ -20,7 +20,7 @@ app = typer.Typer(help="worldserve: serve world foundation models (images, video
 dev_models_app = typer.Typer(help="Tiny built-in development checkpoints.", no_args_is_help=True)
 app.add_typer(dev_models_app, name="dev-models")
 
-DEV_STAGE_DIRS = ("generation", "reasoner")
+DEV_STAGE_DIRS = ("generation", "reasoner", "realtime")
 
 
 def _usage_error(message: str) -> typer.Exit:

@@ -120,6 +120,18 @@ class RealtimeStageConfig(StageConfig):
     # one chunk may take in the stage before the session fails.
     init_timeout_s: float = Field(default=60.0, gt=0)
     chunk_timeout_s: float = Field(default=300.0, gt=0)
+    # Model (engine) settings. None: the checkpoint's default (realtime_config.json). Frame
+    # counts are latent frames; sessions may override sink/window within the bounds of
+    # spec realtime-video.md section 6.3.
+    sink_frames: int | None = Field(default=None, ge=0)
+    window_frames: int | None = Field(default=None, ge=1)
+    frames_per_block: int | None = Field(default=None, ge=1, le=16)
+    num_inference_steps: int | None = Field(default=None, ge=1, le=50)
+    max_inference_steps: int = Field(default=16, ge=1, le=100)
+    max_width: int = Field(default=1280, ge=16)
+    max_height: int = Field(default=1280, ge=16)
+    # Session table bound = max_sessions + this margin (LRU safety net for lost releases).
+    session_table_margin: int = Field(default=2, ge=0, le=64)
 
 
 class StagesConfig(_Frozen):

@@ -39,7 +39,6 @@ from worldserve.ipc.messages import (
 )
 from worldserve.runtime.engine import EngineState, ReplyFn
 
-SESSION_TABLE_MARGIN = 2
 LATENT_FRAMES_PER_CHUNK = 3
 DEFAULTS = {"width": 832, "height": 480, "fps": 16, "steps": 4, "sink": 0, "window": 21}
 # Pixels per output frame for each held key: (dx, dy).
@@ -108,7 +107,7 @@ class FakeRealtimeEngine:
         self.camera = bool(opts.get("fake_camera", True))
         self.realtime_supported = bool(opts.get("fake_realtime_supported", True))
         self.lose_session_seed = opts.get("fake_lose_session_seed")
-        self.max_sessions = stage_config.max_sessions + SESSION_TABLE_MARGIN
+        self.max_sessions = stage_config.max_sessions + stage_config.session_table_margin
         self.model_name = stage_config.served_model_name or "fake-realtime"
         self.model_path = str(stage_config.model_path or "")
         self.num_params = 0

@@ -62,6 +62,9 @@ BUILDERS: dict[str, DevModelBuilder] = {
     "generation": DevModelBuilder(
         "worldserve-dev-wan", "worldserve.models.dev.generation:build_generation"
     ),
+    "realtime": DevModelBuilder(
+        "worldserve-dev-causal-wan", "worldserve.models.dev.realtime:build_realtime"
+    ),
 }
 
 

@@ -1,0 +1,33 @@
+"""Fixtures for the realtime engine unit tests: the tiny causal model, built in memory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from worldserve.config import RealtimeStageConfig, ServerConfig
+from worldserve.engines.realtime.engine import RealtimeEngine
+from worldserve.models.dev.realtime import build_realtime_model
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """CI machines have 2 busy cores: one intra-op thread is faster and steadier here."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def rt_model():
+    torch.manual_seed(0)
+    return build_realtime_model(0)
+
+
+@pytest.fixture
+def make_engine(rt_model):
+    def make(**config) -> RealtimeEngine:
+        return RealtimeEngine(RealtimeStageConfig(**config), ServerConfig(), model=rt_model)
+
+    return make

@@ -1,0 +1,230 @@
+"""Realtime stage engine: causal video sessions driven chunk by chunk.
+
+`submit()` validates a `RealtimeChunk` (chunk 0 carries the session's settings) and queues it;
+`step()` runs one chunk of one session, round-robin across sessions with pending chunks;
+`RealtimeRelease` frees a session's state at once. Contract: spec realtime-video.md sections
+6 (per-session state), 7 (several sessions) and 9 (readiness).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from worldserve.config import RealtimeStageConfig, ServerConfig
+from worldserve.engines.common import count_parameters, model_dir, served_model_name, torch_dtype
+from worldserve.engines.common import unsupported
+from worldserve.engines.realtime.loader import RealtimeModel, load_realtime_model
+from worldserve.engines.realtime.runner import CausalRunner
+from worldserve.engines.realtime.scheduler import PendingChunk, RoundRobinQueue
+from worldserve.engines.realtime.session import SessionSettings, SessionTable
+from worldserve.errors import InvalidRequest, NotFound, WorldserveError
+from worldserve.ipc.messages import (
+    ErrorReply,
+    RealtimeChunk,
+    RealtimeChunkResult,
+    RealtimeRelease,
+    RealtimeReleased,
+    Request,
+)
+from worldserve.runtime.engine import EngineState, ReplyFn
+
+log = logging.getLogger("worldserve.realtime")
+
+
+class RealtimeEngine:
+    def __init__(self, stage_config: RealtimeStageConfig, server_config: ServerConfig,
+                 model: RealtimeModel | None = None) -> None:
+        if model is None:
+            path = model_dir(stage_config)
+            model = load_realtime_model(path, stage_config.device, torch_dtype(stage_config.dtype))
+            self.model_name = served_model_name(stage_config, path)
+            self.model_path = str(path)
+        else:  # in-process use (tests, benchmarks)
+            self.model_name, self.model_path = "in-memory", ""
+        self.cfg = stage_config
+        self.model = model
+        self.runner = CausalRunner(model)
+        self.num_params = count_parameters(model.dit, model.vae, model.text_encoder)
+        self.sessions = SessionTable(stage_config.max_sessions + stage_config.session_table_margin)
+        self.queue = RoundRobinQueue()
+        mc = model.config
+        self.frames_per_block = stage_config.frames_per_block or mc.frames_per_block
+        self.default_sink = (stage_config.sink_frames if stage_config.sink_frames is not None
+                             else mc.default_sink_frames)
+        self.default_window = stage_config.window_frames or mc.default_window_frames
+        self.default_steps = stage_config.num_inference_steps or mc.default_num_inference_steps
+        self._check_window(self.default_sink, self.default_window, "stage default")
+
+    # ------------------------------------------------------------------ facts
+
+    def capabilities(self) -> dict[str, Any]:
+        mc, dit = self.model.config, self.model.dit.cfg
+        return {
+            "pipeline": mc.pipeline,
+            "realtime_supported": True,
+            "frames_per_chunk": self.runner.chunk_frames(1, self.frames_per_block),
+            "first_chunk_frames": self.runner.chunk_frames(0, self.frames_per_block),
+            "latent_frames_per_block": self.frames_per_block,
+            "temporal_upsampling": self.runner.upsampling,
+            "default_fps": mc.default_fps,
+            "default_width": mc.default_width,
+            "default_height": mc.default_height,
+            "default_num_inference_steps": self.default_steps,
+            "max_inference_steps": self.cfg.max_inference_steps,
+            "default_sink_frames": self.default_sink,
+            "default_window_frames": self.default_window,
+            "max_window_frames": dit.max_rope_frames,
+            "camera_conditioning": True,
+            "camera_keys": "wasdijkl",
+            "supports_first_frame": False,
+            "supports_guidance": False,
+            "max_script_frames": mc.max_script_frames,
+            "min_pulse_items": mc.min_pulse_items,
+            "max_width": self.cfg.max_width,
+            "max_height": self.cfg.max_height,
+            "size_multiple": self.model.spatial_factor,
+            # KV estimate for admission (spec 7.1): bytes = kv_bytes_per_token x window x
+            # (width / size_multiple) x (height / size_multiple).
+            "kv_bytes_per_token": 2 * dit.num_layers * dit.dim * self.model.dtype.itemsize,
+        }
+
+    def state(self) -> EngineState:
+        return "ready"
+
+    def stats(self) -> dict[str, Any]:
+        sessions = self.sessions.values()
+        return {"queue_depth": len(self.queue), "running": 0, "sessions": len(sessions),
+                "extra": {"kv_tokens": sum(s.cache.num_tokens for s in sessions),
+                          "kv_bytes": sum(s.cache.nbytes() for s in sessions)}}
+
+    # ------------------------------------------------------------------ requests
+
+    def submit(self, request: Request, reply: ReplyFn) -> None:
+        if isinstance(request, RealtimeChunk):
+            self._submit_chunk(request, reply)
+        elif isinstance(request, RealtimeRelease):
+            existed = self.release(request.session_id)
+            reply(RealtimeReleased(request_id=request.request_id,
+                                   session_id=request.session_id, existed=existed))
+        else:
+            raise unsupported(request, "realtime")
+
+    def _submit_chunk(self, request: RealtimeChunk, reply: ReplyFn) -> None:
+        if request.chunk_index < 0:
+            raise InvalidRequest(f"chunk_index must be >= 0, got {request.chunk_index}")
+        settings = None
+        if request.chunk_index == 0:
+            settings = self._settings(request)
+        elif (request.session_id not in self.sessions
+              and not self.queue.has_pending_reset(request.session_id)):
+            raise NotFound(f"realtime session {request.session_id} not found")
+        self.queue.push(PendingChunk(request, reply, settings))
+
+    def release(self, session_id: str) -> bool:
+        """Free every state of the session and drop its queued chunks (idempotent)."""
+        for item in self.queue.drop_session(session_id):
+            self._fail(item, NotFound(f"realtime session {session_id} was released"))
+        return self.sessions.pop(session_id) is not None
+
+    def cancel(self, request_id: str) -> None:
+        self.queue.drop_request(request_id)
+
+    def has_work(self) -> bool:
+        return len(self.queue) > 0
+
+    def step(self) -> None:
+        item = self.queue.pop()
+        if item is None:
+            return
+        try:
+            self._run(item)
+        except WorldserveError as exc:
+            self._fail(item, exc)
+        except Exception as exc:  # a failed chunk ends its session, never the stage
+            log.exception("realtime chunk %s failed", item.request.request_id)
+            self.release(item.request.session_id)
+            item.reply(ErrorReply(request_id=item.request.request_id, code="internal_error",
+                                  message=str(exc).splitlines()[0] if str(exc) else repr(exc)))
+
+    def shutdown(self) -> None:
+        for session in self.sessions.values():
+            self.release(session.session_id)
+
+    # ------------------------------------------------------------------ internals
+
+    def _run(self, item: PendingChunk) -> None:
+        req = item.request
+        started = time.monotonic()
+        if req.chunk_index == 0:
+            session = self.runner.new_session(req.session_id, item.settings, req.prompt or "")
+            for evicted in self.sessions.put(session):
+                log.warning("session table full: released least recently used session %s",
+                            evicted.session_id)
+                self.release(evicted.session_id)
+            prompt = None
+        else:
+            session = self.sessions.get(req.session_id)
+            if session is None:
+                raise NotFound(f"realtime session {req.session_id} not found")
+            if req.chunk_index != session.next_chunk:
+                raise InvalidRequest(f"realtime session {req.session_id} expects chunk "
+                                     f"{session.next_chunk}, got {req.chunk_index}")
+            prompt = req.prompt
+        out = self.runner.run_chunk(session, req.camera, prompt, req.refresh_kv)
+        item.reply(RealtimeChunkResult(
+            request_id=req.request_id, session_id=req.session_id, chunk_index=req.chunk_index,
+            frames=out.frames, num_frames=out.num_frames, width=session.settings.width,
+            height=session.settings.height, forward_ms=out.forward_ms,
+            queue_ms=(started - item.received_at) * 1000, kv_refresh_ms=out.kv_refresh_ms,
+            cached_frames=session.cache.num_frames))
+
+    def _fail(self, item: PendingChunk, exc: WorldserveError) -> None:
+        item.reply(ErrorReply(request_id=item.request.request_id, code=exc.code,
+                              message=exc.message))
+
+    def _settings(self, req: RealtimeChunk) -> SessionSettings:
+        """Validate chunk 0's session settings (spec 3.1 / 6.3 bounds)."""
+        mc = self.model.config
+        width = req.width or mc.default_width
+        height = req.height or mc.default_height
+        self._check_size(width, height)
+        steps = req.num_inference_steps or self.default_steps
+        if not 1 <= steps <= self.cfg.max_inference_steps:
+            raise InvalidRequest(f"num_inference_steps must be in 1..{self.cfg.max_inference_steps},"
+                                 f" got {steps}")
+        sink = self.default_sink if req.sink_size is None else req.sink_size
+        window = self.default_window if req.window_frames is None else req.window_frames
+        self._check_window(sink, window, "realtime_causal")
+        if req.guidance_scale != 1.0:
+            raise InvalidRequest(f"guidance_scale must be 1.0 for this few-step causal model "
+                                 f"(distilled without CFG), got {req.guidance_scale}")
+        if req.first_frame is not None:
+            raise InvalidRequest("this realtime model is text-to-video: first_frame is not "
+                                 "supported")
+        return SessionSettings(seed=req.seed, width=width, height=height, num_inference_steps=steps,
+                               sink_frames=sink, window_frames=window,
+                               frames_per_block=self.frames_per_block)
+
+    def _check_size(self, width: int, height: int) -> None:
+        m = self.model.spatial_factor
+        for name, value, limit in (("width", width, self.cfg.max_width),
+                                   ("height", height, self.cfg.max_height)):
+            if value < m or value > limit or value % m:
+                raise InvalidRequest(f"{name} must be a multiple of {m} in {m}..{limit}, "
+                                     f"got {value}")
+
+    def _check_window(self, sink: int, window: int, where: str) -> None:
+        block = self.frames_per_block
+        limit = self.model.dit.cfg.max_rope_frames
+        if sink < 0:
+            raise InvalidRequest(f"{where} sink size must be >= 0 latent frames, got {sink}")
+        if window <= 0 or window < sink + block or window > limit:
+            raise InvalidRequest(
+                f"{where} window ({window} latent frames) must be > 0, >= sink ({sink}) + frames "
+                f"per block ({block}) and <= {limit}")
+
+
+def create_engine(stage_config: RealtimeStageConfig, server_config: ServerConfig) -> RealtimeEngine:
+    return RealtimeEngine(stage_config, server_config)

@@ -1,0 +1,137 @@
+"""Load a causal realtime checkpoint directory.
+
+Layout (Hugging Face style, one folder per component, like a diffusers pipeline):
+
+    realtime_config.json     pipeline facts and defaults (`RealtimePipelineConfig`)
+    transformer/             config.json + model.safetensors (`CausalDiT`)
+    vae/                     `AutoencoderKLWan` (diffusers save_pretrained)
+    text_encoder/            `UMT5EncoderModel` (transformers save_pretrained)
+    tokenizer/               a transformers tokenizer
+
+A diffusers AnyFlow-FAR checkpoint (model_index.json naming AnyFlowFARPipeline) is refused with
+a message: its transformer rebuilds a compressed full-history context per chunk, which does not
+map onto a sink + sliding-window cache (see docs/realtime-engine.md).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from worldserve.engines.common import ModelLoadError
+from worldserve.engines.realtime.model import CausalDiT, CausalDiTConfig, KV, WEIGHTS_NAME
+
+PIPELINE_CONFIG_NAME = "realtime_config.json"
+PIPELINE_NAME = "WorldserveCausalWanPipeline"
+
+
+@dataclass(frozen=True)
+class RealtimePipelineConfig:
+    """Defaults a checkpoint declares. Sizes in latent frames unless named otherwise."""
+
+    pipeline: str = PIPELINE_NAME
+    frames_per_block: int = 3
+    default_sink_frames: int = 3
+    default_window_frames: int = 12
+    default_num_inference_steps: int = 4
+    default_fps: int = 16
+    default_width: int = 64
+    default_height: int = 64
+    # Few-step DMD schedule: sigmas linspace(1, 0, steps + 1)[:-1] warped by this shift.
+    timestep_shift: float = 5.0
+    max_text_tokens: int = 32
+    # Control-queue facts the api needs (spec 3.3): LingBot-style single-frame pulses.
+    min_pulse_items: int = 1
+    max_script_frames: int = 512
+
+    def save(self, directory: Path) -> None:
+        (directory / PIPELINE_CONFIG_NAME).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, directory: Path) -> "RealtimePipelineConfig":
+        data = json.loads((directory / PIPELINE_CONFIG_NAME).read_text())
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+class RealtimeModel:
+    """The loaded components: causal DiT, streaming-capable Wan VAE, text encoder, tokenizer."""
+
+    def __init__(self, config: RealtimePipelineConfig, dit: CausalDiT, vae: Any,
+                 text_encoder: Any, tokenizer: Any, device: str = "cpu") -> None:
+        self.config = config
+        self.dit = dit.eval()
+        self.vae = vae.eval()
+        self.text_encoder = text_encoder.eval()
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        # Pixels per token side: VAE spatial factor x DiT patch.
+        self.spatial_factor = int(vae.config.scale_factor_spatial) * dit.cfg.patch_size
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.dit.parameters()).dtype
+
+    @torch.inference_mode()
+    def encode_prompt(self, prompt: str) -> list[KV]:
+        """Prompt -> per-layer cross-attention K/V (the session's cross-attention cache)."""
+        ids = self.tokenizer(prompt, max_length=self.config.max_text_tokens, truncation=True,
+                             return_tensors="pt")
+        input_ids = ids["input_ids"][:, : self.config.max_text_tokens]
+        if input_ids.shape[1] == 0:  # an empty prompt still needs one key to attend to
+            input_ids = torch.full((1, 1), self.tokenizer.pad_token_id, dtype=torch.long)
+        hidden = self.text_encoder(input_ids=input_ids.to(self.device)).last_hidden_state
+        return self.dit.text_kv(hidden.to(self.dtype))
+
+
+def _refuse_foreign_layouts(path: Path) -> None:
+    index = path / "model_index.json"
+    if (path / PIPELINE_CONFIG_NAME).is_file() or not index.is_file():
+        return
+    try:
+        name = json.loads(index.read_text()).get("_class_name", "?")
+    except (OSError, ValueError):
+        name = "?"
+    raise ModelLoadError(
+        f"{path} holds a diffusers {name} checkpoint; the realtime stage serves causal DiT "
+        f"checkpoints with {PIPELINE_CONFIG_NAME} (AnyFlow-FAR's compressed full-history "
+        "context does not map onto a sink + sliding-window cache)")
+
+
+def load_dit(directory: Path) -> CausalDiT:
+    from safetensors.torch import load_file
+
+    dit = CausalDiT(CausalDiTConfig.load(directory))
+    state = load_file(str(directory / WEIGHTS_NAME))
+    missing, unexpected = dit.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ModelLoadError(f"{directory}: weights do not match the config "
+                             f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return dit
+
+
+def load_realtime_model(path: Path, device: str = "cpu",
+                        dtype: torch.dtype = torch.float32) -> RealtimeModel:
+    """Load every component of a causal realtime checkpoint from `path`."""
+    _refuse_foreign_layouts(path)
+    if not (path / PIPELINE_CONFIG_NAME).is_file():
+        raise ModelLoadError(f"{path} is not a realtime checkpoint (no {PIPELINE_CONFIG_NAME})")
+    from diffusers import AutoencoderKLWan
+    from transformers import AutoTokenizer, UMT5EncoderModel
+
+    try:
+        config = RealtimePipelineConfig.load(path)
+        dit = load_dit(path / "transformer").to(device, dtype)
+        vae = AutoencoderKLWan.from_pretrained(str(path / "vae")).to(device, dtype)
+        text_encoder = UMT5EncoderModel.from_pretrained(
+            str(path / "text_encoder"), dtype=dtype, local_files_only=True).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(str(path / "tokenizer"), local_files_only=True)
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load a realtime checkpoint from {path}: {exc}") from exc
+    return RealtimeModel(config, dit, vae, text_encoder, tokenizer, device)

@@ -1,0 +1,149 @@
+"""Run one chunk of one session: few-step causal denoising over the session's cache, the clean
+context pass that writes the block's K/V, and the streaming VAE decode.
+
+Per chunk (spec realtime-video.md section 6.2): sample noise from the session's generator ->
+N DMD steps that read the cache (predict x0, re-noise to the next sigma) -> one pass at t = 0
+on the clean block that writes its K/V -> decode the block's frames.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from worldserve.engines.realtime.camera import camera_vectors, output_frames_per_latent
+from worldserve.engines.realtime.kv_cache import FrameRecord
+from worldserve.engines.realtime.loader import RealtimeModel
+from worldserve.engines.realtime.session import RealtimeSession, SessionSettings
+from worldserve.engines.realtime.vae_stream import (
+    StreamingWanDecoder,
+    temporal_upsampling,
+    to_rgb24,
+)
+
+
+@dataclass
+class ChunkOutput:
+    frames: bytes  # num_frames raw RGB24 frames, concatenated
+    num_frames: int
+    forward_ms: float
+    kv_refresh_ms: float | None
+    latents: torch.Tensor  # (1, C, F, h, w) the block's clean latents
+
+
+def dmd_sigmas(num_steps: int, shift: float) -> list[float]:
+    """Few-step schedule: linspace(1, 0) without its end point, warped by `shift`."""
+    base = torch.linspace(1.0, 0.0, num_steps + 1)[:-1]
+    return (shift * base / (1 + (shift - 1) * base)).tolist()
+
+
+class CausalRunner:
+    """Stateless over sessions: every tensor of a session lives in its `RealtimeSession`."""
+
+    def __init__(self, model: RealtimeModel) -> None:
+        self.model = model
+        self.upsampling = temporal_upsampling(model.vae)
+
+    # ------------------------------------------------------------------ sessions
+
+    def new_session(self, session_id: str, settings: SessionSettings, prompt: str) -> RealtimeSession:
+        f = self.model.spatial_factor
+        tpf = (settings.height // f) * (settings.width // f)
+        return RealtimeSession(session_id, settings, prompt, self.model.encode_prompt(prompt),
+                               StreamingWanDecoder(self.model.vae), tpf)
+
+    def chunk_frames(self, chunk_index: int, frames_per_block: int) -> int:
+        """Output frames of chunk `chunk_index` (the first is shorter: causal VAE)."""
+        return sum(output_frames_per_latent(chunk_index == 0, frames_per_block, self.upsampling))
+
+    # ------------------------------------------------------------------ one chunk
+
+    @torch.inference_mode()
+    def run_chunk(self, session: RealtimeSession, camera: list[list[str]] | None,
+                  prompt: str | None = None, refresh_kv: bool = False) -> ChunkOutput:
+        start = time.perf_counter()
+        s = session.settings
+        first = session.next_frame == 0
+        counts = output_frames_per_latent(first, s.frames_per_block, self.upsampling)
+        cam = camera_vectors(camera, counts, self.upsampling * s.frames_per_block)
+        cam = cam[None].to(self.model.device, self.model.dtype)  # (1, F, K)
+        if prompt is not None and prompt != session.prompt:
+            session.text_kv = self.model.encode_prompt(prompt)
+            session.prompt = prompt
+        # Evict first: a re-base then numbers only the frames that stay.
+        session.cache.make_room(s.frames_per_block)
+        refresh_ms = self._maybe_rebuild(session, refresh_kv)
+        positions = torch.arange(session.next_position, session.next_position + s.frames_per_block)
+        x0 = self._denoise(session, cam, positions)
+        self._commit(session, x0, cam, positions)
+        pixels = session.decoder(session.decoder.denormalize(x0))
+        frames, num_frames = to_rgb24(pixels)
+        return ChunkOutput(frames, num_frames, (time.perf_counter() - start) * 1000, refresh_ms, x0)
+
+    def _denoise(self, session: RealtimeSession, cam: torch.Tensor,
+                 positions: torch.Tensor) -> torch.Tensor:
+        s, dit = session.settings, self.model.dit
+        f = self.model.spatial_factor // dit.cfg.patch_size
+        shape = (1, dit.cfg.in_channels, s.frames_per_block, s.height // f, s.width // f)
+        dtype, device = self.model.dtype, self.model.device
+        x = torch.randn(shape, generator=session.generator).to(device, dtype)
+        sigmas = dmd_sigmas(s.num_inference_steps, self.model.config.timestep_shift)
+        x0 = x
+        for i, sigma in enumerate(sigmas):
+            t = torch.full((1, s.frames_per_block), sigma * 1000.0, device=device)
+            v, _ = dit(x, t, cam, positions, session.text_kv, past_kv=session.cache.past())
+            x0 = x - sigma * v  # flow matching: x_t = (1 - s) x0 + s noise, v = noise - x0
+            if i + 1 < len(sigmas):
+                noise = torch.randn(shape, generator=session.generator).to(device, dtype)
+                x = (1 - sigmas[i + 1]) * x0 + sigmas[i + 1] * noise
+        return x0
+
+    def _commit(self, session: RealtimeSession, x0: torch.Tensor, cam: torch.Tensor,
+                positions: torch.Tensor) -> None:
+        """Context pass at t = 0 on the clean block: write its K/V, advance the frontier."""
+        s = session.settings
+        t = torch.zeros((1, s.frames_per_block), device=self.model.device)
+        _, kv = self.model.dit(x0, t, cam, positions, session.text_kv, past_kv=session.cache.past())
+        block_id = session.next_chunk
+        records = [FrameRecord(session.next_frame + i, int(p), block_id)
+                   for i, p in enumerate(positions.tolist())]
+        session.cache.append(kv, x0, cam, records)
+        session.next_frame += s.frames_per_block
+        session.next_position += s.frames_per_block
+        session.next_chunk += 1
+
+    # ------------------------------------------------------------------ rebuilds
+
+    def _maybe_rebuild(self, session: RealtimeSession, refresh_kv: bool) -> float | None:
+        s = session.settings
+        rebase = session.next_position + s.frames_per_block > self.model.dit.cfg.max_rope_frames
+        if not (refresh_kv or rebase) or session.cache.num_frames == 0:
+            return None
+        start = time.perf_counter()
+        self.rebuild(session, rebase=rebase)
+        return (time.perf_counter() - start) * 1000
+
+    def rebuild(self, session: RealtimeSession, rebase: bool = False) -> None:
+        """Recompute the self-attention cache from the retained clean latents (spec 6.4/6.5):
+        block by block in their original order, at their original positions or, with `rebase`,
+        at positions 0..n-1, under the session's current prompt."""
+        cache = session.cache
+        latents, camera, frames = cache.latents, cache.camera, list(cache.frames)
+        positions = [i if rebase else fr.position for i, fr in enumerate(frames)]
+        cache.clear_kv()
+        start = 0
+        while start < len(frames):
+            end = start
+            while end < len(frames) and frames[end].block_id == frames[start].block_id:
+                end += 1
+            pos = torch.tensor(positions[start:end])
+            t = torch.zeros((1, end - start), device=self.model.device)
+            _, kv = self.model.dit(latents[:, :, start:end], t, camera[:, start:end], pos,
+                                   session.text_kv, past_kv=cache.past())
+            cache.append_kv(kv)
+            start = end
+        cache.frames = [FrameRecord(fr.index, p, fr.block_id) for fr, p in zip(frames, positions)]
+        if rebase:
+            session.next_position = len(frames)
