@@ -14,9 +14,9 @@ from tests.support.server import ServerProcess
 
 @pytest.fixture(scope="module")
 def tight_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """One slot, 1.5 s admission wait, 2 s idle timeout, a model without camera conditioning."""
+    """One slot, 1.5 s admission wait, 2 s idle timeout, 3.5 s lifetime, no camera conditioning."""
     server = start_fake_server(tmp_path_factory.mktemp("rt-tight"), max_sessions=1,
-                               admission_wait_s=1.5, idle_timeout_s=2.0,
+                               admission_wait_s=1.5, idle_timeout_s=2.0, max_lifetime_s=3.5,
                                server_args_overrides={"fake_camera": False,
                                                       "fake_forward_ms": 20})
     yield server
@@ -76,18 +76,20 @@ async def test_idle_timeout_closes_1000(tight_server):
     assert time.monotonic() - started >= 1.9
 
 
-async def test_heartbeats_keep_a_session_alive(tight_server):
+async def test_heartbeats_keep_a_session_alive_until_its_lifetime(tight_server):
     async with connect(tight_server) as ws:
         session = Session(ws)
-        await session.send(init(max_chunks=130))  # ~2.6 s of chunks at 20 ms each
+        started = time.monotonic()
+        await session.send(init())
         stop = asyncio.Event()
         beat = asyncio.create_task(heartbeats(session, stop))
         try:
             chunks, code, reason = await session.read_until_close()
         finally:
             stop.set()
-            await beat
-    assert (code, reason) == (1000, "generation complete") and len(chunks) == 130
+            await asyncio.gather(beat, return_exceptions=True)
+    assert (code, reason) == (1000, "maximum session lifetime reached")
+    assert time.monotonic() - started >= 3.4 and len(chunks) > 20  # past the 2 s idle timeout
 
 
 async def test_camera_events_refused_without_camera_conditioning(tight_server):
@@ -104,18 +106,6 @@ async def test_camera_events_refused_without_camera_conditioning(tight_server):
     assert code == 1000 and len(chunks) == 2
     [error] = session.errors
     assert error["content"] == "invalid event" and "camera" in error["detail"]
-
-
-async def test_unsupported_pipeline_closes_1008(tmp_path):
-    server = start_fake_server(tmp_path, server_args_overrides={"fake_realtime_supported": False})
-    try:
-        async with connect(server) as ws:
-            session = Session(ws)
-            code, reason, seen = await session.wait_close()
-    finally:
-        server.stop()
-    assert seen[0]["content"] == "realtime video is not supported for pipeline FakeRealtimePipeline"
-    assert seen[0]["code"] == "unsupported_pipeline" and code == 1008
 
 
 async def test_pacing_spaces_chunks_and_new_event_resets_clock(rt_server):
