@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import pytest
@@ -87,3 +88,28 @@ async def test_pacer_spaces_chunks_and_event_resets_clock():
     assert 0.05 < waited <= 0.1
     pacer.sent(time.monotonic(), 10)
     assert await pacer.wait(7) == 0.0  # a new event id is never held back
+
+
+CAUSAL_CAPS = {"pipeline": "CausalWan", "realtime_supported": True, "frames_per_chunk": 12,
+               "first_chunk_frames": 9, "latent_frames_per_block": 3, "default_sink_frames": 3,
+               "default_window_frames": 12, "max_window_frames": 64, "max_inference_steps": 16,
+               "supports_guidance": False, "size_multiple": 16, "camera_conditioning": True}
+
+
+@pytest.mark.parametrize("extra,field", [
+    ({"realtime_causal_sink_size": 10}, "window 12 must be >= sink (10)"),
+    ({"realtime_causal_kv_cache_num_frames": 5}, "window 5 must be >= sink (3)"),
+    ({"realtime_causal_kv_cache_num_frames": 65}, "exceeds 64"),
+    ({"num_inference_steps": 17}, "num_inference_steps"),
+    ({"guidance_scale": 3.0}, "guidance-distilled"),
+])
+def test_engine_limits(extra, field):
+    from worldserve.api.realtime.service import EngineFacts, _check_model_limits
+    from worldserve.errors import InvalidRequest
+
+    facts = EngineFacts.from_capabilities(CAUSAL_CAPS)
+    assert facts.frames_in_chunk(0) == 9 and facts.frames_in_chunk(1) == 12
+    _check_model_limits(InitRequest.model_validate({"type": "init", "prompt": "p"}), facts)
+    with pytest.raises(InvalidRequest, match=re.escape(field)):
+        _check_model_limits(InitRequest.model_validate({"type": "init", "prompt": "p", **extra}),
+                            facts)

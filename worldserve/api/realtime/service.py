@@ -46,6 +46,8 @@ class EngineFacts:
     max_width: int
     max_height: int
     max_inference_steps: int | None
+    default_sink_frames: int | None
+    default_window_frames: int | None
     max_window_frames: int | None
     camera_conditioning: bool
     min_pulse_items: int
@@ -73,6 +75,8 @@ class EngineFacts:
             max_width=int(caps.get("max_width", 4096)),
             max_height=int(caps.get("max_height", 4096)),
             max_inference_steps=optional("max_inference_steps"),
+            default_sink_frames=optional("default_sink_frames"),
+            default_window_frames=optional("default_window_frames"),
             max_window_frames=optional("max_window_frames"),
             camera_conditioning=bool(caps.get("camera_conditioning", False)),
             min_pulse_items=int(caps.get("min_pulse_items", 1)),
@@ -195,9 +199,12 @@ def _check_size(width: int, height: int, facts: EngineFacts) -> None:
 
 def _check_model_limits(init: InitRequest, facts: EngineFacts) -> None:
     sink, window = init.realtime_causal_sink_size, init.realtime_causal_kv_cache_num_frames
+    if sink is not None or window is not None:  # an override is checked with the defaults
+        sink = sink if sink is not None else (facts.default_sink_frames or 0)
+        window = window if window is not None else facts.default_window_frames
     if window is not None and window < (sink or 0) + facts.latent_frames_per_block:
         raise InvalidRequest(
-            f"realtime_causal_kv_cache_num_frames: {window} must be >= sink "
+            f"realtime_causal_kv_cache_num_frames: window {window} must be >= sink "
             f"({sink or 0}) + frames per block ({facts.latent_frames_per_block})",
             param="realtime_causal_kv_cache_num_frames")
     if window is not None and facts.max_window_frames and window > facts.max_window_frames:
