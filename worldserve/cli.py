@@ -1,4 +1,4 @@
-"""The `worldserve` command: serve | realtime | dev-models (and the clients added beside them)."""
+"""The `worldserve` command: serve | stream | realtime | dev-models (and the clients beside them)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any, Optional
 import typer
 
 from worldserve import envs
+from worldserve.clients.streaming import stream_command
 from worldserve.config import ConfigError, ServerConfig, load_config
 
 app = typer.Typer(help="worldserve: serve world foundation models (images, videos, actions, "
@@ -86,6 +87,14 @@ def serve(
     log_level: Optional[str] = typer.Option(None, help="debug | info | warning | error."),
     admin_key_file: Optional[Path] = typer.Option(
         None, help="File holding the admin bearer key (else $WORLDSERVE_ADMIN_KEY)."),
+    output_ttl: Optional[float] = typer.Option(
+        None, help="Delete generated outputs and their records this many seconds after they "
+                   "finish [default: 0 = never]."),
+    max_job_records: Optional[int] = typer.Option(
+        None, help="Keep at most this many image/video records; the oldest finished ones go "
+                   "first [default: 0 = unlimited]."),
+    max_upload_bytes: Optional[int] = typer.Option(
+        None, help="Largest accepted upload per file, in bytes."),
 ) -> None:
     """Start the api process and its stage processes."""
     overrides: dict[str, Any] = {
@@ -94,6 +103,8 @@ def serve(
         "allowed_local_media_path": str(allowed_local_media_path)
         if allowed_local_media_path else None,
         "allowed_media_domains": allowed_media_domain or None,
+        "output_ttl_s": output_ttl, "max_job_records": max_job_records,
+        "max_upload_bytes": max_upload_bytes,
         **_model_overrides(model_path),
     }
     try:
@@ -145,6 +156,9 @@ def realtime(
                                  max_chunks=max_chunks, encoding=encoding, out=out, size=size,
                                  seed=seed, fps=fps)
     raise typer.Exit(code=run_client(opts))
+
+
+app.command("stream")(stream_command)
 
 
 @dev_models_app.command("build")

@@ -61,11 +61,10 @@ class StageConfig(_Frozen):
     @field_validator("server_args_overrides")
     @classmethod
     def _override_host_is_loopback(cls, overrides: dict[str, Any]) -> dict[str, Any]:
+        # Exactly 127.0.0.1 (native-media spec 1.3): `localhost` or `::` may resolve elsewhere.
         host = overrides.get("host")
-        if host is not None and not is_loopback_host(str(host)):
-            raise ValueError(
-                f"host: stage sockets bind loopback only; got {host!r} (use 127.0.0.1)"
-            )
+        if host is not None and host != "127.0.0.1":
+            raise ValueError(f"host: stage sockets bind 127.0.0.1 only; got {host!r}")
         return overrides
 
 
@@ -78,6 +77,27 @@ class GenerationStageConfig(StageConfig):
     warmup_steps: int = Field(default=2, ge=1, le=100)
     warmup_resolutions: list[str] | None = None
     prompt_enhancer: Path | None = None
+    # Requests admitted at once across the native media routes; beyond it 503 + Retry-After.
+    max_in_flight: int = Field(default=32, ge=1, le=100_000)
+    # Per-request deadline for hung (not dead) stages -> job failed with code `timeout`.
+    request_timeout_s: float = Field(default=3600.0, gt=0)
+    # DELETE of a running job waits this long for the stage to confirm the cancellation.
+    video_cancel_timeout_s: float = Field(default=10.0, ge=0)
+    # Omit absolute `file_path(s)` from responses.
+    hide_file_paths: bool = False
+
+    @field_validator("warmup_resolutions")
+    @classmethod
+    def _resolutions_are_sizes(cls, sizes: list[str] | None) -> list[str] | None:
+        for size in sizes or []:
+            w, sep, h = size.lower().partition("x")
+            if not (sep and w.isdigit() and h.isdigit() and int(w) > 0 and int(h) > 0):
+                raise ValueError(f"warmup_resolutions: {size!r} is not a positive WIDTHxHEIGHT")
+        return sizes
+
+    def resolved_output_dir(self) -> Path:
+        """Absolute output directory (both the api process and the stage resolve it alike)."""
+        return self.output_dir.expanduser().resolve()
 
 
 class StreamingConfig(_Frozen):
@@ -94,6 +114,10 @@ class StreamingConfig(_Frozen):
     encoder_capacity: int | None = Field(default=None, ge=1)
     spec_method: Literal["none", "ngram"] = "none"
     spec_num_tokens: int = Field(default=3, ge=1, le=16)
+    # None: the library default (7000), lowered to fit small models (A1/A2 of spec 4.5)
+    max_session_tokens: int | None = Field(default=None, ge=1024)
+    # How often the api's reaper closes idle sessions (spec section 6.1: every 5 s).
+    reaper_interval_s: float = Field(default=5.0, gt=0, le=60)
 
 
 class ReasonerStageConfig(StageConfig):
@@ -104,6 +128,17 @@ class ReasonerStageConfig(StageConfig):
     streaming: StreamingConfig = Field(default_factory=StreamingConfig)
     # None: the model's max_position_embeddings
     max_model_len: int | None = Field(default=None, ge=256)
+    # Upper bound of tokens prefilled in one engine step (a frame's chunk is never split).
+    max_prefill_tokens: int = Field(default=2048, ge=64)
+    # Batch the decode steps of concurrent sessions into one forward.
+    batch_decode: bool = True
+    # `fake` backend only (protocol tests): delay of every reply, a 0-based frame index that is
+    # never answered (frame timeouts), one that fails as an engine error, and whether the
+    # backend claims streaming support (False: streaming routes answer 501).
+    fake_delay_ms: float = Field(default=0.0, ge=0, le=60_000)
+    fake_hang_on_frame: int | None = Field(default=None, ge=0)
+    fake_fail_on_frame: int | None = Field(default=None, ge=0)
+    fake_streaming: bool = True
 
 
 class RealtimeStageConfig(StageConfig):
@@ -132,13 +167,24 @@ class RealtimeStageConfig(StageConfig):
     max_height: int = Field(default=1280, ge=16)
     # Session table bound = max_sessions + this margin (LRU safety net for lost releases).
     session_table_margin: int = Field(default=2, ge=0, le=64)
+    # With warmup_mode "server": "WxH" sizes of the synthetic warm-up sessions (spec section 9);
+    # None: the checkpoint's default size.
+    warmup_sizes: list[str] | None = None
+
+    @field_validator("warmup_sizes")
+    @classmethod
+    def _sizes_are_wxh(cls, sizes: list[str] | None) -> list[str] | None:
+        for size in sizes or []:
+            parts = size.split("x")
+            if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+                raise ValueError(f"warm-up size {size!r} is not WxH (e.g. 832x480)")
+        return sizes
 
 
 class StagesConfig(_Frozen):
     generation: GenerationStageConfig = Field(default_factory=GenerationStageConfig)
     reasoner: ReasonerStageConfig = Field(default_factory=ReasonerStageConfig)
-    # Disabled until the realtime engine lands (issue: realtime world exploration).
-    realtime: RealtimeStageConfig = Field(default_factory=lambda: RealtimeStageConfig(enabled=False))
+    realtime: RealtimeStageConfig = Field(default_factory=RealtimeStageConfig)
 
     def enabled(self) -> dict[str, StageConfig]:
         """Enabled stages by name, in start order."""

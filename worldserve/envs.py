@@ -52,3 +52,9 @@ def torch_num_threads() -> int | None:
     """WORLDSERVE_TORCH_THREADS: intra-op threads for each stage process (default: torch's)."""
     raw = os.environ.get("WORLDSERVE_TORCH_THREADS")
     return int(raw) if raw else None
+
+
+def server_url() -> str | None:
+    """WORLDSERVE_URL: base URL that clients (`worldserve stream`) talk to (unset: their default)."""
+    value = os.environ.get("WORLDSERVE_URL", "").strip()
+    return value or None

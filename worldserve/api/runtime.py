@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from worldserve.api.metrics import Metrics
 from worldserve.config import ServerConfig
 from worldserve.errors import StageUnavailable
 from worldserve.ipc.client import StageClient
+
+log = logging.getLogger("worldserve.api")
+
+ShutdownHook = Callable[[], Awaitable[None]]
+SHUTDOWN_HOOK_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -25,6 +32,16 @@ class ServerRuntime:
     stage_pids: dict[str, int | None] = field(default_factory=dict)
     # Per-surface services (job store, session managers) registered by their route modules.
     services: dict[str, Any] = field(default_factory=dict)
+    # Awaited on orderly shutdown, before the stages stop (e.g. live jobs become `cancelled`).
+    shutdown_hooks: list[ShutdownHook] = field(default_factory=list)
+
+    async def run_shutdown_hooks(self) -> None:
+        """Run every hook with a time bound; one failing hook does not stop the others."""
+        for hook in self.shutdown_hooks:
+            try:
+                await asyncio.wait_for(hook(), SHUTDOWN_HOOK_TIMEOUT_S)
+            except Exception:
+                log.exception("shutdown hook %r failed", hook)
 
     def client(self, stage: str) -> StageClient:
         """The stage's client, or 503 when the stage is not configured or is down."""

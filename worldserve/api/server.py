@@ -66,5 +66,6 @@ async def serve(config: ServerConfig, admin_key: str | None) -> int:
         if not server.started and exit_code == 0:
             exit_code = 1  # e.g. the port was taken; uvicorn logged why
     finally:
+        await runtime.run_shutdown_hooks()
         await supervisor.stop()
     return exit_code

@@ -194,7 +194,8 @@ class StageClient:
     def send_nowait(self, request: Request) -> None:
         """Fire-and-forget (cancellations, releases). Dropped silently when the stage is down."""
         if self.down_reason is None:
-            asyncio.get_running_loop().create_task(self._send(request))
+            # Sent now, not from a task: a later call() must never overtake it.
+            self._sock.send(self._codec.encode(request))
 
     async def _send(self, request: Request) -> None:
         await self._sock.send(self._codec.encode(request))
@@ -213,6 +214,9 @@ class StageClient:
                 log.error("stage %s sent an undecodable message", self.stage)
                 continue
             self._route(msg)
+            # recv() on a busy socket completes without suspending; yield so a fast stage
+            # cannot starve the routes' own tasks.
+            await asyncio.sleep(0)
 
     def _route(self, msg: Message) -> None:
         if isinstance(msg, StageStatus):

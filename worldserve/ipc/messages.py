@@ -107,6 +107,106 @@ class ErrorReply(Reply):
 
 
 # --------------------------------------------------------------------------- generation
+# Contract: shared/spec/native-media.md. The api process validates the public schema, applies
+# flattening and the media policy, owns job records (SQLite) and output file names; the
+# generation engine owns batching, denoising, decoding and writing files under output_dir.
+
+
+class GenerationParams(msgspec.Struct, kw_only=True):
+    """Resolved sampling parameters of one generation request (every field explicit).
+
+    `num_frames` 1 is an image. `condition_images` are encoded image files (PNG/JPEG/WebP);
+    their presence makes the request image-conditioned (never batched with others).
+    """
+
+    prompt: str
+    width: int
+    height: int
+    num_frames: int
+    num_inference_steps: int
+    guidance_scale: float
+    seeds: list[int]
+    negative_prompt: str = ""
+    guidance_scale_2: float | None = None
+    condition_images: list[bytes] = []
+    strength: float = 0.7
+    max_sequence_length: int | None = None
+
+
+class GenerateMedia(Request):
+    """Generate `len(params.seeds)` outputs and write them as `<output_stem>[_i].<ext>` under
+    the stage's output directory. `output_format` is png|jpeg|webp for images, mp4 for videos.
+
+    Replies: `GenerationAccepted` (non-terminal, right after validation), `GenerationProgress`
+    (non-terminal, after every denoising step and phase), then `GenerationResult`,
+    `GenerationCancelled` or `ErrorReply`."""
+
+    params: GenerationParams
+    output_stem: str
+    output_format: str
+    fps: int = 24
+    compression: int = 75
+
+
+class GenerationAccepted(Reply):
+    terminal: ClassVar[bool] = False
+    num_frames: int
+    width: int
+    height: int
+    queue_position: int = 0
+
+
+class GenerationProgress(Reply):
+    """`progress` follows the spec's rule: 1..90 while denoising, 95 decoded, 99 writing."""
+
+    terminal: ClassVar[bool] = False
+    progress: int
+    steps_done: int
+    steps_total: int
+    phase: str = "denoising"
+
+
+class GenerationResult(Reply):
+    file_names: list[str]
+    width: int
+    height: int
+    num_frames: int
+    inference_time_s: float
+    peak_memory_mb: float | None = None
+
+
+class GenerationCancelled(Reply):
+    """The request stopped at a step boundary; nothing of it runs or is written any more."""
+
+    files_removed: int = 0
+
+
+class GenerateActions(Request):
+    """Predict `action_horizon x action_dim` actions from observation images, state and task.
+
+    `images` are encoded image files; `state` is float32 bytes; `noise` optional float32 bytes."""
+
+    task: str = ""
+    images: list[bytes] = []
+    state: bytes = b""
+    noise: bytes = b""
+    num_inference_steps: int | None = None
+    action_horizon: int | None = None
+    seed: int = 42
+    num_candidates: int = 1
+
+
+class ActionsResult(Reply):
+    """`values`: float32 C-order bytes of shape (num_candidates, action_horizon, action_dim)."""
+
+    values: bytes
+    num_candidates: int
+    action_horizon: int
+    action_dim: int
+    num_inference_steps: int
+    infer_ms: float
+
+
 
 
 # --------------------------------------------------------------------------- reasoner

@@ -51,12 +51,13 @@ def test_ops_routes_and_light_api_process(live_server: ServerProcess) -> None:
     url = live_server.base_url
     health = httpx.get(f"{url}/health").json()
     assert health == {"status": "ok", "running": True,
-                      "stages": {"generation": "ready", "reasoner": "ready"}}
+                      "stages": {"generation": "ready", "reasoner": "ready",
+                                 "realtime": "ready"}}
     assert httpx.get(f"{url}/v1/health/live").status_code == 200
     assert httpx.get(f"{url}/v1/health/ready").status_code == 200
     models = httpx.get(f"{url}/v1/models").json()
     assert models["object"] == "list"
-    assert {m["stage"] for m in models["data"]} == {"generation", "reasoner"}
+    assert {m["stage"] for m in models["data"]} == {"generation", "reasoner", "realtime"}
     info = httpx.get(f"{url}/admin/server_info").json()
     for name, stage in info["stages"].items():
         assert stage["state"] == "ready" and stage["num_params"] > 0, name

@@ -5,9 +5,9 @@ import pytest
 from worldserve.config import ConfigError, ServerConfig, build_config, load_config
 
 
-def test_defaults_enable_generation_and_reasoner() -> None:
+def test_defaults_enable_generation_reasoner_and_realtime() -> None:
     config = build_config({})
-    assert list(config.stages.enabled()) == ["generation", "reasoner"]
+    assert list(config.stages.enabled()) == ["generation", "reasoner", "realtime"]
     assert config.host == "127.0.0.1" and config.port == 8000
 
 
@@ -21,6 +21,14 @@ def test_non_loopback_stage_host_names_the_setting() -> None:
         build_config({"stages": {"generation": {"server_args_overrides": {"host": "0.0.0.0"}}}})
     with pytest.raises(ConfigError, match=r"stages\.reasoner\.host"):
         build_config({"stages": {"reasoner": {"host": "10.1.2.3"}}})
+
+
+@pytest.mark.parametrize("host", ["localhost", "::", "::1", "10.0.0.1"])
+def test_override_host_must_be_exactly_127_0_0_1(host: str) -> None:
+    with pytest.raises(ConfigError, match=f"server_args_overrides: host: .*{host!r}"):
+        build_config({"stages": {"generation": {"server_args_overrides": {"host": host}}}})
+    ok = build_config({"stages": {"generation": {"server_args_overrides": {"host": "127.0.0.1"}}}})
+    assert ok.stages.generation.server_args_overrides["host"] == "127.0.0.1"
 
 
 def test_loopback_hosts_are_accepted() -> None:

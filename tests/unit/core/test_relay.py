@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, AsyncIterator, Iterator
 
 import pytest
 
@@ -36,6 +37,7 @@ class CountingEngine:
 
     def __init__(self, num_deltas: int = 5) -> None:
         self.num_deltas = num_deltas
+        self.step_delay_s = 0.0
         self.active: list[tuple[str, int, Any]] = []
         self.cancelled: list[str] = []
 
@@ -62,6 +64,7 @@ class CountingEngine:
         return bool(self.active)
 
     def step(self) -> None:
+        time.sleep(self.step_delay_s)
         request_id, sent, reply = self.active.pop(0)
         if sent < self.num_deltas:
             reply(ChatDelta(request_id=request_id, text=str(sent)))
@@ -89,68 +92,65 @@ def stage(tmp_path: Path) -> Iterator[tuple[str, StageLoop]]:
     loop.server.close()
 
 
+@pytest.fixture
+async def client(stage: tuple[str, StageLoop]) -> AsyncIterator[StageClient]:
+    """A handshaken client, always closed (an open ZeroMQ socket would block interpreter exit)."""
+    client = StageClient("test", stage[0])
+    try:
+        await client.handshake(timeout_s=5)
+        yield client
+    finally:
+        await client.close()
+    
+
 def chat(request_id: str | None = None) -> ChatCompletion:
     return ChatCompletion(request_id=request_id or new_request_id(), messages=[],
                           sampling=ReasonerSampling())
 
 
-async def test_handshake_call_and_stats(stage: tuple[str, StageLoop]) -> None:
-    client = StageClient("test", stage[0])
-    info = await client.handshake(timeout_s=5)
+async def test_handshake_call_and_stats(client: StageClient) -> None:
+    info = client.info
+    assert info is not None
     assert info.stage == "test" and info.capabilities == {"deltas": 5}
     assert client.state == "ready"
     reply = await client.call(Echo(request_id="e1", payload=b"x" * 1024), timeout_s=5)
     assert isinstance(reply, EchoReply) and reply.payload == b"x" * 1024
     stats = await client.call(StatsRequest(request_id="s1"), timeout_s=5)
     assert isinstance(stats, StageStats) and stats.queue_depth == 0
-    await client.close()
 
 
-async def test_stream_yields_every_reply_in_order(stage: tuple[str, StageLoop]) -> None:
-    client = StageClient("test", stage[0])
-    await client.handshake(timeout_s=5)
+async def test_stream_yields_every_reply_in_order(client: StageClient) -> None:
     stream = await client.stream(chat())
     texts = [reply.text async for reply in stream]
     assert texts == ["0", "1", "2", "3", "4", "done"]
-    await client.close()
 
 
-async def test_concurrent_streams_are_routed_by_request_id(stage: tuple[str, StageLoop]) -> None:
-    client = StageClient("test", stage[0])
-    await client.handshake(timeout_s=5)
+async def test_concurrent_streams_are_routed_by_request_id(client: StageClient) -> None:
 
     async def run(request_id: str) -> list[str]:
         return [r.text async for r in await client.stream(chat(request_id))]
 
     results = await asyncio.gather(*(run(f"r{i}") for i in range(4)))
     assert all(r == ["0", "1", "2", "3", "4", "done"] for r in results)
-    await client.close()
 
 
-async def test_engine_error_becomes_the_mapped_exception(stage: tuple[str, StageLoop]) -> None:
-    client = StageClient("test", stage[0])
-    await client.handshake(timeout_s=5)
+async def test_engine_error_becomes_the_mapped_exception(client: StageClient) -> None:
     with pytest.raises(InvalidRequest, match="cannot handle StatsRequest|cannot handle"):
         from worldserve.ipc.messages import SessionFrame
 
         await client.call(SessionFrame(request_id="f", session_id="s", image=b"", received_at=0),
                           timeout_s=5)
-    await client.close()
 
 
-async def test_timeout_cancels_in_the_stage(stage: tuple[str, StageLoop]) -> None:
-    client = StageClient("test", stage[0])
-    await client.handshake(timeout_s=5)
+async def test_timeout_cancels_in_the_stage(client: StageClient) -> None:
     with pytest.raises(RequestTimeout):
         await client.call(Echo(request_id="slow", delay_ms=2000), timeout_s=0.05)
-    await client.close()
 
 
-async def test_stream_cancel_reaches_the_engine(stage: tuple[str, StageLoop]) -> None:
-    address, loop = stage
-    loop.engine.num_deltas = 10_000
-    client = StageClient("test", address)
-    await client.handshake(timeout_s=5)
+async def test_stream_cancel_reaches_the_engine(stage: tuple[str, StageLoop],
+                                                client: StageClient) -> None:
+    loop = stage[1]
+    loop.engine.num_deltas, loop.engine.step_delay_s = 10**9, 0.001
     stream = await client.stream(chat("long"))
     async for _ in stream:
         break
@@ -160,13 +160,12 @@ async def test_stream_cancel_reaches_the_engine(stage: tuple[str, StageLoop]) ->
             break
         await asyncio.sleep(0.02)
     assert "long" in loop.engine.cancelled
-    await client.close()
 
 
-async def test_mark_down_fails_waiters_and_new_requests(stage: tuple[str, StageLoop]) -> None:
-    stage[1].engine.num_deltas = 10_000
-    client = StageClient("test", stage[0])
-    await client.handshake(timeout_s=5)
+async def test_mark_down_fails_waiters_and_new_requests(stage: tuple[str, StageLoop],
+                                                        client: StageClient) -> None:
+    # the stream must still be open when the stage "dies"
+    stage[1].engine.num_deltas, stage[1].engine.step_delay_s = 10**9, 0.001
     waiter = asyncio.ensure_future(client.call(Echo(request_id="w", delay_ms=5000), timeout_s=10))
     stream = await client.stream(chat())
     await asyncio.sleep(0.05)
@@ -179,7 +178,6 @@ async def test_mark_down_fails_waiters_and_new_requests(stage: tuple[str, StageL
     with pytest.raises(StageUnavailable):
         await client.call(Echo(request_id="after"), timeout_s=1)
     assert client.state == "failed"
-    await client.close()
 
 
 @pytest.mark.parametrize("address", ["tcp://0.0.0.0:5555", "tcp://10.0.0.1:1", "inproc://x"])

@@ -35,6 +35,7 @@ GENERATION_FILES = {
     "tokenizer/chat_template.jinja", "transformer/config.json",
     "transformer/diffusion_pytorch_model.safetensors", "vae/config.json",
     "vae/diffusion_pytorch_model.safetensors", MARKER_NAME,
+    "action_head/config.json", "action_head/model.safetensors",  # serves /v1/actions/*
 }
 
 
@@ -56,7 +57,7 @@ def dev_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_build_writes_hf_layouts_with_markers(dev_root: Path) -> None:
     assert set(_file_hashes(dev_root / "reasoner")) == REASONER_FILES
     assert set(_file_hashes(dev_root / "generation")) == GENERATION_FILES
-    assert sorted(p.name for p in dev_root.iterdir()) == ["generation", "reasoner"]
+    assert sorted(p.name for p in dev_root.iterdir()) == sorted(BUILDERS)
     assert read_marker(dev_root / "reasoner")["served_model_name"] == "worldserve-dev-reasoner"
     assert read_marker(dev_root / "generation")["served_model_name"] == "worldserve-dev-wan"
     for name in ("reasoner", "generation"):

@@ -214,3 +214,24 @@ def test_session_table_is_bounded_lru(make_engine):
     engine.step()
     run_session(engine, "c", 1, **SMALL)
     assert "b" not in engine.sessions and "a" in engine.sessions and "c" in engine.sessions
+
+
+def test_server_warmup_runs_and_leaves_no_session(make_engine):
+    engine = make_engine(warmup_mode="server", warmup_sizes=["32x32", "48x32"])
+    assert engine.state() == "ready" and len(engine.sessions) == 0 and not engine.has_work()
+    with pytest.raises(InvalidRequest, match="width must be a multiple"):
+        make_engine(warmup_mode="server", warmup_sizes=["40x32"])
+
+
+def test_cancel_drops_a_queued_chunk(make_engine):
+    engine = make_engine()
+    run_session(engine, "s", 1, **SMALL)
+    out = Replies()
+    engine.submit(chunk("s", 1, tag="x"), out)
+    engine.cancel("s-1-x")
+    assert not engine.has_work()
+    engine.step()
+    assert out.items == []
+    engine.submit(chunk("s", 1), out)  # the same chunk index can be sent again
+    engine.step()
+    assert isinstance(out.last(), RealtimeChunkResult) and out.last().chunk_index == 1

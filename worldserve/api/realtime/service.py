@@ -19,6 +19,7 @@ from worldserve.config import RealtimeStageConfig
 from worldserve.errors import InvalidRequest, WorldserveError
 from worldserve.ipc.client import StageClient, new_request_id
 from worldserve.ipc.messages import RealtimeRelease
+from worldserve.media.fetch import MediaPolicy
 from worldserve.media.framing import EncodeSettings
 
 log = logging.getLogger("worldserve.realtime")
@@ -123,6 +124,7 @@ class RealtimeService:
     def __init__(self, runtime: ServerRuntime) -> None:
         self.runtime = runtime
         self.config: RealtimeStageConfig = runtime.config.stages.realtime
+        self.media_policy = MediaPolicy.from_config(runtime.config)
         self.admission = AdmissionManager(self.config.max_sessions,
                                           self.config.max_sessions_per_user,
                                           self.config.admission_wait_s)
@@ -153,8 +155,7 @@ class RealtimeService:
         if init.first_frame is not None and not facts.supports_first_frame:
             raise InvalidRequest(f"first_frame: pipeline {facts.pipeline} is not image-"
                                  "conditioned; remove first_frame", param="first_frame")
-        first_frame = await resolve_first_frame(init.first_frame,
-                                                self.runtime.config.allowed_media_domains)
+        first_frame = await resolve_first_frame(init.first_frame, self.media_policy)
         fmt = init.output_format
         return SessionSettings(
             session_id=new_session_id(), trace_id=trace_id, user=user, prompt=init.prompt,

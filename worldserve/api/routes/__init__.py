@@ -6,5 +6,13 @@
 ROUTE_MODULES: tuple[str, ...] = (
     "worldserve.api.routes.ops",
     "worldserve.api.routes.admin",
+    "worldserve.api.routes.images",
+    "worldserve.api.routes.videos",
+    "worldserve.api.routes.actions",
+    "worldserve.api.routes.outputs",
+    "worldserve.api.routes.metadata",
+    "worldserve.api.routes.streaming",
+    "worldserve.api.routes.chat",
     "worldserve.api.routes.realtime",
+    "worldserve.api.routes.web",
 )

@@ -57,6 +57,24 @@ async def ready(request: Request) -> JSONResponse:
     return JSONResponse(status_code=503, content=body)
 
 
+# What each stage's model serves, for /v1/models (spec streaming-reasoning.md section 3.3).
+STAGE_CAPABILITIES = {"generation": ["images", "videos"], "reasoner": ["chat_completions"],
+                      "realtime": ["realtime_video"]}
+
+
+def model_capabilities(runtime: ServerRuntime, stage: str) -> list[str]:
+    info = runtime.clients[stage].info
+    caps = info.capabilities if info is not None else {}
+    declared = caps.get("serves")
+    out = list(declared) if isinstance(declared, list) else list(STAGE_CAPABILITIES.get(stage, []))
+    if stage == "generation" and caps.get("actions"):
+        out.append("actions")
+    enabled = runtime.config.stages.reasoner.streaming.enabled
+    if stage == "reasoner" and caps.get("streaming", False) and enabled:
+        out.insert(0, "streaming_reasoning")
+    return out
+
+
 @router.get("/v1/models")
 async def models(request: Request) -> dict:
     runtime = _runtime(request)
@@ -71,6 +89,8 @@ async def models(request: Request) -> dict:
             "owned_by": "worldserve",
             "root": client.info.model_path,
             "stage": stage,
+            "max_model_len": client.info.capabilities.get("max_model_len"),
+            "capabilities": model_capabilities(runtime, stage),
         })
     return {"object": "list", "data": data}
 

@@ -13,8 +13,13 @@ import time
 from typing import Any
 
 from worldserve.config import RealtimeStageConfig, ServerConfig
-from worldserve.engines.common import count_parameters, model_dir, served_model_name, torch_dtype
-from worldserve.engines.common import unsupported
+from worldserve.engines.common import (
+    count_parameters,
+    model_dir,
+    served_model_name,
+    torch_dtype,
+    unsupported,
+)
 from worldserve.engines.realtime.loader import RealtimeModel, load_realtime_model
 from worldserve.engines.realtime.runner import CausalRunner
 from worldserve.engines.realtime.scheduler import PendingChunk, RoundRobinQueue
@@ -56,6 +61,8 @@ class RealtimeEngine:
         self.default_window = stage_config.window_frames or mc.default_window_frames
         self.default_steps = stage_config.num_inference_steps or mc.default_num_inference_steps
         self._check_window(self.default_sink, self.default_window, "stage default")
+        if stage_config.warmup_mode == "server":
+            self._warmup()
 
     # ------------------------------------------------------------------ facts
 
@@ -153,6 +160,23 @@ class RealtimeEngine:
             self.release(session.session_id)
 
     # ------------------------------------------------------------------ internals
+
+    def _warmup(self) -> None:
+        """Spec section 9: a synthetic 2-chunk session per warm-up size (no camera, then
+        released) before the stage reports ready; the generator's kernels are warm after it."""
+        sizes = self.cfg.warmup_sizes or [f"{self.model.config.default_width}x"
+                                          f"{self.model.config.default_height}"]
+        for size in sizes:
+            width, height = (int(v) for v in size.split("x"))
+            sid = f"warmup-{size}"
+            for k in range(2):
+                self.submit(RealtimeChunk(request_id=f"{sid}-{k}", session_id=sid, chunk_index=k,
+                                          prompt="warmup" if k == 0 else None, width=width,
+                                          height=height), lambda _reply: None)
+            while self.has_work():
+                self.step()
+            self.release(sid)
+        log.info("realtime warm-up done for %s", ", ".join(sizes))
 
     def _run(self, item: PendingChunk) -> None:
         req = item.request

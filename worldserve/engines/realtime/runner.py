@@ -28,9 +28,11 @@ from worldserve.engines.realtime.vae_stream import (
 class ChunkOutput:
     frames: bytes  # num_frames raw RGB24 frames, concatenated
     num_frames: int
-    forward_ms: float
+    forward_ms: float  # whole chunk: refresh + denoise + context pass + decode
     kv_refresh_ms: float | None
     latents: torch.Tensor  # (1, C, F, h, w) the block's clean latents
+    dit_ms: float = 0.0  # denoising steps + context pass
+    decode_ms: float = 0.0
 
 
 def dmd_sigmas(num_steps: int, shift: float) -> list[float]:
@@ -76,11 +78,16 @@ class CausalRunner:
         session.cache.make_room(s.frames_per_block)
         refresh_ms = self._maybe_rebuild(session, refresh_kv)
         positions = torch.arange(session.next_position, session.next_position + s.frames_per_block)
+        dit_start = time.perf_counter()
         x0 = self._denoise(session, cam, positions)
         self._commit(session, x0, cam, positions)
+        decode_start = time.perf_counter()
         pixels = session.decoder(session.decoder.denormalize(x0))
         frames, num_frames = to_rgb24(pixels)
-        return ChunkOutput(frames, num_frames, (time.perf_counter() - start) * 1000, refresh_ms, x0)
+        end = time.perf_counter()
+        return ChunkOutput(frames, num_frames, (end - start) * 1000, refresh_ms, x0,
+                           dit_ms=(decode_start - dit_start) * 1000,
+                           decode_ms=(end - decode_start) * 1000)
 
     def _denoise(self, session: RealtimeSession, cam: torch.Tensor,
                  positions: torch.Tensor) -> torch.Tensor:

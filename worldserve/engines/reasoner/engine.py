@@ -1,7 +1,15 @@
-"""Reasoner stage engine. Loads a Qwen-VL-family checkpoint at startup."""
+"""Reasoner stage engine (`hf` backend): Qwen-VL family models through transformers.
+
+Live sessions keep a per-session KV cache (spec streaming-reasoning.md sections 10-13); chat
+completions run on a fresh cache. `step()` runs one unit of one job, round-robin over jobs,
+so a long prefill of one session delays another by at most one unit.
+"""
 
 from __future__ import annotations
 
+import logging
+import time
+from collections import OrderedDict, deque
 from typing import Any
 
 from worldserve.config import ReasonerStageConfig, ServerConfig
@@ -13,49 +21,309 @@ from worldserve.engines.common import (
     torch_dtype,
     unsupported,
 )
-from worldserve.ipc.messages import Request
+from worldserve.engines.reasoner import admission
+from worldserve.engines.reasoner.decoding import NgramProposer
+from worldserve.engines.reasoner.guided import GrammarFactory
+from worldserve.engines.reasoner.jobs import ChatJob, EngineContext, FrameJob, JobPhase
+from worldserve.engines.reasoner.loading import load_vlm
+from worldserve.engines.reasoner.prompt import PromptBuilder
+from worldserve.engines.reasoner.runner import ModelRunner, forward_decode_batch
+from worldserve.engines.reasoner.session import Session, SessionState
+from worldserve.errors import Conflict, InvalidRequest, NotFound, NotSupported
+from worldserve.ipc.messages import (
+    ChatCompletion,
+    ChatMessage,
+    ChatPart,
+    CloseSession,
+    CreateSession,
+    ReasonerSampling,
+    Request,
+    SessionClosed,
+    SessionCreated,
+    SessionFrame,
+)
 from worldserve.runtime.engine import EngineState, ReplyFn
+
+log = logging.getLogger("worldserve.reasoner")
+MAX_TOMBSTONES = 1024
+MAX_DECODE_BATCH = 16
 
 
 class ReasonerEngine:
     def __init__(self, stage_config: ReasonerStageConfig, server_config: ServerConfig) -> None:
-        from transformers import AutoModelForImageTextToText
-
         path = model_dir(stage_config)
         try:
-            self.model = AutoModelForImageTextToText.from_pretrained(
-                str(path), dtype=torch_dtype(stage_config.dtype), local_files_only=True
-            ).eval()
+            loaded = load_vlm(path, torch_dtype(stage_config.dtype), stage_config.device)
         except Exception as exc:
             raise ModelLoadError(f"cannot load a vision-language model from {path}: {exc}") from exc
-        self.model.to(stage_config.device)
+        self.config = stage_config
+        self.model = loaded.model
         self.model_name = served_model_name(stage_config, path)
         self.model_path = str(path)
         self.num_params = count_parameters(self.model)
+        self.prompts = PromptBuilder(loaded.tokenizer, loaded.image_processor, loaded.chat_template)
+        self.runner = ModelRunner(self.model, self.prompts.image_token_id)
+        p = self.runner.max_position_embeddings
+        m = stage_config.max_model_len or p or 4096
+        self.model_limits = admission.ModelLimits(m, p or m)
+        self.limits = admission.streaming_limits(stage_config.streaming)
+        self.default_sampling = ReasonerSampling()
+        self.default_retention = admission.server_retention(self.model_limits,
+                                                            stage_config.streaming)
+        try:
+            admission.check_retention(self.default_retention, self.default_sampling,
+                                      self.model_limits, self.limits)
+        except InvalidRequest as exc:
+            raise ModelLoadError(
+                f"stages.reasoner.streaming: the server retention policy can never be admitted "
+                f"for this model: {exc.message}") from None
+        streaming = stage_config.streaming
+        proposer = (NgramProposer(streaming.spec_num_tokens)
+                    if streaming.spec_method == "ngram" else None)
+        self.ctx = EngineContext(
+            runner=self.runner, tokenizer=loaded.tokenizer, stop_ids=self._stop_ids(loaded),
+            grammars=GrammarFactory(loaded.tokenizer, self.runner.vocab_size), proposer=proposer,
+            max_model_len=m, max_position_embeddings=p or m,
+            max_prefill_tokens=stage_config.max_prefill_tokens,
+            banned_ids=self.prompts.placeholder_ids,
+        )
+        self.sessions: dict[str, Session] = {}
+        # Dead sessions moved out of capacity accounting: id -> frames, until CloseSession.
+        self._tombstones: OrderedDict[str, int] = OrderedDict()
+        self.jobs: deque[FrameJob | ChatJob] = deque()
+        self._batching = stage_config.batch_decode
+        if stage_config.warmup_mode == "server":
+            self._warmup()
+
+    def _warmup(self) -> None:
+        """One image chat through every code path (vision, prefill, decode) before `ready`."""
+        import io
+
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.new("RGB", (224, 224), (128, 128, 128)).save(buf, format="PNG")
+        request = ChatCompletion(request_id="warmup", sampling=ReasonerSampling(max_tokens=2),
+                                 messages=[ChatMessage(role="user", parts=[
+                                     ChatPart(type="image", image=buf.getvalue()),
+                                     ChatPart(type="text", text="warmup")])])
+        self._chat(request, lambda _: None)
+        while self.jobs:
+            self.step()
+
+    def _stop_ids(self, loaded: Any) -> set[int]:
+        ids = set()
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if loaded.tokenizer.eos_token_id is not None:
+            ids.add(loaded.tokenizer.eos_token_id)
+        first = self.prompts.end_of_turn_ids[0]
+        if first in set(loaded.tokenizer.all_special_ids):  # e.g. <|im_end|> of ChatML
+            ids.add(first)
+        return ids
+
+    # ------------------------------------------------------------------ facts
 
     def capabilities(self) -> dict[str, Any]:
-        return {"architecture": type(self.model).__name__}
+        import msgspec
+
+        cfg, s = self.config, self.config.streaming
+        retention = msgspec.to_builtins(self.default_retention)
+        sampling = msgspec.to_builtins(self.default_sampling)
+        return {
+            # keys the api reads (notes/rsn-api.md), then engine facts for diagnostics
+            "backend": "hf",
+            "streaming": s.enabled,
+            "chat": True,
+            "retention": retention,
+            "sampling": sampling,
+            "max_sessions": self.limits.max_sessions,
+            "image_budget": self.limits.image_budget,
+            "encoder_capacity": self.limits.encoder_capacity,
+            "architecture": type(self.model).__name__,
+            "dtype": cfg.dtype,
+            "served_model_name": self.model_name,
+            "model_path": self.model_path,
+            "max_model_len": self.model_limits.max_model_len,
+            "max_position_embeddings": self.model_limits.max_position_embeddings,
+            "default_retention": retention,
+            "library_retention": msgspec.to_builtins(
+                admission.library_retention(self.model_limits)),
+            "default_sampling": sampling,
+            "limits": {
+                "max_sessions": self.limits.max_sessions,
+                "max_frame_bytes": 8_388_608, "max_frame_pixels": 4_194_304,
+                "idle_timeout_s": s.idle_timeout_s,
+                "rest_idle_timeout_s": s.rest_idle_timeout_s,
+                "frame_timeout_s": s.frame_timeout_s,
+                "image_budget": self.limits.image_budget,
+                "encoder_capacity": self.limits.encoder_capacity,
+                "max_model_len": self.model_limits.max_model_len,
+            },
+            "streaming_enabled": s.enabled,
+            "spec_method": s.spec_method,
+            "spec_num_tokens": s.spec_num_tokens,
+            "guided_decoding_backend": "llguidance",
+        }
 
     def state(self) -> EngineState:
         return "ready"
 
+    def stats(self) -> dict[str, Any]:
+        running = sum(1 for j in self.jobs if j.phase is not JobPhase.QUEUED)
+        live = sum(1 for s in self.sessions.values() if s.state is not SessionState.DEAD)
+        extra: dict[str, Any] = {"forwards": self.runner.num_forwards,
+                                 "kv_tokens": sum(len(s.kv) for s in self.sessions.values()
+                                                  if s.kv is not None)}
+        if self.ctx.proposer is not None:
+            extra["spec_drafted"] = self.ctx.proposer.num_drafted
+            extra["spec_accepted"] = self.ctx.proposer.num_accepted
+        return {"queue_depth": len(self.jobs) - running, "running": running, "sessions": live,
+                "extra": extra}
+
+    # ------------------------------------------------------------------ requests
+
     def submit(self, request: Request, reply: ReplyFn) -> None:
-        raise unsupported(request, "reasoner")
+        if isinstance(request, SessionFrame):
+            self._frame(request, reply)
+        elif isinstance(request, CreateSession):
+            reply(self._create(request))
+        elif isinstance(request, CloseSession):
+            reply(self._close(request))
+        elif isinstance(request, ChatCompletion):
+            self._chat(request, reply)
+        else:
+            raise unsupported(request, "reasoner")
+
+    def _create(self, req: CreateSession) -> SessionCreated:
+        if not self.config.streaming.enabled:
+            raise NotSupported("streaming sessions are disabled on this server")
+        if req.session_id in self.sessions:
+            raise Conflict(f"session {req.session_id!r} already exists")
+        admission.check_retention(req.retention, req.sampling, self.model_limits, self.limits)
+        grammar = self.ctx.grammars.compile(req.sampling)
+        self._reap_dead()
+        live = [s.retention.max_video_segments for s in self.sessions.values()]
+        admission.check_capacity(live, req.retention.max_video_segments, self.limits)
+        self.sessions[req.session_id] = Session(
+            req.session_id, req.system_prompt, req.question, req.retention, req.sampling, grammar,
+            self.model.config)
+        return SessionCreated(request_id=req.request_id, session_id=req.session_id,
+                              retention=req.retention, sampling=req.sampling)
+
+    def _reap_dead(self) -> None:
+        """Dead sessions hold no cache; they only wait for CloseSession to report `frames`.
+        Keep them out of capacity by moving them to tombstones."""
+        for sid in [sid for sid, s in self.sessions.items() if s.state is SessionState.DEAD]:
+            self._tombstones[sid] = self.sessions.pop(sid).frames
+        while len(self._tombstones) > MAX_TOMBSTONES:
+            self._tombstones.popitem(last=False)
+
+    def _session(self, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            if session_id in self._tombstones:
+                raise Conflict("session is no longer usable; create a new session")
+            raise NotFound(f"session {session_id!r} not found")
+        return session
+
+    def _frame(self, req: SessionFrame, reply: ReplyFn) -> None:
+        session = self._session(req.session_id)
+        if session.state is SessionState.DEAD:
+            raise Conflict("session is no longer usable; create a new session")
+        if session.state is SessionState.BUSY:
+            raise Conflict("session busy: a frame is already being processed")
+        first = session.is_first_frame
+        chunk = self.prompts.frame_chunk(
+            req.image, session.system_prompt if first else None, session.question,
+            session.pending_token, self.ctx.stop_ids)
+        session.begin_frame()
+        self.jobs.append(FrameJob(req, session, chunk, reply, self.ctx))
+
+    def _close(self, req: CloseSession) -> SessionClosed:
+        session = self.sessions.pop(req.session_id, None)
+        if session is None:
+            if req.session_id in self._tombstones:
+                frames = self._tombstones.pop(req.session_id)
+                return SessionClosed(request_id=req.request_id, session_id=req.session_id,
+                                     frames=frames)
+            raise NotFound(f"session {req.session_id!r} not found")
+        for job in [j for j in self.jobs if isinstance(j, FrameJob) and j.session is session]:
+            self.jobs.remove(job)
+            job.abort(closed=True)
+        session.kill()
+        return SessionClosed(request_id=req.request_id, session_id=req.session_id,
+                             frames=session.frames)
+
+    def _chat(self, req: ChatCompletion, reply: ReplyFn) -> None:
+        grammar = self.ctx.grammars.compile(req.sampling)
+        messages, images = [], []
+        for message in req.messages:
+            content: list[dict] = []
+            for part in message.parts:
+                if part.type == "image" and part.image is not None:
+                    content.append({"type": "image"})
+                    images.append(part.image)
+                elif part.type == "text":
+                    content.append({"type": "text", "text": part.text or ""})
+            messages.append({"role": message.role, "content": content})
+        prompt = self.prompts.chat_prompt(messages, images)
+        if len(prompt.input_ids) + req.sampling.max_tokens > self.model_limits.max_model_len:
+            raise InvalidRequest(
+                f"prompt ({len(prompt.input_ids)} tokens) + max_tokens ({req.sampling.max_tokens})"
+                f" exceeds the model context length ({self.model_limits.max_model_len})")
+        self.jobs.append(ChatJob(req, prompt, grammar, reply, self.ctx, self.model.config))
 
     def cancel(self, request_id: str) -> None:
-        pass
+        for job in list(self.jobs):
+            if job.request_id == request_id:
+                self.jobs.remove(job)
+                job.abort()
+
+    # ------------------------------------------------------------------ the loop
 
     def has_work(self) -> bool:
-        return False
+        return bool(self.jobs)
 
     def step(self) -> None:
-        pass
+        """One unit of the job at the head of the queue; unfinished jobs go to the back."""
+        if not self.jobs:
+            return
+        job = self.jobs.popleft()
+        batch = [job]
+        if self._batching and job.phase is JobPhase.DECODE:
+            batch += [j for j in self.jobs if j.phase is JobPhase.DECODE][:MAX_DECODE_BATCH - 1]
+            for other in batch[1:]:
+                self.jobs.remove(other)
+        try:
+            if len(batch) > 1:
+                self._decode_batch(batch)
+            else:
+                job.step()
+        except Exception as exc:  # a failing request must not take the stage down
+            if not isinstance(exc, (Conflict, NotFound, InvalidRequest)):
+                log.exception("request(s) %s failed", [j.request_id for j in batch])
+            for failed in batch:
+                if failed.phase is not JobPhase.DONE:
+                    failed.fail(exc)
+            return
+        self.jobs.extend(j for j in batch if j.phase is not JobPhase.DONE)
 
-    def stats(self) -> dict[str, Any]:
-        return {"queue_depth": 0, "running": 0, "sessions": 0}
+    def _decode_batch(self, batch: list[FrameJob | ChatJob]) -> None:
+        """One decode step (with its drafts, if speculating) of every job in `batch`, in one
+        forward."""
+        start = time.perf_counter()
+        kvs, fed = zip(*(j.batch_input() for j in batch))
+        logits = forward_decode_batch(self.runner, list(kvs), list(fed))
+        share = (time.perf_counter() - start) / len(batch)
+        for row, j in zip(logits, batch):
+            j.apply_logits(row, share)
 
     def shutdown(self) -> None:
-        pass
+        self.jobs.clear()
+        for session in self.sessions.values():
+            session.kill()
+        self.sessions.clear()
 
 
 def create_engine(stage_config: ReasonerStageConfig, server_config: ServerConfig) -> ReasonerEngine:

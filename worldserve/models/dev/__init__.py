@@ -26,7 +26,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 # Bump whenever a builder's output changes: a marker with another version is rebuilt.
-DEV_MODELS_VERSION = "1"
+DEV_MODELS_VERSION = "2"  # 2: the generation checkpoint has an action_head/
 DEV_MODELS_SEED = 0
 MARKER_NAME = "worldserve_dev.json"
 _TMP_PREFIX = ".tmp-"

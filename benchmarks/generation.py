@@ -1,0 +1,143 @@
+"""Generation serving cost and batching gain, on the dev checkpoint (or --model-path).
+
+(a) server overhead: end-to-end latency of `POST /v1/images/generations` (b64_json) against the
+    same diffusers pipeline called directly in this process with the same parameters
+    (median of --n sequential requests each, after one warm-up call on both sides);
+(b) batching: images/s with --concurrency clients against a server with max_batch_size 4 and
+    against one with max_batch_size 1.
+
+    .venv/bin/python benchmarks/generation.py [--n 10] [--size 128x128] [--steps 8]
+
+Prints one JSON line at the end: {"server_overhead_ratio": ..., "batch_speedup_c4": ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.support.server import ServerProcess  # noqa: E402
+from worldserve import envs  # noqa: E402
+
+
+def dev_generation_dir() -> Path:
+    root = envs.dev_models_dir()
+    subprocess.run([sys.executable, "-m", "worldserve", "dev-models", "build", str(root)], check=True)
+    return root / "generation"
+
+
+# Stage and in-process baseline use the same number of torch threads.
+THREADS = "2"
+
+
+def start(model: Path, workdir: Path, **generation) -> ServerProcess:
+    config = {"stages": {"reasoner": {"enabled": False},
+                         "generation": {"model_path": str(model), **generation}}}
+    server = ServerProcess(workdir, config, env={"WORLDSERVE_TORCH_THREADS": THREADS})
+    server.wait_healthy(timeout_s=300)
+    return server
+
+
+def body(args: argparse.Namespace, seed: int = 42) -> dict:
+    return {"prompt": "a red car on a wooden table", "size": args.size, "seed": seed,
+            "num_inference_steps": args.steps, "guidance_scale": args.guidance,
+            "response_format": "b64_json"}
+
+
+def paired_ms(server: ServerProcess, model: Path, args: argparse.Namespace) -> tuple[list, list]:
+    """Direct pipeline call and server request, alternating, so load drift hits both alike."""
+    import torch
+
+    from worldserve.engines.generation.defaults import sampling_defaults
+    from worldserve.engines.generation.runner import load_pipeline
+
+    torch.set_num_threads(int(THREADS))
+    w, h = (int(v) for v in args.size.split("x"))
+    pipe = load_pipeline(str(model), torch.float32, "cpu")
+    defaults = sampling_defaults(model)  # what the server fills in (negative prompt, text length)
+
+    def direct() -> float:
+        started = time.perf_counter()
+        pipe("a red car on a wooden table", height=h, width=w, num_frames=1,
+             num_inference_steps=args.steps, guidance_scale=args.guidance,
+             negative_prompt=defaults.negative_prompt,
+             max_sequence_length=defaults.max_sequence_length,
+             generator=torch.Generator().manual_seed(42), output_type="np")
+        return (time.perf_counter() - started) * 1000
+
+    direct_out, server_out = [], []
+    with httpx.Client(base_url=server.base_url, timeout=600) as client:
+        def via_server() -> float:
+            started = time.perf_counter()
+            client.post("/v1/images/generations", json=body(args)).raise_for_status()
+            return (time.perf_counter() - started) * 1000
+
+        direct(), via_server()  # first calls pay one-time costs on both sides
+        for _ in range(args.n):
+            direct_out.append(direct())
+            server_out.append(via_server())
+    return direct_out, server_out
+
+
+def throughput(server: ServerProcess, args: argparse.Namespace) -> float:
+    total = args.concurrency * args.rounds
+
+    def one(i: int) -> None:
+        httpx.post(server.base_url + "/v1/images/generations", json=body(args, seed=i),
+                   timeout=600).raise_for_status()
+
+    one(0)
+    started = time.perf_counter()
+    with ThreadPoolExecutor(args.concurrency) as pool:
+        list(pool.map(one, range(total)))
+    return total / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model-path", type=Path)
+    parser.add_argument("--n", type=int, default=10)
+    parser.add_argument("--size", default="128x128")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--guidance", type=float, default=1.0)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=6)
+    args = parser.parse_args()
+    model = args.model_path or dev_generation_dir()
+    work = Path(tempfile.mkdtemp(prefix="bench-generation-"))
+    batched = start(model, work, max_batch_size=4)
+    try:
+        direct, via_server = paired_ms(batched, model, args)
+        ips_batched = throughput(batched, args)
+    finally:
+        batched.stop()
+    single = start(model, work, max_batch_size=1)
+    try:
+        ips_single = throughput(single, args)
+    finally:
+        single.stop()
+    result = {
+        "size": args.size, "steps": args.steps, "n": args.n,
+        "direct_median_ms": round(statistics.median(direct), 2),
+        "server_median_ms": round(statistics.median(via_server), 2),
+        "server_overhead_ratio": round(statistics.median(via_server) / statistics.median(direct), 3),
+        "images_per_s_batch4_c4": round(ips_batched, 2),
+        "images_per_s_batch1_c4": round(ips_single, 2),
+        "batch_speedup_c4": round(ips_batched / ips_single, 3),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

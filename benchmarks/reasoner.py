@@ -1,0 +1,261 @@
+"""Reasoner engine benchmark: session KV reuse vs re-sending the window, flatness, concurrency.
+
+Drives the `hf` reasoner engine in-process (the stage loop's submit/step calls, no sockets), on
+one model and one set of frames:
+
+1. per-frame TTFT and latency of a session (KV cache kept, only the new frame prefilled) vs a
+   naive client that re-sends the whole retained window (anchor frame + last 8 frames and the
+   replies) as a fresh chat completion every frame;
+2. flatness over a long session: p95 latency of the last 100 frames / p95 of frames 10-110;
+3. aggregate frames/s with 1, 2 and 4 concurrent sessions.
+
+    python benchmarks/reasoner.py [--model-path DIR] [--flat-frames 1000]
+
+Prints one JSON line per part and a final summary line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from worldserve import envs  # noqa: E402
+from worldserve.config import ReasonerStageConfig, ServerConfig, StreamingConfig  # noqa: E402
+from worldserve.ipc.messages import (  # noqa: E402
+    ChatCompletion,
+    ChatDelta,
+    ChatMessage,
+    ChatPart,
+    CreateSession,
+    ErrorReply,
+    ReasonerRetention,
+    ReasonerSampling,
+    SessionFrame,
+)
+
+SYSTEM = "Describe each frame in one short sentence; flag anything hazardous."
+QUESTION = "What is happening in this feed?"
+# Greedy decoding of the random dev model emits only special tokens (empty text, so no TTFT);
+# seeded sampling gives text. Both paths use the same settings.
+SAMPLING = dict(temperature=1.0, top_p=1.0, seed=1234)
+
+
+def make_frames(count: int, size: int) -> list[bytes]:
+    frames = []
+    y, x = np.mgrid[0:size, 0:size]
+    for i in range(count):
+        img = np.stack([(x + 7 * i) % 256, (y + 3 * i) % 256, (x + y + 11 * i) % 256], -1)
+        buf = io.BytesIO()
+        Image.fromarray(img.astype(np.uint8)).save(buf, format="JPEG", quality=85)
+        frames.append(buf.getvalue())
+    return frames
+
+
+class Bench:
+    def __init__(self, model_path: Path, spec: str, max_sessions: int = 4) -> None:
+        from worldserve.engines.reasoner.engine import ReasonerEngine
+
+        stage = ReasonerStageConfig(model_path=model_path, streaming=StreamingConfig(
+            max_sessions=max_sessions, spec_method=spec))
+        self.engine = ReasonerEngine(stage, ServerConfig())
+        self.retention = ReasonerRetention(**self.engine.capabilities()["retention"])
+        self._seq = 0
+
+    def rid(self) -> str:
+        self._seq += 1
+        return f"r{self._seq}"
+
+    def run(self) -> None:
+        while self.engine.has_work():
+            self.engine.step()
+
+    def create(self, sid: str, max_tokens: int) -> None:
+        out: list = []
+        self.engine.submit(CreateSession(
+            request_id=self.rid(), session_id=sid, system_prompt=SYSTEM, question=QUESTION,
+            retention=self.retention,
+            sampling=ReasonerSampling(max_tokens=max_tokens, **SAMPLING)), out.append)
+        if isinstance(out[0], ErrorReply):
+            raise RuntimeError(out[0].message)
+
+    def session_frames(self, sid: str, frames: list[bytes]) -> list:
+        results = []
+        for image in frames:
+            out: list = []
+            self.engine.submit(SessionFrame(request_id=self.rid(), session_id=sid, image=image,
+                                            received_at=time.time()), out.append)
+            self.run()
+            if isinstance(out[-1], ErrorReply):
+                raise RuntimeError(out[-1].message)
+            results.append(out[-1])
+        return results
+
+    def naive_frame(self, history: list[tuple[bytes, str]], image: bytes, anchor: bytes,
+                    window: int, max_tokens: int) -> tuple[float, float, str]:
+        """Re-send system + anchor frame + the last `window` frames with their replies."""
+        msgs = [ChatMessage(role="system", parts=[ChatPart(type="text", text=SYSTEM)]),
+                ChatMessage(role="user", parts=[ChatPart(type="image", image=anchor),
+                                                ChatPart(type="text", text=QUESTION)])]
+        recent = history[1:][-(window - 1):] if window > 1 else []
+        if history:
+            msgs.append(ChatMessage(role="assistant",
+                                    parts=[ChatPart(type="text", text=history[0][1])]))
+        for past_image, past_reply in recent:
+            msgs.append(ChatMessage(role="user", parts=[ChatPart(type="image", image=past_image)]))
+            msgs.append(ChatMessage(role="assistant", parts=[ChatPart(type="text",
+                                                                      text=past_reply)]))
+        if history:
+            msgs.append(ChatMessage(role="user", parts=[ChatPart(type="image", image=image)]))
+        out: list = []
+        start = time.time()
+        first: list[float] = []
+
+        def reply(msg) -> None:
+            if isinstance(msg, ChatDelta) and not first and msg.text.strip():
+                first.append(time.time())
+            out.append(msg)
+
+        self.engine.submit(ChatCompletion(
+            request_id=self.rid(), messages=msgs, stream=True,
+            sampling=ReasonerSampling(max_tokens=max_tokens, **SAMPLING)), reply)
+        self.run()
+        end = time.time()
+        text = out[-1].text
+        return (first[0] if first else end) - start, end - start, text
+
+
+def p95(values: list[float]) -> float:
+    return float(np.percentile(values, 95))
+
+
+def part_window(bench: Bench, frames: list[bytes], num_frames: int, window: int,
+                max_tokens: int) -> dict:
+    bench.create("w", max_tokens)
+    session = bench.session_frames("w", frames[:num_frames])
+    bench.engine.submit(_close("w"), lambda _: None)
+    history: list[tuple[bytes, str]] = []
+    naive = []
+    for i in range(num_frames):
+        naive.append(bench.naive_frame(history, frames[i], frames[0], window, max_tokens))
+        history.append((frames[i], naive[-1][2]))
+    steady = slice(window + 2, num_frames)  # once the window is full
+    s_ttft = statistics.mean(r.ttft_s or r.latency_s for r in session[steady])
+    s_lat = statistics.mean(r.latency_s for r in session[steady])
+    n_ttft = statistics.mean(t for t, _, _ in naive[steady])
+    n_lat = statistics.mean(lat for _, lat, _ in naive[steady])
+    return {"part": "window", "window": window, "frames": num_frames,
+            "session_ttft_ms": s_ttft * 1000, "session_latency_ms": s_lat * 1000,
+            "naive_ttft_ms": n_ttft * 1000, "naive_latency_ms": n_lat * 1000,
+            "naive_over_session_ttft": n_ttft / s_ttft,
+            "naive_over_session_latency": n_lat / s_lat}
+
+
+def part_flatness(bench: Bench, frames: list[bytes], num_frames: int, max_tokens: int) -> dict:
+    bench.create("flat", max_tokens)
+    looped = [frames[i % len(frames)] for i in range(num_frames)]
+    results = bench.session_frames("flat", looped)
+    bench.engine.submit(_close("flat"), lambda _: None)
+    lat = [r.latency_s for r in results]
+    early = lat[10:110]
+    late = lat[-100:]
+    return {"part": "flatness", "frames": num_frames, "p95_early_ms": p95(early) * 1000,
+            "p95_late_ms": p95(late) * 1000, "flatness": p95(late) / p95(early),
+            "p50_early_ms": statistics.median(early) * 1000,
+            "p50_late_ms": statistics.median(late) * 1000,
+            "session_tokens_frame_60": results[60].session_tokens if num_frames > 60 else None,
+            "reprefills": sum(r.reprefill_ms is not None for r in results),
+            "max_session_tokens_seen": max(r.session_tokens for r in results)}
+
+
+def part_concurrency(bench: Bench, frames: list[bytes], num_sessions: int, per_session: int,
+                     max_tokens: int) -> float:
+    sids = [f"c{num_sessions}-{k}" for k in range(num_sessions)]
+    for sid in sids:
+        bench.create(sid, max_tokens)
+    sent = {sid: 0 for sid in sids}
+    done = 0
+    inbox: list = []
+
+    def send(sid: str) -> None:
+        image = frames[(sent[sid] * 3 + sids.index(sid)) % len(frames)]
+        bench.engine.submit(SessionFrame(request_id=f"{sid}:{sent[sid]}", session_id=sid,
+                                         image=image, received_at=time.time()), inbox.append)
+        sent[sid] += 1
+
+    start = time.perf_counter()
+    for sid in sids:
+        send(sid)
+    while done < num_sessions * per_session:
+        bench.engine.step()
+        while inbox:
+            msg = inbox.pop()
+            if isinstance(msg, ErrorReply):
+                raise RuntimeError(msg.message)
+            done += 1
+            sid = msg.request_id.split(":")[0]
+            if sent[sid] < per_session:
+                send(sid)
+    elapsed = time.perf_counter() - start
+    for sid in sids:
+        bench.engine.submit(_close(sid), lambda _: None)
+    return num_sessions * per_session / elapsed
+
+
+def _close(sid: str):
+    from worldserve.ipc.messages import CloseSession
+
+    return CloseSession(request_id=f"close-{sid}", session_id=sid)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model-path", type=Path, default=envs.dev_models_dir() / "reasoner")
+    parser.add_argument("--frame-size", type=int, default=224)
+    parser.add_argument("--window-frames", type=int, default=40)
+    parser.add_argument("--flat-frames", type=int, default=1000)
+    parser.add_argument("--flat-max-tokens", type=int, default=8)
+    parser.add_argument("--per-session", type=int, default=24)
+    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--spec", choices=["none", "ngram"], default="none")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="0 = greedy (the dev model then emits no text: TTFT falls back to "
+                             "latency)")
+    args = parser.parse_args()
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    SAMPLING["temperature"] = args.temperature
+    frames = make_frames(40, args.frame_size)
+    bench = Bench(args.model_path, args.spec)
+    summary: dict[str, float] = {}
+    window = part_window(bench, frames, args.window_frames, 8, args.max_tokens)
+    print(json.dumps(window), flush=True)
+    summary["naive_over_session_ttft_w8"] = round(window["naive_over_session_ttft"], 2)
+    flat = part_flatness(bench, frames, args.flat_frames, args.flat_max_tokens)
+    print(json.dumps(flat), flush=True)
+    summary["flatness_1000"] = round(flat["flatness"], 3)
+    for n in (1, 2, 4):
+        fps = part_concurrency(bench, frames, n, args.per_session, args.max_tokens)
+        print(json.dumps({"part": "concurrency", "sessions": n, "fps": fps}), flush=True)
+        summary[f"fps_{n}"] = round(fps, 2)
+    extra = bench.engine.stats()["extra"]
+    if "spec_drafted" in extra:
+        print(json.dumps({"part": "speculation", "drafted": extra["spec_drafted"],
+                          "accepted": extra["spec_accepted"]}), flush=True)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Image and video records in `<output_dir>/.worldserve/records.sqlite3` (stdlib sqlite3).
+
+One row per record: indexed columns for queries (kind, status, created_at, expires_at) and the
+record itself as JSON. Every state change is one committed transaction, so a crash never
+leaves a half-written record. Used from the api's event loop only (one connection; the
+statements are tiny, so running them inline is cheaper than a thread hop).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any, Iterable
+
+LIVE_STATUSES = ("queued", "in_progress")
+TERMINAL_STATUSES = ("completed", "failed", "cancelled")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS records (
+    id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    status TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    expires_at INTEGER,
+    data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS records_kind_created ON records (kind, created_at, seq);
+CREATE INDEX IF NOT EXISTS records_expires ON records (expires_at);
+"""
+
+
+class RecordStore:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM records").fetchone()
+        self._seq = int(row[0])
+
+    def close(self) -> None:
+        self._db.close()
+
+    # ------------------------------------------------------------------ writes
+
+    def insert(self, record: dict[str, Any]) -> None:
+        self._seq += 1
+        record["_seq"] = self._seq
+        self._db.execute(
+            "INSERT INTO records (id, kind, status, created_at, seq, expires_at, data) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (record["id"], record["_kind"], record["status"], record["created_at"], self._seq,
+             record.get("expires_at"), json.dumps(record)))
+
+    def save(self, record: dict[str, Any]) -> None:
+        """Write the whole record back (one atomic statement)."""
+        self._db.execute(
+            "UPDATE records SET status = ?, expires_at = ?, data = ? WHERE id = ?",
+            (record["status"], record.get("expires_at"), json.dumps(record), record["id"]))
+
+    def delete(self, record_id: str) -> bool:
+        return self._db.execute("DELETE FROM records WHERE id = ?", (record_id,)).rowcount > 0
+
+    # ------------------------------------------------------------------ reads
+
+    def get(self, record_id: str, kind: str | None = None) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT kind, data FROM records WHERE id = ?", (record_id,)).fetchone()
+        if row is None or (kind is not None and row[0] != kind):
+            return None
+        return json.loads(row[1])
+
+    def page(self, kind: str, after: str | None, limit: int, descending: bool,
+             now: int) -> tuple[list[dict[str, Any]], bool]:
+        """Records of `kind` ordered by (created_at, seq), starting after record `after`."""
+        op, direction = ("<", "DESC") if descending else (">", "ASC")
+        where, args = "kind = ? AND (expires_at IS NULL OR expires_at > ?)", [kind, now]
+        if after is not None:
+            anchor = self._db.execute("SELECT created_at, seq FROM records WHERE id = ? AND kind = ?",
+                                      (after, kind)).fetchone()
+            if anchor is None:
+                return [], False
+            where += f" AND (created_at, seq) {op} (?, ?)"
+            args += list(anchor)
+        rows = self._db.execute(
+            f"SELECT data FROM records WHERE {where} ORDER BY created_at {direction}, seq {direction} "
+            "LIMIT ?", (*args, limit + 1)).fetchall()
+        items = [json.loads(r[0]) for r in rows]
+        return items[:limit], len(items) > limit
+
+    def with_status(self, statuses: Iterable[str]) -> list[dict[str, Any]]:
+        statuses = list(statuses)
+        marks = ",".join("?" * len(statuses))
+        rows = self._db.execute(f"SELECT data FROM records WHERE status IN ({marks})", statuses)
+        return [json.loads(r[0]) for r in rows.fetchall()]
+
+    def expired(self, now: int) -> list[dict[str, Any]]:
+        rows = self._db.execute("SELECT data FROM records WHERE expires_at IS NOT NULL "
+                                "AND expires_at <= ?", (now,)).fetchall()
+        return [json.loads(r[0]) for r in rows]
+
+    def oldest_terminal_over(self, max_records: int) -> list[dict[str, Any]]:
+        """Terminal records to drop so that at most `max_records` records remain."""
+        total = self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+        excess = total - max_records
+        if excess <= 0:
+            return []
+        marks = ",".join("?" * len(TERMINAL_STATUSES))
+        rows = self._db.execute(
+            f"SELECT data FROM records WHERE status IN ({marks}) ORDER BY created_at, seq LIMIT ?",
+            (*TERMINAL_STATUSES, excess)).fetchall()
+        return [json.loads(r[0]) for r in rows]

@@ -1,0 +1,41 @@
+"""`POST /v1/chat/completions` on the reasoner model (OpenAI shape; SSE when `stream`)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from worldserve.api.runtime import ServerRuntime
+from worldserve.api.schemas.chat import ChatCompletionRequest
+from worldserve.api.streaming.chat import ChatService, completion_body, sse_events
+from worldserve.api.streaming.errors import OpenAIRoute
+from worldserve.ipc.messages import ChatResult
+
+router = APIRouter(route_class=OpenAIRoute, tags=["chat"])
+
+
+def setup(runtime: ServerRuntime) -> bool:
+    if not runtime.config.stages.reasoner.enabled:
+        return False
+    runtime.services["chat"] = ChatService(runtime)
+    return True
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(request: Request,
+                           body: ChatCompletionRequest) -> dict | StreamingResponse:
+    service: ChatService = request.app.state.runtime.services["chat"]
+    client = service.client()
+    chat = await service.build(body, client)
+    replies = service.replies(chat, client)
+    # The first reply is awaited here so that stage errors (400, 503) keep their status.
+    first = await anext(replies)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(sse_events(first, replies, body.model, include_usage),
+                                 media_type="text/event-stream")
+    result = first
+    async for result in replies:
+        pass
+    assert isinstance(result, ChatResult)  # a non-streaming request gets exactly one result
+    return completion_body(chat.request_id, body.model, result)

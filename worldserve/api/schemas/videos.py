@@ -1,0 +1,71 @@
+"""Public schemas of the video job routes (spec native-media.md §4)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, field_validator
+
+from worldserve.api.schemas.images import SamplingFields
+
+
+class VideoCreateRequest(SamplingFields):
+    input_reference: str | None = None
+    reference_url: str | None = None
+    video_path: str | None = None
+    video_url: str | None = None
+    seconds: int | None = None
+    fps: int | None = None
+    num_frames: int | None = None
+    enable_frame_interpolation: bool | None = False
+    frame_interpolation_exp: int | None = 1
+    frame_interpolation_scale: float | None = 1.0
+
+    @field_validator("seconds", mode="before")
+    @classmethod
+    def _numeric_string(cls, value: Any) -> Any:
+        # The OpenAI SDK sends seconds as a string ("4").
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            return int(value)
+        return value
+
+
+class VideoError(BaseModel):
+    message: str
+    code: str | None = None
+
+
+class VideoJob(BaseModel):
+    """The job object (`VideoResponse`, spec §4.2)."""
+
+    id: str
+    object: str = "video"
+    model: str
+    status: str
+    progress: int
+    created_at: int
+    size: str
+    seconds: str
+    quality: str = "standard"
+    url: str | None = None
+    urls: list[str] | None = None
+    remixed_from_video_id: str | None = None
+    completed_at: int | None = None
+    expires_at: int | None = None
+    error: VideoError | None = None
+    file_path: str | None = None
+    file_paths: list[str] | None = None
+    num_outputs: int = 1
+    peak_memory_mb: float | None = None
+    inference_time_s: float | None = None
+    revised_prompt: str | None = None
+    action: dict[str, Any] | None = None
+    deleted: bool | None = None
+
+
+class VideoList(BaseModel):
+    object: str = "list"
+    data: list[VideoJob]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False

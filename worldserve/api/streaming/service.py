@@ -1,0 +1,233 @@
+"""`StreamingService`: create, feed and close live sessions on the reasoner stage.
+
+REST routes and WebSocket connections both go through it, so they share admission, the
+one-frame-in-flight rule, the frame timeout and the idle reaper (spec sections 4-7).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any
+
+from worldserve.api.runtime import ServerRuntime
+from worldserve.api.schemas.streaming import CreateSessionBody
+from worldserve.api.streaming.images import MAX_FRAME_BYTES, MAX_FRAME_PIXELS
+from worldserve.api.streaming.params import (
+    SAMPLING_VIEW_FIELDS,
+    build_retention,
+    build_sampling,
+    retention_view,
+    sampling_view,
+)
+from worldserve.api.streaming.sessions import Session, SessionRegistry, SessionState, Transport
+from worldserve.errors import (
+    Conflict,
+    NotFound,
+    NotSupported,
+    RequestTimeout,
+    StageUnavailable,
+    WorldserveError,
+    http_status,
+)
+from worldserve.ipc.client import StageClient, new_request_id
+from worldserve.ipc.messages import (
+    Cancel,
+    CloseSession,
+    CreateSession,
+    FrameResult,
+    SessionCreated,
+    SessionFrame,
+)
+
+log = logging.getLogger("worldserve.api.streaming")
+
+STAGE = "reasoner"
+CREATE_TIMEOUT_S = 60.0
+RELEASE_TIMEOUT_S = 10.0
+CLOSE_WAIT_S = 10.0  # a delete waits this long for the frame in flight (spec section 7.1)
+
+BUSY = "session busy: a frame is already being processed"
+UNUSABLE = "session is no longer usable; create a new session"
+CLOSED = "session was closed"
+
+
+def reasoner_client(runtime: ServerRuntime, feature: str) -> StageClient:
+    """The ready reasoner stage (503 while down or loading) that supports `feature` (else 501)."""
+    client = runtime.client(STAGE)
+    if client.state != "ready" or client.info is None:
+        raise StageUnavailable(f"the reasoning stage is not ready (state '{client.state}'); "
+                               "retry later", stage=STAGE)
+    if not client.info.capabilities.get(feature, False):
+        backend = client.info.capabilities.get("backend", "this")
+        raise NotSupported(f"{feature} is unavailable: the '{backend}' reasoner backend does not "
+                           "support it")
+    return client
+
+
+class StreamingService:
+    def __init__(self, runtime: ServerRuntime) -> None:
+        self.runtime = runtime
+        self.config = runtime.config.stages.reasoner.streaming
+        self.registry = SessionRegistry(self._release, self.config.reaper_interval_s)
+
+    def client(self) -> StageClient:
+        return reasoner_client(self.runtime, "streaming")
+
+    # ------------------------------------------------------------------ views
+
+    def config_view(self) -> dict[str, Any]:
+        info = self.client().info
+        caps = info.capabilities
+        return {
+            "model": info.model,
+            "retention": caps["retention"],
+            "sampling": {k: caps["sampling"][k] for k in SAMPLING_VIEW_FIELDS},
+            "limits": {
+                "max_sessions": caps.get("max_sessions", self.config.max_sessions),
+                "max_frame_bytes": MAX_FRAME_BYTES, "max_frame_pixels": MAX_FRAME_PIXELS,
+                "idle_timeout_s": self.config.idle_timeout_s,
+                "rest_idle_timeout_s": self.config.rest_idle_timeout_s,
+                "frame_timeout_s": self.config.frame_timeout_s,
+                "image_budget": caps.get("image_budget"),
+                "encoder_capacity": caps.get("encoder_capacity"),
+                "max_model_len": caps.get("max_model_len"),
+            },
+        }
+
+    @staticmethod
+    def created_view(session: Session) -> dict[str, Any]:
+        return {"session_id": session.session_id, "model": session.model, "fps": session.fps,
+                "retention": retention_view(session.retention),
+                "sampling": sampling_view(session.sampling)}
+
+    @staticmethod
+    def frame_view(result: FrameResult) -> dict[str, Any]:
+        return {name: getattr(result, name) for name in result.__struct_fields__
+                if name != "request_id"}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def create(self, body: CreateSessionBody, transport: Transport,
+                     frame_format: str | None = None) -> Session:
+        """Validation order of spec section 4.4; admission (400/503) is the stage's."""
+        client = self.client()
+        info = client.info
+        if body.model is not None and body.model != info.model:
+            raise NotFound(f"unknown model '{body.model}'", param="model")
+        caps = info.capabilities
+        retention = build_retention(body.retention, caps["retention"],
+                                    caps.get("library_retention"))
+        sampling = build_sampling(body.sampling, caps["sampling"])
+        await self.registry.reap_expired()
+        request = CreateSession(request_id=new_request_id("create"),
+                                session_id=f"sess-{uuid.uuid4()}", system_prompt=body.system_prompt,
+                                retention=retention, sampling=sampling, question=body.question)
+        try:
+            reply = await client.call(request, timeout_s=CREATE_TIMEOUT_S)
+        except RequestTimeout:
+            client.send_nowait(CloseSession(request_id=new_request_id("close"),
+                                            session_id=request.session_id))
+            raise
+        assert isinstance(reply, SessionCreated)  # the stage protocol, not client input
+        idle_s = (self.config.idle_timeout_s if transport == "ws"
+                  else self.config.rest_idle_timeout_s)
+        session = Session(session_id=reply.session_id, transport=transport, model=info.model,
+                          fps=body.fps, retention=reply.retention, sampling=reply.sampling,
+                          idle_timeout_s=idle_s, frame_format=frame_format)
+        self.registry.add(session)
+        return session
+
+    async def frame(self, session: Session, image: bytes) -> FrameResult:
+        """Run one checked frame; 409 when busy or dead, 504 (session dead) on timeout."""
+        if session.state == SessionState.DEAD:
+            raise Conflict(UNUSABLE)
+        if session.state == SessionState.BUSY:
+            raise Conflict(BUSY)
+        if session.state != SessionState.IDLE:
+            raise Conflict(CLOSED)
+        client = self.client()
+        request = SessionFrame(request_id=new_request_id("frame"), session_id=session.session_id,
+                               image=image, received_at=time.time())
+        session.move(SessionState.BUSY)  # a busy session is never reaped
+        session.inflight_request_id = request.request_id
+        task = asyncio.ensure_future(self._run_frame(client, session, request))
+        session.inflight = task
+        await asyncio.wait({task})
+        if task.cancelled():
+            raise Conflict(CLOSED)
+        return task.result()
+
+    async def _run_frame(self, client: StageClient, session: Session,
+                         request: SessionFrame) -> FrameResult:
+        timeout_s = self.config.frame_timeout_s
+        try:
+            reply = await client.call(request, timeout_s=timeout_s)
+        except RequestTimeout:
+            await self._kill(session)
+            raise RequestTimeout(f"frame processing timed out after {timeout_s:g} s; the session "
+                                 "was closed") from None
+        except NotFound:  # the stage no longer has the session
+            await self._kill(session)
+            raise Conflict(UNUSABLE) from None
+        except WorldserveError as exc:
+            if http_status(exc) >= 500:
+                await self._kill(session)
+            elif session.state == SessionState.BUSY:
+                session.move(SessionState.IDLE)  # a 4xx frame leaves the session unchanged
+            raise
+        finally:
+            session.inflight = None
+        assert isinstance(reply, FrameResult)
+        session.num_frames += 1
+        session.touch()  # an answered frame refreshes the idle clock
+        if session.state == SessionState.BUSY:  # else a delete is waiting for this frame
+            session.move(SessionState.IDLE)
+        return reply
+
+    async def _kill(self, session: Session) -> None:
+        """Fail closed: the session answers 409 until deleted or expired (idle from now)."""
+        if session.state == SessionState.BUSY:
+            session.move(SessionState.DEAD)
+            session.touch()
+        await self._release(session)
+
+    async def close(self, session: Session, wait_s: float = CLOSE_WAIT_S) -> int:
+        """Delete a session (waiting up to `wait_s` for its frame in flight, then aborting it);
+        return the number of replies sent."""
+        if session.state in (SessionState.CLOSING, SessionState.CLOSED):
+            raise NotFound(f"session '{session.session_id}' not found; it was already closed")
+        session.move(SessionState.CLOSING)
+        task = session.inflight
+        if task is not None:
+            done, _ = await asyncio.wait({task}, timeout=wait_s)
+            if not done:
+                task.cancel()
+                self._send(Cancel(request_id=new_request_id("cancel"),
+                                  target_id=session.inflight_request_id or ""))
+        self.registry.remove(session)
+        session.move(SessionState.CLOSED)
+        await self._release(session)
+        return session.num_frames
+
+    async def _release(self, session: Session) -> None:
+        """Tell the stage to drop the session's cache (once; a down stage has dropped it)."""
+        if session.released:
+            return
+        session.released = True
+        client = self.runtime.clients.get(STAGE)
+        if client is None or client.down_reason is not None:
+            return
+        try:
+            await client.call(CloseSession(request_id=new_request_id("close"),
+                                           session_id=session.session_id),
+                              timeout_s=RELEASE_TIMEOUT_S)
+        except WorldserveError as exc:
+            log.warning("releasing session %s failed: %s", session.session_id, exc.message)
+
+    def _send(self, request: Cancel) -> None:
+        client = self.runtime.clients.get(STAGE)
+        if client is not None:
+            client.send_nowait(request)

@@ -1,0 +1,130 @@
+"""The api side of live sessions: state per session, the registry and its idle reaper.
+
+The reasoner stage holds each session's cache; this registry holds what the routes need to
+enforce the protocol: one frame in flight, dead sessions (409), idle expiry (404 / WebSocket 408).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Literal
+
+from worldserve.errors import InternalError, NotFound
+from worldserve.ipc.messages import ReasonerRetention, ReasonerSampling
+
+log = logging.getLogger("worldserve.api.streaming")
+
+Transport = Literal["rest", "ws"]
+
+
+class SessionState(enum.Enum):
+    IDLE = "idle"        # live, waiting for a frame
+    BUSY = "busy"        # one frame in flight
+    DEAD = "dead"        # frame timeout or engine failure: released, answers 409 until deleted
+    CLOSING = "closing"  # delete in progress (waits for the frame in flight)
+    CLOSED = "closed"    # deleted, expired or disconnected: gone from the registry
+
+
+_TRANSITIONS: dict[SessionState, set[SessionState]] = {
+    SessionState.IDLE: {SessionState.BUSY, SessionState.CLOSING, SessionState.CLOSED},
+    SessionState.BUSY: {SessionState.IDLE, SessionState.DEAD, SessionState.CLOSING},
+    SessionState.DEAD: {SessionState.CLOSING, SessionState.CLOSED},
+    SessionState.CLOSING: {SessionState.CLOSED},
+    SessionState.CLOSED: set(),
+}
+
+
+@dataclass
+class Session:
+    session_id: str
+    transport: Transport
+    model: str
+    fps: float
+    retention: ReasonerRetention
+    sampling: ReasonerSampling
+    idle_timeout_s: float
+    frame_format: str | None = None
+    state: SessionState = SessionState.IDLE
+    num_frames: int = 0
+    last_active: float = field(default_factory=time.monotonic)
+    inflight: asyncio.Task | None = None
+    inflight_request_id: str | None = None
+    # Set when the reaper expires the session (the WebSocket connection waits on it).
+    expired: asyncio.Event = field(default_factory=asyncio.Event)
+    released: bool = False  # the stage has been told to drop the session's cache
+
+    def move(self, new: SessionState) -> None:
+        if new not in _TRANSITIONS[self.state]:
+            raise InternalError(f"session {self.session_id}: illegal transition "
+                                f"{self.state.value} -> {new.value}")
+        self.state = new
+
+    def touch(self) -> None:
+        self.last_active = time.monotonic()
+
+    def is_expired(self, now: float) -> bool:
+        """Idle past its timeout; a session with a frame in flight is never expired."""
+        return (self.state in (SessionState.IDLE, SessionState.DEAD)
+                and now - self.last_active > self.idle_timeout_s)
+
+
+ReleaseFn = Callable[[Session], Awaitable[None]]
+
+
+class SessionRegistry:
+    """Live sessions by id (REST and WebSocket), expired by a reaper every `interval_s`."""
+
+    def __init__(self, release: ReleaseFn, interval_s: float) -> None:
+        self._sessions: dict[str, Session] = {}
+        self._release = release
+        self._interval_s = interval_s
+        self._reaper: asyncio.Task | None = None
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def add(self, session: Session) -> None:
+        self._sessions[session.session_id] = session
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.get_running_loop().create_task(self._reap_forever())
+
+    def remove(self, session: Session) -> None:
+        self._sessions.pop(session.session_id, None)
+
+    async def lookup(self, session_id: str) -> Session:
+        """The live session, or 404 (an idle one past its timeout is expired on the spot)."""
+        session = self._sessions.get(session_id)
+        if session is not None and session.is_expired(time.monotonic()):
+            await self._expire(session)
+            session = None
+        if session is None:
+            raise NotFound(f"session '{session_id}' not found; it was closed, expired or never "
+                           "existed")
+        return session
+
+    async def reap_expired(self) -> int:
+        now = time.monotonic()
+        expired = [s for s in self._sessions.values() if s.is_expired(now)]
+        for session in expired:
+            await self._expire(session)
+        return len(expired)
+
+    async def _expire(self, session: Session) -> None:
+        log.info("session %s expired after %.0f s idle", session.session_id, session.idle_timeout_s)
+        self.remove(session)
+        session.move(SessionState.CLOSED)
+        session.expired.set()
+        await self._release(session)
+
+    async def _reap_forever(self) -> None:
+        while self._sessions:
+            await asyncio.sleep(self._interval_s)
+            try:
+                await self.reap_expired()
+            except Exception:  # the reaper must survive one bad release
+                log.exception("session reaper failed")
+        self._reaper = None

@@ -1,0 +1,54 @@
+"""Sampling defaults per model family (the api fills omitted request fields from these)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+DEV_MARKER = "worldserve_dev.json"
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    width: int = 832
+    height: int = 480
+    num_frames: int = 81
+    fps: int = 16
+    num_inference_steps: int = 50
+    guidance_scale: float = 5.0
+    negative_prompt: str = ""
+    seed: int = 42
+    max_sequence_length: int = 512
+    image_width: int = 832
+    image_height: int = 480
+    image_format: str = "png"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# Wan 2.1/2.2 T2V at 480p, as the diffusers model cards use it.
+WAN_DEFAULTS = SamplingDefaults()
+# The tiny dev checkpoint: sizes and steps that run in tens of milliseconds on a CPU.
+DEV_DEFAULTS = SamplingDefaults(width=64, height=64, num_frames=9, fps=8, num_inference_steps=4,
+                                guidance_scale=1.0, max_sequence_length=64, image_width=64,
+                                image_height=64)
+
+
+def sampling_defaults(model_dir: Path) -> SamplingDefaults:
+    """Dev checkpoints (marker file) get DEV_DEFAULTS (overridable by the marker's
+    `sampling_defaults`); anything else gets the Wan defaults."""
+    marker = model_dir / DEV_MARKER
+    if not marker.is_file():
+        return WAN_DEFAULTS
+    try:
+        data = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return DEV_DEFAULTS
+    overrides = data.get("sampling_defaults") if isinstance(data, dict) else None
+    if isinstance(overrides, dict):
+        known = {k: v for k, v in overrides.items() if k in SamplingDefaults.__dataclass_fields__}
+        return replace(DEV_DEFAULTS, **known)
+    return DEV_DEFAULTS

@@ -1,0 +1,121 @@
+"""Model calls: vision encoding, chunk positions (M-RoPE) and forwards over a KVState."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from worldserve.engines.reasoner.kv import KVState, new_cache
+from worldserve.engines.reasoner.prompt import ImageInput
+
+
+class ModelRunner:
+    """Wraps a Qwen-VL `...ForConditionalGeneration`; every call runs under inference mode."""
+
+    def __init__(self, model: Any, image_token_id: int) -> None:
+        self.model = model
+        self.image_token_id = image_token_id
+        self.device = next(model.parameters()).device
+        text_config = getattr(model.config, "text_config", model.config)
+        self.vocab_size = int(text_config.vocab_size)
+        self.max_position_embeddings = int(getattr(text_config, "max_position_embeddings", 0) or 0)
+        self.num_forwards = 0
+
+    @torch.inference_mode()
+    def encode_images(self, images: list[ImageInput]) -> Any:
+        """Vision tower output for `images` (a session keeps it per frame for re-prefill)."""
+        pixels = torch.cat([im.pixel_values for im in images]).to(self.device)
+        return self.model.model.get_image_features(pixels, _grids(images).to(self.device),
+                                                   return_dict=True)
+
+    def chunk_positions(self, ids: torch.Tensor, images: list[ImageInput], offset: int) -> torch.Tensor:
+        """(3, 1, T) positions of a chunk computed alone, shifted to start at `offset`."""
+        if not images:
+            pos = torch.arange(ids.shape[1]).view(1, 1, -1).expand(3, 1, -1)
+        else:
+            pos, _ = self.model.model.get_rope_index(
+                ids, mm_token_type_ids=self.mm_token_type_ids(ids), image_grid_thw=_grids(images)
+            )
+        return pos + offset
+
+    def mm_token_type_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        return (ids == self.image_token_id).long()
+
+    @torch.inference_mode()
+    def forward(self, kv: KVState, ids: list[int], images: list[ImageInput] | None = None,
+                encoded: Any = None, num_logits: int = 1) -> torch.Tensor:
+        """Append `ids` (with the placeholders of `images`, in order) to `kv`; returns
+        (num_logits, V) float32 logits of the last `num_logits` positions."""
+        images = images or []
+        input_ids = torch.tensor([ids], dtype=torch.long)
+        positions = self.chunk_positions(input_ids, images, kv.next_pos)
+        kwargs: dict[str, Any] = {}
+        if images:
+            if encoded is None:
+                encoded = self.encode_images(images)
+            kwargs["mm_encoder_outputs"] = {"image": encoded}
+            kwargs["image_grid_thw"] = _grids(images).to(self.device)
+            kwargs["mm_token_type_ids"] = self.mm_token_type_ids(input_ids).to(self.device)
+        out = self.model(
+            input_ids=input_ids.to(self.device), position_ids=positions.to(self.device),
+            cache=kv.cache, use_cache=True, logits_to_keep=num_logits, **kwargs,
+        )
+        self.num_forwards += 1
+        kv.record(ids, positions[:, 0])
+        return out.logits[0, -num_logits:].float().cpu()  # sampling runs on CPU tensors
+
+
+def _grids(images: list[ImageInput]) -> torch.Tensor:
+    return torch.cat([im.grid_thw for im in images])
+
+
+@torch.inference_mode()
+def forward_decode_batch(runner: ModelRunner, kvs: list[KVState],
+                         fed: list[list[int]]) -> list[torch.Tensor]:
+    """One decode step of several sequences in one forward. `fed[b]` is sequence b's last
+    sampled token plus its speculative drafts (if any). Returns (len(fed[b]), V) float32 logits
+    per sequence.
+
+    Each sequence keeps its own cache. The caches are left-padded into one batch with a
+    boolean attention mask (padding masked out); shorter query rows are padded at the end (their
+    outputs are ignored). Each sequence's new K/V is appended back to its own cache; positions
+    are per sequence (`next_pos` onward), so gaps stay intact.
+    """
+    lengths = [len(kv) for kv in kvs]
+    longest, width = max(lengths), max(len(f) for f in fed)
+    batch = new_cache(runner.model.config)
+    for layer_idx, layer in enumerate(batch.layers):
+        first = kvs[0].cache.layers[layer_idx]
+        k_shape = (len(kvs), first.keys.shape[1], longest + width, first.keys.shape[-1])
+        v_shape = (len(kvs), first.values.shape[1], longest + width, first.values.shape[-1])
+        # zeros, not empty: padded slots are masked, but 0 x NaN would still poison the output
+        keys, values = first.keys.new_zeros(k_shape), first.values.new_zeros(v_shape)
+        for b, (kv, length) in enumerate(zip(kvs, lengths)):
+            src = kv.cache.layers[layer_idx]
+            keys[b, :, longest - length:longest] = src.keys[0]
+            values[b, :, longest - length:longest] = src.values[0]
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+        layer.length = longest  # the fed tokens are written into the spare slots
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    mask = torch.zeros(len(kvs), 1, width, longest + width, dtype=torch.bool)
+    for b, length in enumerate(lengths):
+        mask[b, 0, :, longest - length:longest] = True
+        mask[b, 0, :, longest:] = causal
+    steps = torch.arange(width)
+    positions = torch.stack([kv.next_pos + steps for kv in kvs]).unsqueeze(0).expand(3, -1, -1)
+    tokens = torch.tensor([f + [f[-1]] * (width - len(f)) for f in fed])
+    out = runner.model(
+        input_ids=tokens.to(runner.device), position_ids=positions.to(runner.device),
+        attention_mask=mask.to(runner.device), cache=batch, use_cache=True, logits_to_keep=width,
+    )
+    runner.num_forwards += 1
+    logits = out.logits.float().cpu()
+    for b, kv in enumerate(kvs):
+        n = len(fed[b])
+        for layer_idx, new in enumerate(batch.layers):
+            kv.cache.layers[layer_idx].update(new.keys[b:b + 1, :, longest:longest + n],
+                                              new.values[b:b + 1, :, longest:longest + n])
+        kv.record(fed[b], positions[:, b, :n])
+    return [logits[b, : len(fed[b])] for b in range(len(kvs))]

@@ -1,0 +1,163 @@
+"""One live reasoning session: retained segments, its KV cache, and their bookkeeping."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+import torch
+
+from worldserve.engines.reasoner.kv import KVState
+from worldserve.engines.reasoner.prompt import FrameChunk
+from worldserve.engines.reasoner.retention import (
+    ASSISTANT_TEXT,
+    SYSTEM,
+    VIDEO,
+    Segment,
+    plan_eviction,
+)
+from worldserve.engines.reasoner.runner import ModelRunner
+from worldserve.errors import Conflict
+from worldserve.ipc.messages import ReasonerRetention, ReasonerSampling
+
+
+class SessionState(enum.Enum):
+    IDLE = "idle"  # waiting for a frame
+    BUSY = "busy"  # one frame in flight
+    DEAD = "dead"  # aborted or failed: cache released, only CloseSession is accepted
+
+
+class Session:
+    """Segments and KV cache in lockstep: the cache holds `seg.ids[:seg.num_cached]` of every
+    segment, in order; uncached tokens (the newest chunk) only ever follow cached ones."""
+
+    def __init__(self, session_id: str, system_prompt: str, question: str,
+                 retention: ReasonerRetention, sampling: ReasonerSampling, grammar: str | None,
+                 model_config: Any) -> None:
+        self.session_id = session_id
+        self.system_prompt = system_prompt
+        self.question = question
+        self.retention = retention
+        self.sampling = sampling
+        self.grammar = grammar
+        self.state = SessionState.IDLE
+        self.kv: KVState | None = KVState(model_config)
+        self.segments: list[Segment] = []
+        self.pending_token: int | None = None  # the previous reply's last sampled token (not fed)
+        self.frames = 0  # replies delivered
+        self.generator = torch.Generator()
+        if sampling.seed is not None:
+            self.generator.manual_seed(sampling.seed)
+        else:
+            self.generator.seed()
+        self._reply_start = 0
+
+    # ------------------------------------------------------------------ state
+
+    def begin_frame(self) -> None:
+        if self.state is SessionState.DEAD:
+            raise Conflict("session is no longer usable; create a new session")
+        if self.state is SessionState.BUSY:
+            raise Conflict("session busy: a frame is already being processed")
+        self.state = SessionState.BUSY
+
+    def end_frame(self) -> None:
+        if self.state is SessionState.BUSY:
+            self.state = SessionState.IDLE
+
+    def kill(self) -> None:
+        """Mark dead and release the cache at once."""
+        self.state = SessionState.DEAD
+        self.kv = None
+        self.segments = []
+
+    @property
+    def is_first_frame(self) -> bool:
+        return not self.segments
+
+    @property
+    def retained_tokens(self) -> int:
+        return sum(len(s) for s in self.segments)
+
+    @property
+    def num_images(self) -> int:
+        return sum(1 for s in self.segments if s.image is not None)
+
+    # ------------------------------------------------------------------ frames
+
+    def add_chunk(self, chunk: FrameChunk, max_tokens: int, context_len: int) -> int:
+        """Append the frame's segments, then evict (spec 11.2). Returns the number of evicted
+        segments. Raises InvalidRequest (nothing changed) when the frame does not fit."""
+        assert self.kv is not None
+        candidate = [dataclasses.replace(s, age=s.age + 1) for s in self.segments]
+        if chunk.closing_ids and candidate and candidate[-1].kind == ASSISTANT_TEXT:
+            last = candidate[-1]
+            candidate[-1] = dataclasses.replace(last, ids=last.ids + chunk.closing_ids)
+        first = not candidate
+        candidate.append(Segment(SYSTEM if first else VIDEO, list(chunk.turn_ids), pinned=first,
+                                 image=chunk.image))
+        plan = plan_eviction(candidate, self.retention, max_tokens, context_len)
+        for index in reversed(plan.evict):
+            start = sum(s.num_cached for s in candidate[:index])
+            self.kv.evict(start, start + candidate[index].num_cached)
+        evicted = set(plan.evict)
+        self.segments = [s for i, s in enumerate(candidate) if i not in evicted]
+        return len(plan.evict)
+
+    def needs_reprefill(self, position_limit: float) -> bool:
+        assert self.kv is not None
+        return len(self.kv) > 0 and self.kv.max_position > position_limit
+
+    def reset_cache(self) -> None:
+        """Re-prefill: drop the cache; every retained segment is prefilled again from 0."""
+        assert self.kv is not None
+        self.kv.reset()
+        for seg in self.segments:
+            seg.num_cached = 0
+
+    def has_uncached(self) -> bool:
+        return any(s.num_cached < len(s) for s in self.segments)
+
+    def prefill_next(self, runner: ModelRunner, max_group_tokens: int) -> torch.Tensor:
+        """Prefill the next group of uncached segment tails (at most one image, about
+        `max_group_tokens` tokens) in one forward; returns the last position's logits (V,)."""
+        assert self.kv is not None
+        group: list[Segment] = []
+        num_tokens = 0
+        for seg in self.segments:
+            todo = len(seg) - seg.num_cached
+            if todo == 0:
+                continue
+            has_image = seg.image is not None and seg.num_cached == 0
+            group_has_image = any(g.image is not None and g.num_cached == 0 for g in group)
+            if group and (num_tokens + todo > max_group_tokens or (has_image and group_has_image)):
+                break
+            group.append(seg)
+            num_tokens += todo
+        ids: list[int] = []
+        image_seg = None
+        for seg in group:
+            ids += seg.ids[seg.num_cached:]
+            if seg.image is not None and seg.num_cached == 0:
+                image_seg = seg
+        images = [image_seg.image] if image_seg is not None else []
+        if image_seg is not None and image_seg.encoded is None:
+            image_seg.encoded = runner.encode_images(images)
+        logits = runner.forward(self.kv, ids, images, image_seg.encoded if image_seg else None)
+        for seg in group:
+            seg.num_cached = len(seg)
+        return logits[-1]
+
+    def begin_reply(self) -> None:
+        assert self.kv is not None
+        self._reply_start = len(self.kv)
+
+    def end_reply(self, last_token: int) -> None:
+        """The fed reply tokens become an assistant_text segment; the last sampled token waits
+        to open the next frame's chunk (spec 10, rule 2)."""
+        assert self.kv is not None
+        fed = self.kv.ids[self._reply_start:]
+        self.segments.append(Segment(ASSISTANT_TEXT, list(fed), num_cached=len(fed)))
+        self.pending_token = last_token
+        self.frames += 1
