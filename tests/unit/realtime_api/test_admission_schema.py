@@ -52,6 +52,21 @@ async def test_per_user_limit_rejects_at_once():
     await manager.acquire("b")
 
 
+async def test_kv_budget_bounds_sessions():
+    manager = AdmissionManager(max_sessions=8, max_sessions_per_user=0, wait_s=0.1,
+                               kv_budget_bytes=100)
+    first = await manager.acquire("a", kv_bytes=60)
+    with pytest.raises(AdmissionRejected) as info:
+        await manager.acquire("b", kv_bytes=50)  # 110 > 100: waits, then rejected
+    assert info.value.reason == CAPACITY_EXHAUSTED
+    await manager.acquire("b", kv_bytes=40)
+    assert manager.kv_bytes_in_use == 100
+    with pytest.raises(AdmissionRejected, match="whole budget"):
+        await manager.acquire("c", kv_bytes=101)  # never fits: no waiting
+    await manager.release(first)
+    await manager.acquire("c", kv_bytes=60)
+
+
 def test_init_accepts_unknown_keys_and_refuses_server_paths():
     init = InitRequest.model_validate({"type": "init", "prompt": "p", "adapter_extra": [1]})
     assert init.output_format == "raw" and init.seed == 42
@@ -107,8 +122,9 @@ def test_engine_limits(extra, field):
     from worldserve.api.realtime.service import EngineFacts, _check_model_limits
     from worldserve.errors import InvalidRequest
 
-    facts = EngineFacts.from_capabilities(CAUSAL_CAPS)
+    facts = EngineFacts.from_capabilities({**CAUSAL_CAPS, "kv_bytes_per_token": 10})
     assert facts.frames_in_chunk(0) == 9 and facts.frames_in_chunk(1) == 12
+    assert facts.kv_bytes(64, 32, None) == 10 * 12 * (4 * 2)
     _check_model_limits(InitRequest.model_validate({"type": "init", "prompt": "p"}), facts)
     with pytest.raises(InvalidRequest, match=re.escape(field)):
         _check_model_limits(InitRequest.model_validate({"type": "init", "prompt": "p", **extra}),

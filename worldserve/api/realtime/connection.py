@@ -143,7 +143,7 @@ class RealtimeConnection:
             return NO_VALID_INIT
         self._enter(ConnectionState.ADMITTING)
         try:
-            self.lease = await self.service.admission.acquire(settings.user)
+            self.lease = await self.service.admission.acquire(settings.user, settings.kv_bytes)
         except AdmissionRejected as exc:
             extra = {"retry_after_s": exc.retry_after_s} if exc.retry_after_s else {}
             await self.writer.send_error(f"realtime admission rejected: {exc.reason}",

@@ -55,6 +55,7 @@ class EngineFacts:
     max_script_frames: int
     supports_first_frame: bool
     supports_guidance: bool
+    kv_bytes_per_token: int
 
     @classmethod
     def from_capabilities(cls, caps: dict[str, Any]) -> "EngineFacts":
@@ -84,10 +85,17 @@ class EngineFacts:
             max_script_frames=int(caps.get("max_script_frames", 512)),
             supports_first_frame=bool(caps.get("supports_first_frame", False)),
             supports_guidance=bool(caps.get("supports_guidance", True)),
+            kv_bytes_per_token=int(caps.get("kv_bytes_per_token") or 0),
         )
 
     def frames_in_chunk(self, chunk_index: int) -> int:
         return self.first_chunk_frames if chunk_index == 0 else self.frames_per_chunk
+
+    def kv_bytes(self, width: int, height: int, window_frames: int | None) -> int:
+        """Estimated KV cache of one session (spec §7.1): bytes per token x window x tokens."""
+        window = window_frames or self.default_window_frames or 0
+        tokens_per_frame = (width // max(1, self.size_multiple)) * (height // max(1, self.size_multiple))
+        return self.kv_bytes_per_token * window * tokens_per_frame
 
 
 @dataclass(frozen=True)
@@ -113,6 +121,7 @@ class SessionSettings:
     pacing: bool
     refresh_kv_default: bool
     encode: EncodeSettings
+    kv_bytes: int = 0
 
 
 def new_session_id() -> str:
@@ -127,7 +136,8 @@ class RealtimeService:
         self.media_policy = MediaPolicy.from_config(runtime.config)
         self.admission = AdmissionManager(self.config.max_sessions,
                                           self.config.max_sessions_per_user,
-                                          self.config.admission_wait_s)
+                                          self.config.admission_wait_s,
+                                          int(self.config.kv_budget_gib * 2**30))
 
     def client(self) -> StageClient:
         return self.runtime.client(STAGE)
@@ -169,6 +179,7 @@ class RealtimeService:
             encode=EncodeSettings(fmt=fmt, delta_level=init.realtime_delta_level,
                                   quality=init.output_compression,
                                   preview_max_width=init.realtime_preview_max_width),
+            kv_bytes=facts.kv_bytes(width, height, init.realtime_causal_kv_cache_num_frames),
         )
 
     async def release_session(self, session_id: str) -> bool:
