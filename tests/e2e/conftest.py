@@ -69,8 +69,10 @@ def playground_config(workdir: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def playground(tmp_path_factory: pytest.TempPathFactory, dev_models_dir: Path,
-               browser: Any) -> Iterator[ServerProcess]:
+def playground(tmp_path_factory: pytest.TempPathFactory,
+               dev_models_dir: Path) -> Iterator[ServerProcess]:
+    if not CHROMIUM.exists():  # skip before paying for a server no browser can visit
+        pytest.skip(f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium)")
     workdir = tmp_path_factory.mktemp("playground")
     server = ServerProcess(workdir, playground_config(workdir))
     try:

@@ -37,7 +37,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 async def test_sessions_and_chat_through_the_stage_process(model_dir: Path, monkeypatch):
     monkeypatch.setenv("WORLDSERVE_TORCH_THREADS", "1")  # tiny model: threads only contend
     config = ServerConfig.model_validate({"stages": {
-        "generation": {"enabled": False},
+        "generation": {"enabled": False}, "realtime": {"enabled": False},
         "reasoner": {"model_path": str(model_dir), "warmup_mode": "server",
                      "streaming": {"spec_method": "ngram", "max_sessions": 2}}}})
     supervisor = Supervisor(config)
