@@ -40,8 +40,10 @@ def _model_overrides(model_path: Path | None) -> dict[str, Any]:
 
 
 def _fill_dev_model_paths(config: ServerConfig) -> ServerConfig:
-    """Stages without a model path serve the dev checkpoints (built on first use)."""
-    missing = [n for n, s in config.stages.enabled().items() if s.model_path is None]
+    """Stages without a model path serve the dev checkpoints (built on first use); `fake`
+    backends need none."""
+    missing = [n for n, s in config.stages.enabled().items()
+               if s.model_path is None and getattr(s, "backend", None) != "fake"]
     if not missing:
         return config
     root = envs.dev_models_dir()
