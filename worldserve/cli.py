@@ -1,4 +1,4 @@
-"""The `worldserve` command: serve | stream | dev-models (and the clients added beside them)."""
+"""The `worldserve` command: serve | stream | realtime | dev-models (and the clients beside them)."""
 
 from __future__ import annotations
 
@@ -40,8 +40,10 @@ def _model_overrides(model_path: Path | None) -> dict[str, Any]:
 
 
 def _fill_dev_model_paths(config: ServerConfig) -> ServerConfig:
-    """Stages without a model path serve the dev checkpoints (built on first use)."""
-    missing = [n for n, s in config.stages.enabled().items() if s.model_path is None]
+    """Stages without a model path serve the dev checkpoints (built on first use); `fake`
+    backends need none."""
+    missing = [n for n, s in config.stages.enabled().items()
+               if s.model_path is None and getattr(s, "backend", None) != "fake"]
     if not missing:
         return config
     root = envs.dev_models_dir()
@@ -129,6 +131,33 @@ async def _serve(cfg: ServerConfig, key: str | None) -> int:
     from worldserve.api.server import serve as run_server
 
     return await run_server(cfg, key)
+
+
+@app.command()
+def realtime(
+    url: str = typer.Option("ws://127.0.0.1:8000", help="Server base URL (ws:// or http://)."),
+    prompt: str = typer.Option(..., help="Text prompt of the world."),
+    first_frame: Optional[Path] = typer.Option(None, help="Image to start from (sent as bytes)."),
+    actions: Optional[str] = typer.Option(None, help="Camera script DSL, e.g. 'w-20,d-10,none-5'."),
+    max_chunks: int = typer.Option(4, min=1, help="Chunks to generate before the server closes."),
+    encoding: str = typer.Option("raw", help="raw | delta-gzip | delta-zstd | jpeg | webp."),
+    out: Optional[Path] = typer.Option(None, help="Write the frames to this H.264 MP4."),
+    size: Optional[str] = typer.Option(None, help="WxH (default: the model's)."),
+    seed: Optional[int] = typer.Option(None, help="Noise seed (default: 42)."),
+    fps: Optional[int] = typer.Option(None, min=1, help="Frame rate (default: the model's)."),
+) -> None:
+    """Explore a world over the realtime WebSocket; decode every chunk, write an MP4."""
+    from worldserve.clients.realtime import RealtimeClientOptions, main as run_client
+    from worldserve.media.framing import OUTPUT_FORMATS
+
+    if encoding not in OUTPUT_FORMATS:
+        raise _usage_error(f"--encoding {encoding!r}: expected one of {', '.join(OUTPUT_FORMATS)}")
+    if first_frame is not None and not first_frame.is_file():
+        raise _usage_error(f"--first-frame {first_frame} is not a file")
+    opts = RealtimeClientOptions(url=url, prompt=prompt, first_frame=first_frame, actions=actions,
+                                 max_chunks=max_chunks, encoding=encoding, out=out, size=size,
+                                 seed=seed, fps=fps)
+    raise typer.Exit(code=run_client(opts))
 
 
 app.command("stream")(stream_command)

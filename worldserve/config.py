@@ -151,6 +151,13 @@ class RealtimeStageConfig(StageConfig):
     max_sessions_per_user: int = Field(default=0, ge=0)
     idle_timeout_s: float = Field(default=300.0, gt=0)
     max_lifetime_s: float = Field(default=0.0, ge=0)
+    # Api side of the WebSocket: how long a socket may go without a valid init, and how long
+    # one chunk may take in the stage before the session fails.
+    init_timeout_s: float = Field(default=60.0, gt=0)
+    chunk_timeout_s: float = Field(default=300.0, gt=0)
+    # 0 = off. Else a session is admitted only while the estimated KV bytes of all sessions
+    # (engine `kv_bytes_per_token` x window x tokens per frame) stay within this budget.
+    kv_budget_gib: float = Field(default=0.0, ge=0)
     # Model (engine) settings. None: the checkpoint's default (realtime_config.json). Frame
     # counts are latent frames; sessions may override sink/window within the bounds of
     # spec realtime-video.md section 6.3.

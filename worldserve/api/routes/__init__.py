@@ -13,5 +13,6 @@ ROUTE_MODULES: tuple[str, ...] = (
     "worldserve.api.routes.metadata",
     "worldserve.api.routes.streaming",
     "worldserve.api.routes.chat",
+    "worldserve.api.routes.realtime",
     "worldserve.api.routes.web",
 )
