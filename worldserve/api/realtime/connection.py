@@ -36,6 +36,7 @@ from worldserve.api.schemas.realtime import InitRequest
 from worldserve.errors import InternalError, InvalidRequest, StageUnavailable, WorldserveError
 from worldserve.ipc.messages import RealtimeChunk, RealtimeChunkResult
 from worldserve.media.framing import ChunkEncoder, unpack
+from worldserve.media.policy import check_forbidden_fields, check_prompt_lengths
 
 log = logging.getLogger("worldserve.realtime")
 
@@ -340,6 +341,8 @@ def _parse_init(kind: str, data: Any) -> InitRequest:
         raise InvalidRequest("the message is not a msgpack map") from None
     if not isinstance(message, dict) or message.get("type") != "init":
         raise InvalidRequest("expected a map with type 'init'")
+    check_forbidden_fields(message)  # at any depth, JSON-encoded strings included
+    check_prompt_lengths(message)
     try:
         return InitRequest.model_validate(message)
     except ValidationError as exc:

@@ -1,6 +1,7 @@
 """The `first_frame` of an init: bytes, a `data:` URL, or an http(s) URL (spec §3.1).
 
-Plain server paths are refused. URLs are fetched with the shared media fetcher
+Local paths and file:// URLs are read only inside `--allowed-local-media-path` (refused
+without it; docs/hostile-input.md). URLs are fetched with the shared media fetcher
 (`worldserve.media.fetch`: allowlist and public-address checks on every redirect hop, bounded
 bytes and time), and only when the server allows media domains (`allowed_media_domains`).
 The image stays in memory and travels to the stage inside the chunk 0 request, so no
@@ -9,25 +10,24 @@ temporary file is written (nothing to delete at cleanup).
 
 from __future__ import annotations
 
-import io
-
-from PIL import Image, UnidentifiedImageError
-
 from worldserve.errors import InvalidRequest, PayloadTooLarge
-from worldserve.media.fetch import MediaPolicy, decode_data_url, fetch_remote, is_remote_url
+from worldserve.media.fetch import (
+    MediaPolicy,
+    decode_data_url,
+    fetch_remote,
+    is_remote_url,
+    load_media,
+)
+from worldserve.media.images import check_image as check_decodable
 
 
 def check_image(data: bytes, max_bytes: int) -> bytes:
-    """Refuse anything that is not a decodable image within the size limit."""
+    """Refuse anything that is not a complete, decodable image within the size limits (bytes,
+    and pixels: a decompression bomb is refused from its header)."""
     if len(data) > max_bytes:
         raise InvalidRequest(f"first_frame has {len(data)} bytes; the limit is {max_bytes}",
                              param="first_frame")
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            img.verify()
-    except (UnidentifiedImageError, OSError, SyntaxError) as exc:
-        raise InvalidRequest(f"first_frame is not a decodable image: {exc}",
-                             param="first_frame") from None
+    check_decodable(data, "first_frame")
     return data
 
 
@@ -39,7 +39,8 @@ async def _load(value: str, policy: MediaPolicy) -> bytes:
             raise InvalidRequest("URLs are refused because the server allows no media domains "
                                  "(--allowed-media-domain); send the image bytes")
         return await fetch_remote(value, policy)
-    raise InvalidRequest("server paths are refused; send bytes, a data: URL or an http(s) URL")
+    # a local path or file:// URL: only inside --allowed-local-media-path (refused without it)
+    return await load_media(value, policy)
 
 
 async def resolve_first_frame(value: bytes | str | None, policy: MediaPolicy) -> bytes | None:

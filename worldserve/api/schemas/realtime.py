@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator, model_validator
 
 from worldserve.media.framing import DELTA_LEVEL_RANGE
+from worldserve.media.policy import MAX_PROMPT_CHARS
 
 CameraKey = Literal["w", "a", "s", "d", "i", "j", "k", "l"]
 CAMERA_KEYS = frozenset("wasdijkl")
@@ -23,7 +24,7 @@ MAX_DSL_ITEMS = 1024
 FORBIDDEN_INIT_KEYS = ("output_path", "perf_dump_path", "model_path")
 SIZE_RE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
 DSL_ITEM_RE = re.compile(r"^(none|[wasdijkl]+)-(\d+)$")
-NonEmptyStr = Annotated[StrictStr, Field(min_length=1)]
+NonEmptyStr = Annotated[StrictStr, Field(min_length=1, max_length=MAX_PROMPT_CHARS)]
 
 
 class _Lenient(BaseModel):
