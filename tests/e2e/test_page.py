@@ -23,7 +23,9 @@ def reasoner_only(tmp_path_factory: pytest.TempPathFactory, dev_models_dir: Path
     reasoner: dict[str, Any] = {}
     if _has_module("worldserve.engines.reasoner.fake"):
         reasoner = {"backend": "fake", "model_path": str(workdir)}
-    server = ServerProcess(workdir, {"stages": {"generation": {"enabled": False}, "reasoner": reasoner}})
+    server = ServerProcess(workdir, {"stages": {"generation": {"enabled": False},
+                                                 "realtime": {"enabled": False},
+                                                 "reasoner": reasoner}})
     try:
         server.wait_healthy(timeout_s=120)
     except BaseException:

@@ -174,8 +174,11 @@ class StageClient:
         self._futures[request.request_id] = fut
         await self._send(request)
         try:
-            return await asyncio.wait_for(fut, timeout_s)
-        except asyncio.TimeoutError:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
+            # that races with the reply, and the caller's loop would then never stop.
+            async with asyncio.timeout(timeout_s):
+                return await fut
+        except TimeoutError:
             self.send_nowait(Cancel(request_id=new_request_id("cancel"), target_id=request.request_id))
             raise RequestTimeout(
                 f"stage '{self.stage}' did not answer within {timeout_s:g} s"

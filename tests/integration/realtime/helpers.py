@@ -103,8 +103,11 @@ class Session:
     async def wait_close(self, timeout_s: float = 15.0) -> tuple[int, str, list[dict[str, Any]]]:
         """Skip frames until the close; returns (code, reason, every map seen)."""
         seen = []
+        deadline = asyncio.get_running_loop().time() + 4 * timeout_s  # frames may keep coming
         try:
             while True:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise AssertionError(f"the server did not close within {4 * timeout_s:g} s")
                 msg = await asyncio.wait_for(self.ws.recv(), timeout_s)
                 try:
                     seen.append(msgpack.unpackb(msg, raw=False))

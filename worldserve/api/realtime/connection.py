@@ -75,6 +75,7 @@ class CloseDecision:
 
 GENERATION_COMPLETE = CloseDecision(1000, "generation complete")
 IDLE_TIMEOUT = CloseDecision(1000, "session idle timeout")
+STOP_RETRY_S = 0.5
 LIFETIME_REACHED = CloseDecision(1000, "maximum session lifetime reached")
 NO_VALID_INIT = CloseDecision(1008, "no valid init")
 GENERATION_ERROR = CloseDecision(1011, "generation error")
@@ -236,10 +237,7 @@ class RealtimeConnection:
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in tasks:
-                if not task.done():
-                    task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await _stop_all(tasks)
         first = next(t for t in tasks if t.done() and not t.cancelled())
         return first.result()
 
@@ -330,6 +328,15 @@ class RealtimeConnection:
             if config.max_lifetime_s:
                 wait = min(wait, started + config.max_lifetime_s - now)
             await asyncio.sleep(max(0.01, min(wait, WATCHDOG_POLL_S)))
+
+
+async def _stop_all(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel until every task has ended: a cancellation can be lost when it races with a
+    completing await, so a task still running after a short wait is cancelled again."""
+    while pending := [t for t in tasks if not t.done()]:
+        for task in pending:
+            task.cancel()
+        await asyncio.wait(pending, timeout=STOP_RETRY_S)
 
 
 def _parse_init(kind: str, data: Any) -> InitRequest:
