@@ -3,165 +3,56 @@
 The client side of the streaming reasoning contract (spec/streaming-reasoning.md §14): decode a
 video (a file, any FFmpeg input such as an RTSP URL, or a V4L2 camera) with PyAV, keep one frame
 every `step`, encode it as JPEG and send it over a WebSocket or REST session, waiting for each
-reply before sending the next frame. Pieces: options + validation, sampler, pre-flight,
-transports (one interface, two implementations), printer, `run()`.
+reply before sending the next frame. Pieces: options + validation (`stream_common.py`), the
+sampler (`frames.py`), the transports (`stream_transports.py`: one interface, two
+implementations); here: pre-flight, printer, `run()` and the command.
 
 Imports no torch / transformers / diffusers: it runs on machines that only have a camera.
 """
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import math
 import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Iterator, Literal, Optional, Protocol, TextIO
+from typing import Any, Iterator, Optional, TextIO
 
-import av
 import httpx
 import typer
-from PIL import Image
-from websockets.exceptions import ConnectionClosed, WebSocketException
-from websockets.sync.client import ClientConnection, connect
 
 from worldserve import envs
 
-JPEG_QUALITY = 85
-MAX_FRAME_PIXELS = 4_194_304  # the server refuses larger frames (413); we downscale instead
-DEFAULT_SOURCE_FPS = 30.0     # when the container does not say
-PREFLIGHT_TIMEOUT_S = 30.0
-FRAME_TIMEOUT_S = 1800.0      # a client ceiling, not an expected latency
-CLOSE_TIMEOUT_S = 30.0
-WS_PATH = "/v1/streaming/ws"
-SESSIONS_PATH = "/v1/streaming/sessions"
-DEFAULT_QUESTION = "What is happening in this feed?"
-DEFAULT_SYSTEM_PROMPT = ("You are monitoring a live video feed. Describe each frame in one short "
-                         "sentence and flag anything hazardous.")
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-class UsageError(ValueError):
-    """A flag value that can never work; reported before contacting the server (exit 2)."""
-
-
-class StreamError(RuntimeError):
-    """Pre-flight, session or frame failure (exit 1)."""
-
-
-class CleanupError(RuntimeError):
-    """The session could not be closed (exit 1; the server's idle timeout is the backstop)."""
-
-
-@dataclass(frozen=True)
-class StreamOptions:
-    """Every flag of `worldserve stream`, after defaults are filled in."""
-
-    video: str
-    url: str = "http://localhost:8000"
-    backend: Literal["standalone", "dynamo"] = "standalone"
-    transport: Literal["websocket", "rest"] = "websocket"
-    frame_format: Literal["binary", "base64"] = "binary"
-    input_format: Optional[str] = None
-    fps: float = 1.0
-    max_frames: int = 30
-    loop: bool = False
-    realtime: bool = False
-    quiet: bool = False
-    json_output: bool = False
-    max_tokens: int = 48
-    max_video_segments: Optional[int] = None
-    question: str = DEFAULT_QUESTION
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT
-
-
-def validate_options(opts: StreamOptions) -> None:
-    """Refuse flag values that cannot work, naming the flag and the rule."""
-    if not opts.url.startswith(("http://", "https://")):
-        raise UsageError(f"--url must start with http:// or https://, got {opts.url!r}")
-    if not (math.isfinite(opts.fps) and opts.fps > 0):
-        raise UsageError(f"--fps must be a finite number > 0, got {opts.fps}")
-    for flag, value in (("--max-frames", opts.max_frames), ("--max-tokens", opts.max_tokens),
-                        ("--max-video-segments", opts.max_video_segments)):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag} must be >= 1, got {value}")
-    if not opts.system_prompt.strip():
-        raise UsageError("--system-prompt must not be empty")
-    if opts.backend == "dynamo" and opts.transport != "rest":
-        raise UsageError("--backend dynamo supports only --transport rest "
-                         "(WebSocket is not available behind Dynamo)")
-    if "://" not in opts.video and not Path(opts.video).exists():
-        raise UsageError(f"video not found: {opts.video}")
-
-
-# --- sampler: PyAV -> JPEG bytes ------------------------------------------------------------
-
-def sample_step(source_fps: float | None, fps: float) -> int:
-    """Keep every `step`-th decoded frame: max(1, round(source_fps / fps)), halves to even."""
-    rate = source_fps if source_fps and source_fps > 0 else DEFAULT_SOURCE_FPS
-    return max(1, round(rate / fps))
-
-
-def fit_within_pixels(image: Image.Image, max_pixels: int = MAX_FRAME_PIXELS) -> Image.Image:
-    """Downscale (aspect ratio kept) so that width × height <= max_pixels."""
-    width, height = image.size
-    if width * height <= max_pixels:
-        return image
-    scale = math.sqrt(max_pixels / (width * height))
-    new_w, new_h = max(1, int(width * scale)), max(1, int(height * scale))
-    while new_w * new_h > max_pixels:  # int() rounding can still overshoot by a row
-        new_h -= 1
-    return image.resize((new_w, new_h), Image.Resampling.BILINEAR)
-
-
-def encode_jpeg(image: Image.Image, quality: int = JPEG_QUALITY) -> bytes:
-    buf = io.BytesIO()
-    fit_within_pixels(image.convert("RGB")).save(buf, format="JPEG", quality=quality)
-    return buf.getvalue()
-
-
-def _one_pass(video: str, fps: float, input_format: str | None) -> Iterator[tuple[bytes, float]]:
-    """One decode of the source: (jpeg, seconds between kept frames) for every kept frame."""
-    with av.open(video, format=input_format) as container:
-        stream = container.streams.video[0]
-        source_fps = float(stream.average_rate) if stream.average_rate else None
-        step = sample_step(source_fps, fps)
-        interval_s = step / (source_fps or DEFAULT_SOURCE_FPS)
-        for index, frame in enumerate(container.decode(stream)):
-            if index % step == 0:
-                yield encode_jpeg(frame.to_image()), interval_s
-
-
-def iter_frames(video: str, fps: float, max_frames: int, loop: bool = False,
-                input_format: str | None = None, realtime: bool = False) -> Iterator[bytes]:
-    """JPEG frames sampled at `fps`, at most `max_frames`; `loop` replays the source.
-
-    Without `realtime` frames come as fast as they decode (the caller waits for each reply);
-    with it, kept frames are spaced by their source interval in wall-clock time.
-    """
-    count, next_at = 0, time.monotonic()
-    while count < max_frames:
-        produced = 0
-        try:
-            for jpeg, interval_s in _one_pass(video, fps, input_format):
-                if realtime:
-                    time.sleep(max(0.0, next_at - time.monotonic()))
-                    next_at = max(next_at, time.monotonic() - interval_s) + interval_s
-                produced += 1
-                count += 1
-                yield jpeg
-                if count >= max_frames:
-                    return
-        except (av.FFmpegError, IndexError) as exc:
-            raise StreamError(f"cannot decode {video}: {exc}") from exc
-        if produced == 0:
-            raise StreamError(f"No frames decoded from {video}")
-        if not loop:
-            return
+from worldserve.clients.frames import (  # noqa: F401  (re-exported)
+    encode_jpeg,
+    fit_within_pixels,
+    iter_frames,
+    sample_step,
+)
+from worldserve.clients.stream_common import (  # noqa: F401  (re-exported)
+    DEFAULT_QUESTION,
+    DEFAULT_SYSTEM_PROMPT,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    JPEG_QUALITY,
+    MAX_FRAME_PIXELS,
+    PREFLIGHT_TIMEOUT_S,
+    CleanupError,
+    StreamError,
+    StreamOptions,
+    UsageError,
+    validate_options,
+)
+from worldserve.clients.stream_transports import (  # noqa: F401  (re-exported)
+    FrameError,
+    RestTransport,
+    Transport,
+    WebSocketTransport,
+    make_transport,
+    websocket_url,
+)
 
 
 # --- pre-flight ------------------------------------------------------------------------------
@@ -239,158 +130,6 @@ def session_body(opts: StreamOptions, model: str) -> dict:
     if opts.max_video_segments is not None:
         body["retention"] = {"max_video_segments": opts.max_video_segments}
     return body
-
-
-# --- transports ------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class FrameError:
-    """A failed frame: `fatal` ends the stream."""
-
-    code: int | None
-    message: str
-    fatal: bool
-
-
-class Transport(Protocol):
-    """One session over one transport: open → send* → close (close is always called)."""
-
-    def open(self, body: dict) -> dict: ...
-
-    def send(self, jpeg: bytes) -> dict | FrameError: ...
-
-    def close(self) -> int | None: ...
-
-
-def websocket_url(base_url: str) -> str:
-    scheme, rest = base_url.split("://", 1)
-    return f"{'wss' if scheme == 'https' else 'ws'}://{rest}{WS_PATH}"
-
-
-class WebSocketTransport:
-    """One connection owns one session (spec §8)."""
-
-    def __init__(self, base_url: str, frame_format: str) -> None:
-        self.url = websocket_url(base_url)
-        self.frame_format = frame_format
-        self.ws: ClientConnection | None = None
-
-    def open(self, body: dict) -> dict:
-        try:
-            self.ws = connect(self.url, max_size=None, open_timeout=PREFLIGHT_TIMEOUT_S)
-            self.ws.send(json.dumps({"op": "create", "frame_format": self.frame_format, **body}))
-            reply = json.loads(self.ws.recv(timeout=PREFLIGHT_TIMEOUT_S))
-        except (OSError, WebSocketException, TimeoutError, ValueError) as exc:
-            raise StreamError(f"session create failed: {exc}") from exc
-        if not isinstance(reply, dict) or reply.get("op") != "created":
-            raise StreamError(f"session create failed: {reply}")
-        return reply
-
-    def send(self, jpeg: bytes) -> dict | FrameError:
-        assert self.ws is not None, "open() first"
-        try:
-            if self.frame_format == "binary":
-                self.ws.send(jpeg)
-            else:
-                self.ws.send(json.dumps({"op": "frame",
-                                         "image_b64": base64.b64encode(jpeg).decode()}))
-            reply = json.loads(self.ws.recv(timeout=FRAME_TIMEOUT_S))
-        except (OSError, WebSocketException, TimeoutError, ValueError) as exc:
-            return FrameError(None, f"connection lost: {exc}", fatal=True)
-        if reply.get("op") == "error":
-            return FrameError(reply.get("code"), str(reply.get("message")),
-                              bool(reply.get("fatal", True)))
-        return reply
-
-    def close(self) -> int | None:
-        """Send delete and wait for `closed`; a connection the server already closed is done."""
-        if self.ws is None:
-            return None
-        try:
-            self.ws.send(json.dumps({"op": "delete"}))
-            deadline = time.monotonic() + CLOSE_TIMEOUT_S
-            while True:  # a reply to a frame in flight at Ctrl+C may come first
-                reply = json.loads(self.ws.recv(timeout=max(0.0, deadline - time.monotonic())))
-                if reply.get("op") == "closed":
-                    return reply.get("frames")
-        except ConnectionClosed:
-            return None  # the server released the session when it closed the connection
-        except (OSError, WebSocketException, TimeoutError, ValueError) as exc:
-            raise CleanupError(f"no 'closed' reply: {exc}") from exc
-        finally:
-            self.ws.close()  # dropping the connection also releases the session server-side
-
-
-def _error_message(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text
-    error = body.get("error") if isinstance(body, dict) else None
-    if isinstance(error, dict) and "message" in error:
-        return str(error["message"])
-    return str(error if error is not None else body)
-
-
-class RestTransport:
-    """Sessions over REST: create, POST one frame at a time, DELETE (spec §4, §5, §7)."""
-
-    def __init__(self, base_url: str, frame_format: str) -> None:
-        self.client = httpx.Client(base_url=base_url, timeout=PREFLIGHT_TIMEOUT_S)
-        self.frame_format = frame_format
-        self.session_id: str | None = None
-
-    def open(self, body: dict) -> dict:
-        try:
-            response = self.client.post(SESSIONS_PATH, json=body)
-        except httpx.HTTPError as exc:
-            raise StreamError(f"session create failed: {exc}") from exc
-        if not response.is_success:
-            raise StreamError(f"HTTP {response.status_code}: {response.text}")
-        reply = response.json()
-        self.session_id = reply["session_id"]
-        return reply
-
-    def send(self, jpeg: bytes) -> dict | FrameError:
-        path = f"{SESSIONS_PATH}/{self.session_id}/frame"
-        try:
-            if self.frame_format == "binary":
-                response = self.client.post(path, content=jpeg, timeout=FRAME_TIMEOUT_S,
-                                            headers={"Content-Type": "image/jpeg"})
-            else:
-                response = self.client.post(path, timeout=FRAME_TIMEOUT_S,
-                                            json={"image_b64": base64.b64encode(jpeg).decode()})
-        except httpx.HTTPError as exc:
-            return FrameError(None, f"frame request failed: {exc}", fatal=True)
-        if response.is_success:
-            return response.json()
-        message = _error_message(response)
-        if response.status_code == 415 and self.frame_format == "binary":
-            message += ("; this server refuses raw image bodies over REST: "
-                        "use --frame-format base64")
-        return FrameError(response.status_code, message, fatal=True)  # frames are never retried
-
-    def close(self) -> int | None:
-        try:
-            if self.session_id is None:
-                return None
-            try:
-                response = self.client.delete(f"{SESSIONS_PATH}/{self.session_id}")
-            except httpx.HTTPError as exc:
-                raise CleanupError(str(exc)) from exc
-            if response.status_code == 404:
-                return None  # already gone
-            if not response.is_success:
-                raise CleanupError(f"HTTP {response.status_code}: {_error_message(response)}")
-            return response.json().get("frames")
-        finally:
-            self.client.close()
-
-
-def make_transport(opts: StreamOptions) -> Transport:
-    if opts.transport == "rest":
-        return RestTransport(opts.url, opts.frame_format)
-    return WebSocketTransport(opts.url, opts.frame_format)
 
 
 # --- printer ---------------------------------------------------------------------------------
