@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from worldserve.config import StageConfig
 from worldserve.errors import InvalidRequest
@@ -42,20 +41,6 @@ def served_model_name(stage_config: StageConfig, path: Path) -> str:
         if isinstance(name, str) and name:
             return name
     return path.name
-
-
-def torch_dtype(name: str) -> Any:
-    import torch
-
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-
-
-def count_parameters(*modules: Any) -> int:
-    total = 0
-    for module in modules:
-        if module is not None and hasattr(module, "parameters"):
-            total += sum(p.numel() for p in module.parameters())
-    return total
 
 
 def unsupported(request: Request, stage: str) -> InvalidRequest:

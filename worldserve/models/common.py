@@ -1,8 +1,9 @@
-"""Helpers every model loader shares: local-only paths and dtype names."""
+"""Helpers every model loader shares: local-only paths, dtype names, parameter counts."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -26,3 +27,14 @@ def require_local_dir(model_dir: str | Path) -> Path:
             "(worldserve never downloads weights; run `worldserve dev-models build` for dev models)"
         )
     return path
+
+
+def count_parameters(obj: Any) -> int:
+    """Number of parameters of a torch module, or of every module component of a pipeline."""
+    if isinstance(obj, torch.nn.Module):
+        return sum(p.numel() for p in obj.parameters())
+    components = getattr(obj, "components", None)
+    if isinstance(components, dict):
+        modules = [c for c in components.values() if isinstance(c, torch.nn.Module)]
+        return sum(count_parameters(m) for m in modules)
+    raise TypeError(f"cannot count parameters of {type(obj).__name__}: pass a module or a pipeline")

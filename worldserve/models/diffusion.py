@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 from diffusers import DiffusionPipeline
 
-from worldserve.models.common import require_local_dir, resolve_dtype
+from worldserve.models.common import count_parameters, require_local_dir, resolve_dtype
+
+__all__ = ["count_parameters", "load_pipeline"]
 
 
 def load_pipeline(
@@ -26,14 +27,3 @@ def load_pipeline(
     )
     pipe.set_progress_bar_config(disable=True)
     return pipe.to(device)
-
-
-def count_parameters(obj: Any) -> int:
-    """Number of parameters of a torch module, or of every module component of a pipeline."""
-    if isinstance(obj, torch.nn.Module):
-        return sum(p.numel() for p in obj.parameters())
-    components = getattr(obj, "components", None)
-    if isinstance(components, dict):
-        modules = [c for c in components.values() if isinstance(c, torch.nn.Module)]
-        return sum(count_parameters(m) for m in modules)
-    raise TypeError(f"cannot count parameters of {type(obj).__name__}: pass a module or a pipeline")

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from worldserve.config import GenerationStageConfig, ServerConfig
-from worldserve.engines.common import count_parameters, model_dir, served_model_name, torch_dtype
+from worldserve.engines.common import model_dir, served_model_name
 from worldserve.engines.generation.actions import ActionRunner
 from worldserve.engines.generation.defaults import sampling_defaults
 from worldserve.engines.generation.outputs import output_names, write_output
@@ -29,6 +29,7 @@ from worldserve.engines.generation.scheduler import (
     denoise_progress,
 )
 from worldserve.engines.generation.warmup import WarmupPlan
+from worldserve.models.common import count_parameters
 from worldserve.errors import InternalError, InvalidRequest, WorldserveError
 from worldserve.ipc.messages import (
     ErrorReply,
@@ -73,14 +74,14 @@ class GenerationEngine:
         _check_prompt_enhancer(stage_config, server_config)
         self.output_dir = stage_config.resolved_output_dir()
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        self.pipe = pipe or load_pipeline(str(path), torch_dtype(stage_config.dtype),
+        self.pipe = pipe or load_pipeline(str(path), stage_config.dtype,
                                           stage_config.device)
         self.runner = DiffusionRunner(self.pipe)
         self.actions = ActionRunner.load(path)
         self.defaults = sampling_defaults(path)
         self.model_name = served_model_name(stage_config, path)
         self.model_path = str(path)
-        self.num_params = count_parameters(*self.pipe.components.values())
+        self.num_params = count_parameters(self.pipe)
         self.scheduler = Scheduler(stage_config.max_batch_size, stage_config.batch_wait_ms / 1000)
         self.running: RunningBatch | None = None
         self.by_id: dict[str, ScheduledRequest] = {}

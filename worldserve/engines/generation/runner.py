@@ -223,17 +223,17 @@ def to_uint8(frames: np.ndarray) -> np.ndarray:
 
 
 def load_pipeline(path: str, dtype: Any, device: str) -> Any:
-    """The diffusers pipeline in `path` (model_index.json), progress bars off."""
-    from diffusers import DiffusionPipeline
+    """The diffusers pipeline in `path` (model_index.json), refused unless Wan-like."""
     from diffusers.utils import logging as diffusers_logging
     from transformers.utils import logging as transformers_logging
 
+    from worldserve.models.diffusion import load_pipeline as load_local_pipeline
+
     diffusers_logging.disable_progress_bar()  # per-step progress goes to the api instead
     transformers_logging.disable_progress_bar()
-    pipe = DiffusionPipeline.from_pretrained(path, dtype=dtype, local_files_only=True)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = load_local_pipeline(path, dtype, device)
     for name in ("transformer", "vae", "encode_prompt", "prepare_latents"):
         if not hasattr(pipe, name):
             raise ValueError(f"{type(pipe).__name__} has no {name}: worldserve drives Wan-family "
                              "(WanPipeline-style) video pipelines")
-    return pipe.to(device)
+    return pipe

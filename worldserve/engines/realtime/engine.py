@@ -14,13 +14,13 @@ from typing import Any
 
 from worldserve.config import RealtimeStageConfig, ServerConfig
 from worldserve.engines.common import (
-    count_parameters,
     model_dir,
     served_model_name,
-    torch_dtype,
     unsupported,
 )
 from worldserve.engines.realtime.loader import RealtimeModel, load_realtime_model
+from worldserve.models.common import resolve_dtype
+from worldserve.models.common import count_parameters
 from worldserve.engines.realtime.runner import CausalRunner
 from worldserve.engines.realtime.scheduler import PendingChunk, RoundRobinQueue
 from worldserve.engines.realtime.session import SessionSettings, SessionTable
@@ -43,7 +43,7 @@ class RealtimeEngine:
                  model: RealtimeModel | None = None) -> None:
         if model is None:
             path = model_dir(stage_config)
-            model = load_realtime_model(path, stage_config.device, torch_dtype(stage_config.dtype))
+            model = load_realtime_model(path, stage_config.device, resolve_dtype(stage_config.dtype))
             self.model_name = served_model_name(stage_config, path)
             self.model_path = str(path)
         else:  # in-process use (tests, benchmarks)
@@ -51,7 +51,7 @@ class RealtimeEngine:
         self.cfg = stage_config
         self.model = model
         self.runner = CausalRunner(model)
-        self.num_params = count_parameters(model.dit, model.vae, model.text_encoder)
+        self.num_params = sum(count_parameters(m) for m in (model.dit, model.vae, model.text_encoder))
         self.sessions = SessionTable(stage_config.max_sessions + stage_config.session_table_margin)
         self.queue = RoundRobinQueue()
         mc = model.config

@@ -15,10 +15,8 @@ from typing import Any
 from worldserve.config import ReasonerStageConfig, ServerConfig
 from worldserve.engines.common import (
     ModelLoadError,
-    count_parameters,
     model_dir,
     served_model_name,
-    torch_dtype,
     unsupported,
 )
 from worldserve.engines.reasoner import admission
@@ -29,6 +27,7 @@ from worldserve.engines.reasoner.loading import load_vlm
 from worldserve.engines.reasoner.prompt import PromptBuilder
 from worldserve.engines.reasoner.runner import ModelRunner, forward_decode_batch
 from worldserve.engines.reasoner.session import Session, SessionState
+from worldserve.models.common import count_parameters
 from worldserve.errors import Conflict, InvalidRequest, NotFound, NotSupported
 from worldserve.ipc.messages import (
     ChatCompletion,
@@ -53,7 +52,7 @@ class ReasonerEngine:
     def __init__(self, stage_config: ReasonerStageConfig, server_config: ServerConfig) -> None:
         path = model_dir(stage_config)
         try:
-            loaded = load_vlm(path, torch_dtype(stage_config.dtype), stage_config.device)
+            loaded = load_vlm(path, stage_config.dtype, stage_config.device)
         except Exception as exc:
             raise ModelLoadError(f"cannot load a vision-language model from {path}: {exc}") from exc
         self.config = stage_config

@@ -24,7 +24,7 @@ class LoadedVLM:
     chat_template: str
 
 
-def load_vlm(path: Path, dtype: torch.dtype, device: str) -> LoadedVLM:
+def load_vlm(path: Path, dtype: torch.dtype | str, device: str) -> LoadedVLM:
     """The model (eval mode, on `device`) and what the engine needs to build prompts."""
     model, processor = project_load_vlm(path, dtype=dtype, device=device)
     tokenizer = processor.tokenizer
