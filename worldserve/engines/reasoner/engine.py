@@ -13,21 +13,14 @@ from collections import OrderedDict, deque
 from typing import Any
 
 from worldserve.config import ReasonerStageConfig, ServerConfig
-from worldserve.engines.common import (
-    ModelLoadError,
-    model_dir,
-    served_model_name,
-    unsupported,
-)
+from worldserve.engines.common import ModelLoadError, model_dir, served_model_name, unsupported
 from worldserve.engines.reasoner import admission
+from worldserve.engines.reasoner.contract import ReasonerRunner
 from worldserve.engines.reasoner.decoding import NgramProposer
 from worldserve.engines.reasoner.guided import GrammarFactory
 from worldserve.engines.reasoner.jobs import ChatJob, EngineContext, FrameJob, JobPhase
-from worldserve.engines.reasoner.loading import load_vlm
 from worldserve.engines.reasoner.prompt import PromptBuilder
-from worldserve.engines.reasoner.runner import ModelRunner, forward_decode_batch
 from worldserve.engines.reasoner.session import Session, SessionState
-from worldserve.models.common import count_parameters
 from worldserve.errors import Conflict, InvalidRequest, NotFound, NotSupported
 from worldserve.ipc.messages import (
     ChatCompletion,
@@ -41,6 +34,7 @@ from worldserve.ipc.messages import (
     SessionCreated,
     SessionFrame,
 )
+from worldserve.models import registry
 from worldserve.runtime.engine import EngineState, ReplyFn
 
 log = logging.getLogger("worldserve.reasoner")
@@ -51,17 +45,16 @@ MAX_DECODE_BATCH = 16
 class ReasonerEngine:
     def __init__(self, stage_config: ReasonerStageConfig, server_config: ServerConfig) -> None:
         path = model_dir(stage_config)
-        try:
-            loaded = load_vlm(path, stage_config.dtype, stage_config.device)
-        except Exception as exc:
-            raise ModelLoadError(f"cannot load a vision-language model from {path}: {exc}") from exc
+        runner: ReasonerRunner = registry.load_runner(
+            "reasoner", path, dtype=stage_config.dtype, device=stage_config.device)
         self.config = stage_config
-        self.model = loaded.model
+        self.runner = runner
+        self.model = runner.model
         self.model_name = served_model_name(stage_config, path)
         self.model_path = str(path)
-        self.num_params = count_parameters(self.model)
-        self.prompts = PromptBuilder(loaded.tokenizer, loaded.image_processor, loaded.chat_template)
-        self.runner = ModelRunner(self.model, self.prompts.image_token_id)
+        self.num_params = runner.num_params
+        self.prompts = PromptBuilder(runner.tokenizer, runner.image_processor,
+                                     runner.chat_template)
         p = self.runner.max_position_embeddings
         m = stage_config.max_model_len or p or 4096
         self.model_limits = admission.ModelLimits(m, p or m)
@@ -80,8 +73,8 @@ class ReasonerEngine:
         proposer = (NgramProposer(streaming.spec_num_tokens)
                     if streaming.spec_method == "ngram" else None)
         self.ctx = EngineContext(
-            runner=self.runner, tokenizer=loaded.tokenizer, stop_ids=self._stop_ids(loaded),
-            grammars=GrammarFactory(loaded.tokenizer, self.runner.vocab_size), proposer=proposer,
+            runner=self.runner, tokenizer=runner.tokenizer, stop_ids=self._stop_ids(runner),
+            grammars=GrammarFactory(runner.tokenizer, self.runner.vocab_size), proposer=proposer,
             max_model_len=m, max_position_embeddings=p or m,
             max_prefill_tokens=stage_config.max_prefill_tokens,
             banned_ids=self.prompts.placeholder_ids,
@@ -110,7 +103,7 @@ class ReasonerEngine:
         while self.jobs:
             self.step()
 
-    def _stop_ids(self, loaded: Any) -> set[int]:
+    def _stop_ids(self, loaded: ReasonerRunner) -> set[int]:
         ids = set()
         eos = getattr(self.model.generation_config, "eos_token_id", None)
         ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -206,7 +199,7 @@ class ReasonerEngine:
         admission.check_capacity(live, req.retention.max_video_segments, self.limits)
         self.sessions[req.session_id] = Session(
             req.session_id, req.system_prompt, req.question, req.retention, req.sampling, grammar,
-            self.model.config)
+            self.runner.new_kv())
         return SessionCreated(request_id=req.request_id, session_id=req.session_id,
                               retention=req.retention, sampling=req.sampling)
 
@@ -271,7 +264,7 @@ class ReasonerEngine:
             raise InvalidRequest(
                 f"prompt ({len(prompt.input_ids)} tokens) + max_tokens ({req.sampling.max_tokens})"
                 f" exceeds the model context length ({self.model_limits.max_model_len})")
-        self.jobs.append(ChatJob(req, prompt, grammar, reply, self.ctx, self.model.config))
+        self.jobs.append(ChatJob(req, prompt, grammar, reply, self.ctx))
 
     def cancel(self, request_id: str) -> None:
         for job in list(self.jobs):
@@ -313,7 +306,7 @@ class ReasonerEngine:
         forward."""
         start = time.perf_counter()
         kvs, fed = zip(*(j.batch_input() for j in batch))
-        logits = forward_decode_batch(self.runner, list(kvs), list(fed))
+        logits = self.runner.forward_decode_batch(list(kvs), list(fed))
         share = (time.perf_counter() - start) / len(batch)
         for row, j in zip(logits, batch):
             j.apply_logits(row, share)
@@ -324,6 +317,3 @@ class ReasonerEngine:
             session.kill()
         self.sessions.clear()
 
-
-def create_engine(stage_config: ReasonerStageConfig, server_config: ServerConfig) -> ReasonerEngine:
-    return ReasonerEngine(stage_config, server_config)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any
 
 import torch
 
-from worldserve.engines.reasoner.kv import KVState
+from worldserve.engines.reasoner.contract import ReasonerRunner, SequenceKV
 from worldserve.engines.reasoner.prompt import FrameChunk
 from worldserve.engines.reasoner.retention import (
     ASSISTANT_TEXT,
@@ -17,7 +16,6 @@ from worldserve.engines.reasoner.retention import (
     Segment,
     plan_eviction,
 )
-from worldserve.engines.reasoner.runner import ModelRunner
 from worldserve.errors import Conflict
 from worldserve.ipc.messages import ReasonerRetention, ReasonerSampling
 
@@ -34,7 +32,7 @@ class Session:
 
     def __init__(self, session_id: str, system_prompt: str, question: str,
                  retention: ReasonerRetention, sampling: ReasonerSampling, grammar: str | None,
-                 model_config: Any) -> None:
+                 kv: SequenceKV) -> None:
         self.session_id = session_id
         self.system_prompt = system_prompt
         self.question = question
@@ -42,7 +40,7 @@ class Session:
         self.sampling = sampling
         self.grammar = grammar
         self.state = SessionState.IDLE
-        self.kv: KVState | None = KVState(model_config)
+        self.kv: SequenceKV | None = kv
         self.segments: list[Segment] = []
         self.pending_token: int | None = None  # the previous reply's last sampled token (not fed)
         self.frames = 0  # replies delivered
@@ -119,7 +117,7 @@ class Session:
     def has_uncached(self) -> bool:
         return any(s.num_cached < len(s) for s in self.segments)
 
-    def prefill_next(self, runner: ModelRunner, max_group_tokens: int) -> torch.Tensor:
+    def prefill_next(self, runner: ReasonerRunner, max_group_tokens: int) -> torch.Tensor:
         """Prefill the next group of uncached segment tails (at most one image, about
         `max_group_tokens` tokens) in one forward; returns the last position's logits (V,)."""
         assert self.kv is not None

@@ -1,6 +1,6 @@
 """Load a Qwen-VL family checkpoint: model, image processor, tokenizer and chat template.
 
-Goes through the project's loader (`worldserve.models.processor.load_vlm`: the official
+Goes through the project's loader (`worldserve.models.qwen_vl.processor.load_vlm`: the official
 processor where it can be built, else the Pil image processor shim, so no torchvision). The
 engine uses only the image processor and the tokenizer: it expands image placeholders itself.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from worldserve.models.processor import load_vlm as project_load_vlm
+from worldserve.models.qwen_vl.processor import load_vlm as project_load_vlm
 
 
 @dataclass
