@@ -14,7 +14,7 @@ from typing import Any
 
 from worldserve.config import RealtimeStageConfig, ServerConfig
 from worldserve.engines.common import model_dir, served_model_name, unsupported
-from worldserve.engines.realtime.contract import RealtimeRunner
+from worldserve.engines.realtime.contract import RealtimeRunner, WorldSession
 from worldserve.engines.realtime.scheduler import PendingChunk, RoundRobinQueue
 from worldserve.engines.realtime.session import SessionTable
 from worldserve.errors import InvalidRequest, NotFound, WorldserveError
@@ -27,7 +27,7 @@ from worldserve.ipc.messages import (
     Request,
 )
 from worldserve.models import registry
-from worldserve.models.types import WorldSessionSettings
+from worldserve.models.types import ChunkRunOutput, WorldSessionSettings
 from worldserve.runtime.engine import EngineState, ReplyFn
 
 log = logging.getLogger("worldserve.realtime")
@@ -138,18 +138,27 @@ class RealtimeEngine:
         return len(self.queue) > 0
 
     def step(self) -> None:
+        """schedule (the next session's oldest chunk) -> execute (one chunk on the runner) ->
+        update (the reply)."""
         item = self.queue.pop()
         if item is None:
             return
+        started = time.monotonic()
         try:
-            self._run(item)
+            session = self._session_for(item)
+            out = self.runner.run_chunk(session, item.request.camera,
+                                        item.request.prompt if item.request.chunk_index else None,
+                                        item.request.refresh_kv)
         except WorldserveError as exc:
             self._fail(item, exc)
+            return
         except Exception as exc:  # a failed chunk ends its session, never the stage
             log.exception("realtime chunk %s failed", item.request.request_id)
             self.release(item.request.session_id)
             item.reply(ErrorReply(request_id=item.request.request_id, code="internal_error",
                                   message=str(exc).splitlines()[0] if str(exc) else repr(exc)))
+            return
+        self._reply(item, session, out, started)
 
     def shutdown(self) -> None:
         for session in self.sessions.values():
@@ -174,25 +183,28 @@ class RealtimeEngine:
             self.release(sid)
         log.info("realtime warm-up done for %s", ", ".join(sizes))
 
-    def _run(self, item: PendingChunk) -> None:
+    def _session_for(self, item: PendingChunk) -> WorldSession:
+        """Chunk 0 opens the session (settings validated at submit); later chunks must come in
+        order."""
         req = item.request
-        started = time.monotonic()
         if req.chunk_index == 0:
             session = self.runner.new_session(req.session_id, item.settings, req.prompt or "")
             for evicted in self.sessions.put(session):
                 log.warning("session table full: released least recently used session %s",
                             evicted.session_id)
                 self.release(evicted.session_id)
-            prompt = None
-        else:
-            session = self.sessions.get(req.session_id)
-            if session is None:
-                raise NotFound(f"realtime session {req.session_id} not found")
-            if req.chunk_index != session.next_chunk:
-                raise InvalidRequest(f"realtime session {req.session_id} expects chunk "
-                                     f"{session.next_chunk}, got {req.chunk_index}")
-            prompt = req.prompt
-        out = self.runner.run_chunk(session, req.camera, prompt, req.refresh_kv)
+            return session
+        session = self.sessions.get(req.session_id)
+        if session is None:
+            raise NotFound(f"realtime session {req.session_id} not found")
+        if req.chunk_index != session.next_chunk:
+            raise InvalidRequest(f"realtime session {req.session_id} expects chunk "
+                                 f"{session.next_chunk}, got {req.chunk_index}")
+        return session
+
+    def _reply(self, item: PendingChunk, session: WorldSession, out: ChunkRunOutput,
+               started: float) -> None:
+        req = item.request
         item.reply(RealtimeChunkResult(
             request_id=req.request_id, session_id=req.session_id, chunk_index=req.chunk_index,
             frames=out.frames, num_frames=out.num_frames, width=session.settings.width,

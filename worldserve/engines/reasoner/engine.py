@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from typing import Any
 
 from worldserve.config import ReasonerStageConfig, ServerConfig
@@ -18,9 +18,10 @@ from worldserve.engines.reasoner import admission
 from worldserve.engines.reasoner.contract import ReasonerRunner
 from worldserve.engines.reasoner.decoding import NgramProposer
 from worldserve.engines.reasoner.guided import GrammarFactory
-from worldserve.engines.reasoner.jobs import ChatJob, EngineContext, FrameJob, JobPhase
+from worldserve.engines.reasoner.jobs import ChatJob, EngineContext, FrameJob
 from worldserve.engines.reasoner.prompt import PromptBuilder
-from worldserve.engines.reasoner.session import Session, SessionState
+from worldserve.engines.reasoner.scheduler import JobPhase, ReasonerBatch, ReasonerScheduler
+from worldserve.engines.reasoner.session import KVSession, KVSessionState
 from worldserve.errors import Conflict, InvalidRequest, NotFound, NotSupported
 from worldserve.ipc.messages import (
     ChatCompletion,
@@ -39,7 +40,6 @@ from worldserve.runtime.engine import EngineState, ReplyFn
 
 log = logging.getLogger("worldserve.reasoner")
 MAX_TOMBSTONES = 1024
-MAX_DECODE_BATCH = 16
 
 
 class ReasonerEngine:
@@ -79,11 +79,10 @@ class ReasonerEngine:
             max_prefill_tokens=stage_config.max_prefill_tokens,
             banned_ids=self.prompts.placeholder_ids,
         )
-        self.sessions: dict[str, Session] = {}
+        self.sessions: dict[str, KVSession] = {}
         # Dead sessions moved out of capacity accounting: id -> frames, until CloseSession.
         self._tombstones: OrderedDict[str, int] = OrderedDict()
-        self.jobs: deque[FrameJob | ChatJob] = deque()
-        self._batching = stage_config.batch_decode
+        self.scheduler = ReasonerScheduler(stage_config.batch_decode)
         if stage_config.warmup_mode == "server":
             self._warmup()
 
@@ -100,7 +99,7 @@ class ReasonerEngine:
                                      ChatPart(type="image", image=buf.getvalue()),
                                      ChatPart(type="text", text="warmup")])])
         self._chat(request, lambda _: None)
-        while self.jobs:
+        while self.has_work():
             self.step()
 
     def _stop_ids(self, loaded: ReasonerRunner) -> set[int]:
@@ -162,15 +161,15 @@ class ReasonerEngine:
         return "ready"
 
     def stats(self) -> dict[str, Any]:
-        running = sum(1 for j in self.jobs if j.phase is not JobPhase.QUEUED)
-        live = sum(1 for s in self.sessions.values() if s.state is not SessionState.DEAD)
+        running = self.scheduler.num_started()
+        live = sum(1 for s in self.sessions.values() if s.state is not KVSessionState.DEAD)
         extra: dict[str, Any] = {"forwards": self.runner.num_forwards,
                                  "kv_tokens": sum(len(s.kv) for s in self.sessions.values()
                                                   if s.kv is not None)}
         if self.ctx.proposer is not None:
             extra["spec_drafted"] = self.ctx.proposer.num_drafted
             extra["spec_accepted"] = self.ctx.proposer.num_accepted
-        return {"queue_depth": len(self.jobs) - running, "running": running, "sessions": live,
+        return {"queue_depth": len(self.scheduler) - running, "running": running, "sessions": live,
                 "extra": extra}
 
     # ------------------------------------------------------------------ requests
@@ -197,7 +196,7 @@ class ReasonerEngine:
         self._reap_dead()
         live = [s.retention.max_video_segments for s in self.sessions.values()]
         admission.check_capacity(live, req.retention.max_video_segments, self.limits)
-        self.sessions[req.session_id] = Session(
+        self.sessions[req.session_id] = KVSession(
             req.session_id, req.system_prompt, req.question, req.retention, req.sampling, grammar,
             self.runner.new_kv())
         return SessionCreated(request_id=req.request_id, session_id=req.session_id,
@@ -206,12 +205,12 @@ class ReasonerEngine:
     def _reap_dead(self) -> None:
         """Dead sessions hold no cache; they only wait for CloseSession to report `frames`.
         Keep them out of capacity by moving them to tombstones."""
-        for sid in [sid for sid, s in self.sessions.items() if s.state is SessionState.DEAD]:
+        for sid in [sid for sid, s in self.sessions.items() if s.state is KVSessionState.DEAD]:
             self._tombstones[sid] = self.sessions.pop(sid).frames
         while len(self._tombstones) > MAX_TOMBSTONES:
             self._tombstones.popitem(last=False)
 
-    def _session(self, session_id: str) -> Session:
+    def _session(self, session_id: str) -> KVSession:
         session = self.sessions.get(session_id)
         if session is None:
             if session_id in self._tombstones:
@@ -221,16 +220,16 @@ class ReasonerEngine:
 
     def _frame(self, req: SessionFrame, reply: ReplyFn) -> None:
         session = self._session(req.session_id)
-        if session.state is SessionState.DEAD:
+        if session.state is KVSessionState.DEAD:
             raise Conflict("session is no longer usable; create a new session")
-        if session.state is SessionState.BUSY:
+        if session.state is KVSessionState.BUSY:
             raise Conflict("session busy: a frame is already being processed")
         first = session.is_first_frame
         chunk = self.prompts.frame_chunk(
             req.image, session.system_prompt if first else None, session.question,
             session.pending_token, self.ctx.stop_ids)
         session.begin_frame()
-        self.jobs.append(FrameJob(req, session, chunk, reply, self.ctx))
+        self.scheduler.add(FrameJob(req, session, chunk, reply, self.ctx))
 
     def _close(self, req: CloseSession) -> SessionClosed:
         session = self.sessions.pop(req.session_id, None)
@@ -240,8 +239,8 @@ class ReasonerEngine:
                 return SessionClosed(request_id=req.request_id, session_id=req.session_id,
                                      frames=frames)
             raise NotFound(f"session {req.session_id!r} not found")
-        for job in [j for j in self.jobs if isinstance(j, FrameJob) and j.session is session]:
-            self.jobs.remove(job)
+        for job in self.scheduler.remove_where(
+                lambda j: isinstance(j, FrameJob) and j.session is session):
             job.abort(closed=True)
         session.kill()
         return SessionClosed(request_id=req.request_id, session_id=req.session_id,
@@ -264,55 +263,53 @@ class ReasonerEngine:
             raise InvalidRequest(
                 f"prompt ({len(prompt.input_ids)} tokens) + max_tokens ({req.sampling.max_tokens})"
                 f" exceeds the model context length ({self.model_limits.max_model_len})")
-        self.jobs.append(ChatJob(req, prompt, grammar, reply, self.ctx))
+        self.scheduler.add(ChatJob(req, prompt, grammar, reply, self.ctx))
 
     def cancel(self, request_id: str) -> None:
-        for job in list(self.jobs):
-            if job.request_id == request_id:
-                self.jobs.remove(job)
-                job.abort()
+        for job in self.scheduler.remove_where(lambda j: j.request_id == request_id):
+            job.abort()
 
     # ------------------------------------------------------------------ the loop
 
     def has_work(self) -> bool:
-        return bool(self.jobs)
+        return len(self.scheduler) > 0
 
     def step(self) -> None:
-        """One unit of the job at the head of the queue; unfinished jobs go to the back."""
-        if not self.jobs:
+        """schedule -> execute -> update: one unit of the head job (or one batched decode step
+        of several decoding jobs); unfinished jobs go back to the end of the queue."""
+        batch = self.scheduler.schedule()
+        if batch is None:
             return
-        job = self.jobs.popleft()
-        batch = [job]
-        if self._batching and job.phase is JobPhase.DECODE:
-            batch += [j for j in self.jobs if j.phase is JobPhase.DECODE][:MAX_DECODE_BATCH - 1]
-            for other in batch[1:]:
-                self.jobs.remove(other)
         try:
-            if len(batch) > 1:
-                self._decode_batch(batch)
-            else:
-                job.step()
+            self._execute(batch)
         except Exception as exc:  # a failing request must not take the stage down
-            if not isinstance(exc, (Conflict, NotFound, InvalidRequest)):
-                log.exception("request(s) %s failed", [j.request_id for j in batch])
-            for failed in batch:
-                if failed.phase is not JobPhase.DONE:
-                    failed.fail(exc)
-            return
-        self.jobs.extend(j for j in batch if j.phase is not JobPhase.DONE)
+            self._failed(batch, exc)
+        self.scheduler.update(batch)
 
-    def _decode_batch(self, batch: list[FrameJob | ChatJob]) -> None:
-        """One decode step (with its drafts, if speculating) of every job in `batch`, in one
-        forward."""
+    def _execute(self, batch: ReasonerBatch) -> None:
+        if batch.batched_decode:
+            self._decode_batch(batch.jobs)
+        else:
+            batch.jobs[0].step()
+
+    def _failed(self, batch: ReasonerBatch, exc: Exception) -> None:
+        if not isinstance(exc, (Conflict, NotFound, InvalidRequest)):
+            log.exception("request(s) %s failed", [j.request_id for j in batch.jobs])
+        for job in batch.jobs:
+            if job.phase is not JobPhase.DONE:
+                job.fail(exc)
+
+    def _decode_batch(self, jobs: list[Any]) -> None:
+        """One decode step (with its drafts, if speculating) of every job, in one forward."""
         start = time.perf_counter()
-        kvs, fed = zip(*(j.batch_input() for j in batch))
+        kvs, fed = zip(*(j.batch_input() for j in jobs))
         logits = self.runner.forward_decode_batch(list(kvs), list(fed))
-        share = (time.perf_counter() - start) / len(batch)
-        for row, j in zip(logits, batch):
+        share = (time.perf_counter() - start) / len(jobs)
+        for row, j in zip(logits, jobs):
             j.apply_logits(row, share)
 
     def shutdown(self) -> None:
-        self.jobs.clear()
+        self.scheduler.clear()
         for session in self.sessions.values():
             session.kill()
         self.sessions.clear()

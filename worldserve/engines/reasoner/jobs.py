@@ -6,10 +6,9 @@ engine can round-robin between jobs. Jobs reply through the stage's reply functi
 
 from __future__ import annotations
 
-import enum
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -23,7 +22,8 @@ from worldserve.engines.reasoner.decoding import (
 )
 from worldserve.engines.reasoner.guided import GrammarFactory
 from worldserve.engines.reasoner.prompt import ChatPrompt, FrameChunk
-from worldserve.engines.reasoner.session import Session
+from worldserve.engines.reasoner.scheduler import JobPhase
+from worldserve.engines.reasoner.session import KVSession
 from worldserve.errors import InvalidRequest, WorldserveError
 from worldserve.ipc.messages import (
     ChatCompletion,
@@ -31,18 +31,9 @@ from worldserve.ipc.messages import (
     ChatResult,
     ErrorReply,
     FrameResult,
-    Message,
     SessionFrame,
 )
-
-ReplyFn = Callable[[Message], None]
-
-
-class JobPhase(enum.Enum):
-    QUEUED = "queued"
-    PREFILL = "prefill"
-    DECODE = "decode"
-    DONE = "done"
+from worldserve.runtime.engine import ReplyFn
 
 
 @dataclass
@@ -63,7 +54,7 @@ class EngineContext:
 class FrameJob:
     """One frame of a session: eviction (+ re-prefill), prefill of the new chunk, the reply."""
 
-    def __init__(self, request: SessionFrame, session: Session, chunk: FrameChunk,
+    def __init__(self, request: SessionFrame, session: KVSession, chunk: FrameChunk,
                  reply: ReplyFn, ctx: EngineContext) -> None:
         self.request_id = request.request_id
         self.request = request

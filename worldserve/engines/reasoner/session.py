@@ -20,13 +20,13 @@ from worldserve.errors import Conflict
 from worldserve.ipc.messages import ReasonerRetention, ReasonerSampling
 
 
-class SessionState(enum.Enum):
+class KVSessionState(enum.Enum):
     IDLE = "idle"  # waiting for a frame
     BUSY = "busy"  # one frame in flight
     DEAD = "dead"  # aborted or failed: cache released, only CloseSession is accepted
 
 
-class Session:
+class KVSession:
     """Segments and KV cache in lockstep: the cache holds `seg.ids[:seg.num_cached]` of every
     segment, in order; uncached tokens (the newest chunk) only ever follow cached ones."""
 
@@ -39,7 +39,7 @@ class Session:
         self.retention = retention
         self.sampling = sampling
         self.grammar = grammar
-        self.state = SessionState.IDLE
+        self.state = KVSessionState.IDLE
         self.kv: SequenceKV | None = kv
         self.segments: list[Segment] = []
         self.pending_token: int | None = None  # the previous reply's last sampled token (not fed)
@@ -54,19 +54,19 @@ class Session:
     # ------------------------------------------------------------------ state
 
     def begin_frame(self) -> None:
-        if self.state is SessionState.DEAD:
+        if self.state is KVSessionState.DEAD:
             raise Conflict("session is no longer usable; create a new session")
-        if self.state is SessionState.BUSY:
+        if self.state is KVSessionState.BUSY:
             raise Conflict("session busy: a frame is already being processed")
-        self.state = SessionState.BUSY
+        self.state = KVSessionState.BUSY
 
     def end_frame(self) -> None:
-        if self.state is SessionState.BUSY:
-            self.state = SessionState.IDLE
+        if self.state is KVSessionState.BUSY:
+            self.state = KVSessionState.IDLE
 
     def kill(self) -> None:
         """Mark dead and release the cache at once."""
-        self.state = SessionState.DEAD
+        self.state = KVSessionState.DEAD
         self.kv = None
         self.segments = []
 
