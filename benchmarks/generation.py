@@ -61,7 +61,7 @@ def paired_ms(server: ServerProcess, model: Path, args: argparse.Namespace) -> t
     import torch
 
     from worldserve.engines.generation.defaults import sampling_defaults
-    from worldserve.models.wan.runner import load_pipeline
+    from worldserve.models.wan.loader import load_pipeline
 
     torch.set_num_threads(int(THREADS))
     w, h = (int(v) for v in args.size.split("x"))

@@ -1,6 +1,8 @@
 """Model calls: vision encoding, chunk positions (M-RoPE) and forwards over a KVState.
 
-`QwenVLRunner` satisfies the reasoner's runner contract (engines/reasoner/contract.py).
+Loading goes through `processor.load_vlm` (the official processor where it can be built, else
+the Pil image-processor shim). `QwenVLRunner` satisfies the reasoner's runner contract
+(engines/reasoner/contract.py).
 """
 
 from __future__ import annotations
@@ -12,31 +14,38 @@ import torch
 
 from worldserve.models.common import count_parameters
 from worldserve.models.qwen_vl.kv import KVState, new_cache
-from worldserve.models.qwen_vl.loader import LoadedVLM, load_vlm
-from worldserve.models.qwen_vl.processor import IMAGE_PAD
+from worldserve.models.qwen_vl.processor import IMAGE_PAD, load_vlm
 from worldserve.models.types import ImageInput, ModelLoadError
 
 
 def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu") -> QwenVLRunner:
     """The registry's reasoner loader for a Qwen-VL checkpoint directory."""
     try:
-        loaded = load_vlm(model_dir, dtype, device)
+        model, processor = load_vlm(model_dir, dtype=dtype, device=device)
+        return QwenVLRunner(model, processor)
     except Exception as exc:
         raise ModelLoadError(f"cannot load a vision-language model from {model_dir}: "
                              f"{exc}") from exc
-    return QwenVLRunner(loaded)
 
 
 class QwenVLRunner:
-    """Wraps a Qwen-VL `...ForConditionalGeneration`; every call runs under inference mode."""
+    """Wraps a Qwen-VL `...ForConditionalGeneration`; every call runs under inference mode.
 
-    def __init__(self, loaded: LoadedVLM) -> None:
-        model = loaded.model
+    The engine uses only the processor's image processor and tokenizer (it expands image
+    placeholders itself) and the checkpoint's chat template.
+    """
+
+    def __init__(self, model: Any, processor: Any) -> None:
+        tokenizer = processor.tokenizer
+        template = getattr(processor, "chat_template", None) or tokenizer.chat_template
+        if not template:
+            raise ValueError("the checkpoint has no chat template (chat_template.jinja/json or "
+                             "in the tokenizer config)")
         self.model = model
-        self.tokenizer = loaded.tokenizer
-        self.image_processor = loaded.image_processor
-        self.chat_template = loaded.chat_template
-        self.image_token_id = loaded.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+        self.tokenizer = tokenizer
+        self.image_processor = processor.image_processor
+        self.chat_template = template
+        self.image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_PAD)
         self.num_params = count_parameters(model)
         self.device = next(model.parameters()).device
         text_config = getattr(model.config, "text_config", model.config)
