@@ -8,7 +8,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: serve test install dev-models clean
+.PHONY: serve test lint install dev-models clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,10 @@ dev-models: $(STAMP)
 serve: dev-models
 	$(BIN)/worldserve serve --host $(HOST) --port $(PORT)
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(BIN)/ruff check worldserve tests benchmarks
+
+test: $(STAMP) lint
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 clean:

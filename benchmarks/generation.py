@@ -33,7 +33,8 @@ from worldserve import envs  # noqa: E402
 
 def dev_generation_dir() -> Path:
     root = envs.dev_models_dir()
-    subprocess.run([sys.executable, "-m", "worldserve", "dev-models", "build", str(root)], check=True)
+    subprocess.run([sys.executable, "-m", "worldserve", "dev-models", "build", str(root)],
+                   check=True)
     return root / "generation"
 
 
@@ -60,7 +61,7 @@ def paired_ms(server: ServerProcess, model: Path, args: argparse.Namespace) -> t
     import torch
 
     from worldserve.engines.generation.defaults import sampling_defaults
-    from worldserve.engines.generation.runner import load_pipeline
+    from worldserve.models.wan.loader import load_pipeline
 
     torch.set_num_threads(int(THREADS))
     w, h = (int(v) for v in args.size.split("x"))
@@ -131,7 +132,8 @@ def main() -> None:
         "size": args.size, "steps": args.steps, "n": args.n,
         "direct_median_ms": round(statistics.median(direct), 2),
         "server_median_ms": round(statistics.median(via_server), 2),
-        "server_overhead_ratio": round(statistics.median(via_server) / statistics.median(direct), 3),
+        "server_overhead_ratio": round(
+            statistics.median(via_server) / statistics.median(direct), 3),
         "images_per_s_batch4_c4": round(ips_batched, 2),
         "images_per_s_batch1_c4": round(ips_single, 2),
         "batch_speedup_c4": round(ips_batched / ips_single, 3),

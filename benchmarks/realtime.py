@@ -24,10 +24,10 @@ import torch
 
 from worldserve.config import RealtimeStageConfig, ServerConfig
 from worldserve.engines.realtime.engine import RealtimeEngine
-from worldserve.engines.realtime.loader import RealtimeModel, load_realtime_model
-from worldserve.engines.realtime.runner import CausalRunner
-from worldserve.engines.realtime.session import SessionSettings
 from worldserve.ipc.messages import RealtimeChunk
+from worldserve.models.causal_dit.loader import RealtimeModel, load_realtime_model
+from worldserve.models.causal_dit.runner import CausalRunner
+from worldserve.models.types import WorldSessionSettings as SessionSettings
 
 
 def p95(values: list[float]) -> float:
@@ -61,7 +61,7 @@ def fps_run(model: RealtimeModel, num_sessions: int, num_chunks: int, width: int
             height: int) -> tuple[float, list[bytes]]:
     """Aggregate output frames/s of `num_sessions` sessions interleaved by the engine."""
     engine = RealtimeEngine(RealtimeStageConfig(max_sessions=max(2, num_sessions)), ServerConfig(),
-                            model=model)
+                            runner=CausalRunner(model))
     frames, chunks = 0, []
 
     def reply(msg: Any) -> None:
@@ -153,7 +153,7 @@ def main() -> None:
     if args.model_path:
         model = load_realtime_model(args.model_path)
     else:
-        from worldserve.models.dev.realtime import build_realtime_model
+        from worldserve.models.causal_dit.dev import build_realtime_model
 
         model = build_realtime_model(0)
     mc = model.config

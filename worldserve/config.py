@@ -74,6 +74,9 @@ class GenerationStageConfig(StageConfig):
     output_dir: Path = Path("outputs")
     max_batch_size: int = Field(default=4, ge=1, le=64)
     batch_wait_ms: float = Field(default=10.0, ge=0, le=10_000)
+    # Requests denoising at once, across all running batches; the engine advances the batches
+    # round-robin, one phase each. Rows per batch are also capped by the runner's max_batch_size.
+    max_running_requests: int = Field(default=4, ge=1, le=1024)
     warmup_steps: int = Field(default=2, ge=1, le=100)
     warmup_resolutions: list[str] | None = None
     prompt_enhancer: Path | None = None

@@ -8,12 +8,11 @@ from pathlib import Path
 from worldserve.config import StageConfig
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import Request
+from worldserve.models.types import ModelLoadError
+
+__all__ = ["ModelLoadError", "model_dir", "served_model_name", "unsupported"]
 
 DEV_MARKER = "worldserve_dev.json"
-
-
-class ModelLoadError(RuntimeError):
-    """The stage's model directory is missing or unreadable (message names the path)."""
 
 
 def model_dir(stage_config: StageConfig) -> Path:

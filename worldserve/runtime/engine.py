@@ -16,11 +16,16 @@ from worldserve.ipc.messages import Message, Request
 ReplyFn = Callable[[Message], None]
 EngineState = Literal["warming", "ready"]
 
-# Imported lazily inside the stage process only: the api process never loads these modules.
-ENGINE_FACTORIES: dict[str, str] = {
-    "generation": "worldserve.engines.generation.engine:create_engine",
-    "reasoner": "worldserve.engines.reasoner.factory:create_engine",
-    "realtime": "worldserve.engines.realtime.factory:create_engine",
+# (stage, backend) -> "module:EngineClass", called as `EngineClass(stage_config, server_config)`.
+# The one factory table; imported lazily inside the stage process only (the api process never
+# loads these modules). Stages without a `backend` setting use DEFAULT_BACKEND.
+DEFAULT_BACKEND = "default"
+ENGINE_FACTORIES: dict[tuple[str, str], str] = {
+    ("generation", DEFAULT_BACKEND): "worldserve.engines.generation.engine:GenerationEngine",
+    ("reasoner", "hf"): "worldserve.engines.reasoner.engine:ReasonerEngine",
+    ("reasoner", "fake"): "worldserve.engines.reasoner.fake:FakeReasonerEngine",
+    ("realtime", "causal"): "worldserve.engines.realtime.engine:RealtimeEngine",
+    ("realtime", "fake"): "worldserve.engines.realtime.fake:FakeRealtimeEngine",
 }
 
 
@@ -53,10 +58,12 @@ class Engine(Protocol):
 
 
 def create_engine(stage: str, stage_config: StageConfig, server_config: ServerConfig) -> Engine:
+    backend = getattr(stage_config, "backend", DEFAULT_BACKEND)
     try:
-        target = ENGINE_FACTORIES[stage]
+        target = ENGINE_FACTORIES[(stage, backend)]
     except KeyError:
-        raise ValueError(f"no engine is registered for stage {stage!r}") from None
+        raise ValueError(f"no engine is registered for stage {stage!r} with backend "
+                         f"{backend!r}") from None
     module_name, func_name = target.split(":")
     factory = getattr(importlib.import_module(module_name), func_name)
     return factory(stage_config, server_config)

@@ -12,7 +12,6 @@ from PIL import Image
 
 from worldserve.config import GenerationStageConfig, ServerConfig
 from worldserve.engines.generation.engine import GenerationEngine
-from worldserve.engines.generation.runner import DiffusionRunner
 from worldserve.ipc.messages import (
     ActionsResult,
     ErrorReply,
@@ -75,7 +74,7 @@ def frames_of(engine, result: GenerationResult) -> np.ndarray:
 def test_matches_direct_pipeline_call(engine):
     import torch
 
-    runner: DiffusionRunner = engine.runner
+    runner = engine.runner
     p = media("x", guidance=2.0, negative_prompt="blur", frames=9).params
     state = runner.prepare(["x"], [p], [7])
     while not state.done_denoising:
@@ -96,7 +95,7 @@ def test_batched_equals_sequential_and_progress(engine):
     for rid, prompt in (("b0", "a red car"), ("b1", "a wooden table"), ("b2", "a cube")):
         engine.submit(media(rid, prompt=prompt), replies.fn(rid))
     engine.step()  # starts one batch with all three
-    assert len(engine.running.requests) == 3
+    assert [len(batch.requests) for batch in engine.running] == [3]
     drain(engine)
     b0 = replies.terminal("b0")
     assert isinstance(b0, GenerationResult) and b0.file_names == ["b0.png"]

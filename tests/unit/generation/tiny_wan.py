@@ -57,7 +57,7 @@ def build_tiny_wan(target: Path, *, action_head: bool = True) -> Path:
     (target / "worldserve_dev.json").write_text(json.dumps(
         {"name": "generation", "served_model_name": "tiny-wan-test"}))
     if action_head:
-        from worldserve.models.dev.action_head import build_action_head
+        from worldserve.models.action_head.dev import build_action_head
 
         build_action_head(target / "action_head", SEED)
     return target

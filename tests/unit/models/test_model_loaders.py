@@ -12,10 +12,11 @@ from diffusers import WanPipeline
 from PIL import Image
 from transformers import Qwen2VLImageProcessorPil, Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
+from worldserve.models.common import count_parameters
 from worldserve.models.dev import build_dev_models
 from worldserve.models.dev.tokenizer import build_tokenizer
-from worldserve.models.diffusion import count_parameters, load_pipeline
-from worldserve.models.processor import VLProcessorShim, load_vlm
+from worldserve.models.qwen_vl.processor import VLProcessorShim, load_vlm
+from worldserve.models.wan.loader import load_pipeline
 
 USER_TURN = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hazard?"}]}]
 

@@ -7,7 +7,8 @@ import torch
 
 from worldserve.config import RealtimeStageConfig, ServerConfig
 from worldserve.engines.realtime.engine import RealtimeEngine
-from worldserve.models.dev.realtime import build_realtime_model
+from worldserve.models.causal_dit.dev import build_realtime_model
+from worldserve.models.causal_dit.runner import CausalRunner
 
 
 @pytest.fixture(autouse=True)
@@ -28,6 +29,7 @@ def rt_model():
 @pytest.fixture
 def make_engine(rt_model):
     def make(**config) -> RealtimeEngine:
-        return RealtimeEngine(RealtimeStageConfig(**config), ServerConfig(), model=rt_model)
+        return RealtimeEngine(RealtimeStageConfig(**config), ServerConfig(),
+                              runner=CausalRunner(rt_model))
 
     return make

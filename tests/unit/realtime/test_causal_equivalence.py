@@ -9,13 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worldserve.engines.realtime.camera import camera_vectors, output_frames_per_latent
-from worldserve.engines.realtime.kv_cache import FrameRecord, SelfAttnCache
-from worldserve.engines.realtime.model import block_causal_mask
-from worldserve.engines.realtime.runner import dmd_sigmas
-from worldserve.engines.realtime.session import SessionSettings
-
 from tests.unit.realtime.helpers import Replies, chunk, run_session
+from worldserve.models.causal_dit.camera import camera_vectors, output_frames_per_latent
+from worldserve.models.causal_dit.kv_cache import FrameRecord, SelfAttnCache
+from worldserve.models.causal_dit.model import block_causal_mask
+from worldserve.models.causal_dit.runner import dmd_sigmas
+from worldserve.models.types import WorldSessionSettings as SessionSettings
 
 ATOL = 1e-4
 F_BLOCK, C, H, W = 3, 16, 4, 4  # 4x4 latents: 4 tokens per frame

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from worldserve.engines.common import ModelLoadError
-from worldserve.engines.realtime.loader import load_realtime_model
-from worldserve.models.dev.realtime import build_realtime
+from worldserve.models.causal_dit.dev import build_realtime
+from worldserve.models.causal_dit.loader import load_realtime_model
 
 
 def test_saved_checkpoint_loads_with_identical_weights(tmp_path, rt_model):

@@ -8,10 +8,9 @@ import re
 import pytest
 import torch
 
+from tests.unit.realtime.helpers import Replies, chunk, run_session
 from worldserve.config import RealtimeStageConfig, ServerConfig
 from worldserve.engines.realtime.engine import RealtimeEngine
-from worldserve.engines.realtime.loader import RealtimeModel
-from worldserve.engines.realtime.session import SessionState
 from worldserve.errors import InvalidRequest, NotFound
 from worldserve.ipc.messages import (
     ErrorReply,
@@ -19,8 +18,9 @@ from worldserve.ipc.messages import (
     RealtimeRelease,
     RealtimeReleased,
 )
-
-from tests.unit.realtime.helpers import Replies, chunk, run_session
+from worldserve.models.causal_dit.loader import RealtimeModel
+from worldserve.models.causal_dit.runner import CausalRunner
+from worldserve.models.types import WorldSessionState as SessionState
 
 SMALL = dict(width=32, height=32, num_inference_steps=2)
 
@@ -194,7 +194,7 @@ def test_positions_are_rebased_before_the_rope_range(rt_model):
     dit.load_state_dict(rt_model.dit.state_dict())
     model = RealtimeModel(rt_model.config, dit, rt_model.vae, rt_model.text_encoder,
                           rt_model.tokenizer)
-    engine = RealtimeEngine(RealtimeStageConfig(), ServerConfig(), model=model)
+    engine = RealtimeEngine(RealtimeStageConfig(), ServerConfig(), runner=CausalRunner(model))
     replies = run_session(engine, "s", 8, sink_size=3, window_frames=9, **SMALL)
     session = engine.sessions.get("s")
     assert all(isinstance(r, RealtimeChunkResult) for r in replies)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from worldserve.engines.realtime.vae_stream import StreamingWanDecoder, decoded_frames, to_rgb24
+from worldserve.models.causal_dit.vae_stream import StreamingWanDecoder, decoded_frames, to_rgb24
 
 
 @torch.inference_mode()

@@ -137,7 +137,7 @@ def test_round_robin_never_runs_one_job_twice_while_others_wait(make_engine, bat
     """Unbatched: strict rotation. Batched: every decode step advances all decoding jobs at
     once, so a job waiting to prefill is next after at most one step."""
     drv = make_engine(max_sessions=3)
-    drv.engine._batching = batching
+    drv.engine.scheduler.batch_decode = batching
     for sid in ("a", "b"):
         drv.create(sid, sampling={"max_tokens": 6, **GREEDY})
     for sid, i in (("a", 0), ("b", 1)):
@@ -148,8 +148,9 @@ def test_round_robin_never_runs_one_job_twice_while_others_wait(make_engine, bat
                                                     parts=[ChatPart(type="text", text="hi")])]))
     order = []
     while drv.engine.has_work():
-        decoding = sum(j.phase.value == "decode" for j in drv.engine.jobs)
-        order.append((drv.engine.jobs[0].request_id, len(drv.engine.jobs), decoding))
+        jobs = list(drv.engine.scheduler)
+        decoding = sum(j.phase.value == "decode" for j in jobs)
+        order.append((jobs[0].request_id, len(jobs), decoding))
         drv.engine.step()
     for (prev, n_prev, d_prev), (cur, _, _) in zip(order, order[1:]):
         batched_all = batching and d_prev == n_prev
@@ -239,7 +240,7 @@ def test_batched_decode_equals_sequential(make_engine, spec):
     sampling = {"max_tokens": 10, "temperature": 0.8, "seed": 11, "repetition_penalty": 1.2}
     batched = make_engine(max_sessions=3, spec_method=spec, spec_num_tokens=3)
     sequential = make_engine(max_sessions=3)
-    sequential.engine._batching = False
+    sequential.engine.scheduler.batch_decode = False
     got = _concurrent_replies(batched, 3, sampling)
     expected = _concurrent_replies(sequential, 3, sampling)
     assert got == expected

@@ -1,9 +1,12 @@
-"""Generation stage engine: the loop is `schedule() -> runner phase -> postprocess()`.
+"""Generation stage engine: each `step()` is `schedule -> execute -> update`.
 
-Each `step()` runs one bounded unit: start a batch (prompt encoding + noise), one denoising
-step of the running batch, one row's VAE decode, or writing one request's files. Requests are
-batched by the scheduler; progress replies follow every step; cancellation applies at the next
-step boundary; a request that fails inside a batch is retried alone and then fails alone.
+`schedule` picks one unit: an action request, a new batch to start (when fewer than
+`max_running_requests` requests run), or the next phase of a running batch, round-robin over
+the running batches. `execute` runs that one runner phase (prepare, one denoising step, one
+row's decode, or writing one request's files); `update` turns its output into replies.
+Several batches run at once, each advanced one phase per turn, so a short request is not stuck
+behind a long one; cancellation applies at the next step boundary; a request that fails inside
+a batch is retried alone and then fails alone.
 """
 
 from __future__ import annotations
@@ -11,17 +14,21 @@ from __future__ import annotations
 import logging
 import resource
 import time
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from worldserve.config import GenerationStageConfig, ServerConfig
 from worldserve.engines.common import model_dir, served_model_name
-from worldserve.engines.generation.actions import ActionRunner
+from worldserve.engines.generation.batch import (
+    MediaJob,
+    Phase,
+    RunnerOutput,
+    RunningBatch,
+    SchedulerOutput,
+)
+from worldserve.engines.generation.contract import ActionRunner, GenerationRunner
 from worldserve.engines.generation.defaults import sampling_defaults
-from worldserve.engines.generation.outputs import output_names, write_output
-from worldserve.engines.generation.runner import BatchState, DiffusionRunner, load_pipeline, to_uint8
+from worldserve.engines.generation.outputs import output_names, to_uint8, write_output
 from worldserve.engines.generation.scheduler import (
     RequestStatus,
     ScheduledRequest,
@@ -29,7 +36,7 @@ from worldserve.engines.generation.scheduler import (
     denoise_progress,
 )
 from worldserve.engines.generation.warmup import WarmupPlan
-from worldserve.models.common import count_parameters
+from worldserve.enhancer_config import load_enhancer_config
 from worldserve.errors import InternalError, InvalidRequest, WorldserveError
 from worldserve.ipc.messages import (
     ErrorReply,
@@ -41,55 +48,42 @@ from worldserve.ipc.messages import (
     GenerationResult,
     Request,
 )
+from worldserve.models import registry
 from worldserve.runtime.engine import EngineState, ReplyFn
 
 log = logging.getLogger("worldserve.generation")
 
 MAX_WAIT_SLEEP_S = 0.002
-
-
-@dataclass
-class Job:
-    """Engine-side payload of a ScheduledRequest."""
-
-    msg: GenerateMedia | None  # None for internal (warmup) requests
-    reply: ReplyFn
-    started_s: float = 0.0
-    frames: list[np.ndarray] = field(default_factory=list)
-
-
-@dataclass
-class RunningBatch:
-    requests: list[ScheduledRequest]
-    state: BatchState | None = None
-    decoded: dict[int, np.ndarray] = field(default_factory=dict)  # row -> uint8 frames
-    next_row: int = 0
+ACTION_HEAD_DIR = "action_head"  # optional sub-directory of the generation checkpoint
 
 
 class GenerationEngine:
     def __init__(self, stage_config: GenerationStageConfig, server_config: ServerConfig,
-                 pipe: Any = None) -> None:
+                 runner: GenerationRunner | None = None) -> None:
         path = model_dir(stage_config)
         self.config = stage_config
         _check_prompt_enhancer(stage_config, server_config)
         self.output_dir = stage_config.resolved_output_dir()
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        self.pipe = pipe or load_pipeline(str(path), stage_config.dtype,
-                                          stage_config.device)
-        self.runner = DiffusionRunner(self.pipe)
-        self.actions = ActionRunner.load(path)
+        self.runner: GenerationRunner = runner or registry.load_runner(
+            "generation", path, dtype=stage_config.dtype, device=stage_config.device)
+        self.pipe = self.runner.pipe
+        self.actions = _load_actions(path)
         self.defaults = sampling_defaults(path)
         self.model_name = served_model_name(stage_config, path)
         self.model_path = str(path)
-        self.num_params = count_parameters(self.pipe)
-        self.scheduler = Scheduler(stage_config.max_batch_size, stage_config.batch_wait_ms / 1000)
-        self.running: RunningBatch | None = None
+        self.num_params = self.runner.num_params
+        self.scheduler = Scheduler(_rows_per_batch(stage_config, self.runner),
+                                   stage_config.batch_wait_ms / 1000)
+        self.running: list[RunningBatch] = []
+        self._turn = 0  # round-robin cursor over `running`
         self.by_id: dict[str, ScheduledRequest] = {}
         self.action_queue: list[tuple[GenerateActions, ReplyFn]] = []
         self.num_finished = 0
         self.warmup = WarmupPlan.create(stage_config, self.defaults, self.runner)
         for params in self.warmup.requests():
-            self._enqueue(f"warmup-{len(self.by_id)}", params, Job(msg=None, reply=self._on_warmup))
+            self._enqueue(f"warmup-{len(self.by_id)}", params,
+                          MediaJob(msg=None, reply=self._on_warmup))
 
     # ------------------------------------------------------------------ protocol
 
@@ -124,11 +118,11 @@ class GenerationEngine:
         params.num_frames = self.runner.snap_frames(params.num_frames)
         self.runner.check(params)
         output_names(msg.output_stem, msg.output_format, len(params.seeds))  # validates
-        position = self._enqueue(msg.request_id, params, Job(msg=msg, reply=reply))
+        position = self._enqueue(msg.request_id, params, MediaJob(msg=msg, reply=reply))
         reply(GenerationAccepted(request_id=msg.request_id, num_frames=params.num_frames,
                                  width=params.width, height=params.height, queue_position=position))
 
-    def _enqueue(self, request_id: str, params: Any, job: Job) -> int:
+    def _enqueue(self, request_id: str, params: Any, job: MediaJob) -> int:
         request = ScheduledRequest(request_id=request_id, params=params,
                                    arrival_s=self.scheduler.clock(), payload=job)
         self.by_id[request_id] = request
@@ -140,7 +134,7 @@ class GenerationEngine:
             return
         if request.status == RequestStatus.WAITING:
             self.scheduler.remove(request_id)
-        elif request.status == RequestStatus.RUNNING and self.running is not None:
+        elif request.status == RequestStatus.RUNNING:
             self._drop_from_batch(request)
         else:
             return
@@ -149,41 +143,33 @@ class GenerationEngine:
         request.payload.reply(GenerationCancelled(request_id=request_id))
 
     def _drop_from_batch(self, request: ScheduledRequest) -> None:
-        batch = self.running
-        assert batch is not None
-        batch.requests = [r for r in batch.requests if r is not request]
-        if batch.state is not None:
-            keep = [i for i, owner in enumerate(batch.state.row_owner) if owner != request.request_id]
-            batch.decoded = {keep.index(i): v for i, v in batch.decoded.items() if i in keep}
-            batch.next_row = sum(1 for i in keep if i < batch.next_row)
-            batch.state.keep_rows(keep)
-        if not batch.requests:
-            self.running = None
+        for batch in self.running:
+            if request in batch.requests:
+                batch.drop(request)
+                if not batch.requests:
+                    self.running.remove(batch)
+                return
 
     def has_work(self) -> bool:
         return bool(self.running or len(self.scheduler) or self.action_queue)
 
     def step(self) -> None:
-        if self.action_queue:
-            msg, reply = self.action_queue.pop(0)
-            self._run_actions(msg, reply)
+        scheduled = self._schedule()
+        if scheduled is None:
+            time.sleep(min(MAX_WAIT_SLEEP_S, self.scheduler.wait_s()))
             return
-        if self.running is None:
-            batch = self.scheduler.schedule()
-            if batch is None:
-                time.sleep(min(MAX_WAIT_SLEEP_S, self.scheduler.wait_s()))
-                return
-            self.running = RunningBatch(batch)
-        batch = self.running
         try:
-            self._advance(batch)
+            output = self._execute(scheduled)
         except Exception as exc:
-            self._batch_failed(batch, exc)
+            self._failed(scheduled, exc)
+            return
+        self._update(scheduled, output)
 
     def stats(self) -> dict[str, Any]:
-        running = len(self.running.requests) if self.running else 0
-        return {"queue_depth": len(self.scheduler) + len(self.action_queue), "running": running,
-                "extra": {"finished": self.num_finished, "warmup_done": self.warmup.done}}
+        return {"queue_depth": len(self.scheduler) + len(self.action_queue),
+                "running": self._num_running(),
+                "extra": {"finished": self.num_finished, "warmup_done": self.warmup.done,
+                          "running_batches": len(self.running)}}
 
     def shutdown(self) -> None:
         for request in list(self.by_id.values()):
@@ -193,24 +179,60 @@ class GenerationEngine:
                                                  message="the generation stage is shutting down"))
         self.by_id.clear()
 
-    # ------------------------------------------------------------------ phases
+    # ------------------------------------------------------------------ schedule
 
-    def _advance(self, batch: RunningBatch) -> None:
-        if batch.state is None:
-            self._start(batch)
-        elif not batch.state.done_denoising:
+    def _schedule(self) -> SchedulerOutput | None:
+        """Actions first; then a new batch while there is room; else the next running batch."""
+        if self.action_queue:
+            return SchedulerOutput(action=self.action_queue.pop(0))
+        batch = self._admit() or self._next_running()
+        if batch is None:
+            return None
+        return SchedulerOutput(batch=batch, phase=batch.phase())
+
+    def _num_running(self) -> int:
+        return sum(len(batch.requests) for batch in self.running)
+
+    def _admit(self) -> RunningBatch | None:
+        room = self.config.max_running_requests - self._num_running()
+        if room <= 0 or (self.running and self.state() == "warming"):
+            return None  # a blocking warmup runs alone: requests queue behind it
+        requests = self.scheduler.schedule(max_requests=room)
+        if requests is None:
+            return None
+        batch = RunningBatch(requests)
+        self.running.append(batch)
+        return batch
+
+    def _next_running(self) -> RunningBatch | None:
+        if not self.running:
+            return None
+        self._turn %= len(self.running)
+        batch = self.running[self._turn]
+        self._turn += 1
+        return batch
+
+    # ------------------------------------------------------------------ execute
+
+    def _execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
+        """Run the one scheduled unit on the runner (or the action head)."""
+        if scheduled.action is not None:
+            assert self.actions is not None  # submit() refuses action requests without a head
+            return RunnerOutput(actions=self.actions.run(scheduled.action[0]))
+        batch = scheduled.batch
+        assert batch is not None
+        if scheduled.phase is Phase.PREPARE:
+            batch.state = self.runner.prepare(*self._rows(batch))
+        elif scheduled.phase is Phase.DENOISE:
             self.runner.denoise_step(batch.state)
-            self._report_steps(batch)
-        elif batch.next_row < len(batch.state.row_owner):
-            row = batch.next_row
-            batch.decoded[row] = to_uint8(self.runner.decode(batch.state, row))
-            batch.next_row += 1
-            if batch.next_row == len(batch.state.row_owner):
-                self._report(batch.requests, 95, "decoded")
+        elif scheduled.phase is Phase.DECODE:
+            return RunnerOutput(frames=to_uint8(self.runner.decode(batch.state, batch.next_row)))
         else:
-            self._finish_one(batch)
+            return RunnerOutput(file_names=self._write(batch, batch.requests[0]))
+        return RunnerOutput()
 
-    def _start(self, batch: RunningBatch) -> None:
+    def _rows(self, batch: RunningBatch) -> tuple[list[str], list[Any], list[int]]:
+        """(row owners, row params, row seeds) of a batch about to start."""
         now = time.perf_counter()
         owners, rows, seeds = [], [], []
         for request in batch.requests:
@@ -219,8 +241,40 @@ class GenerationEngine:
                 owners.append(request.request_id)
                 rows.append(request.params)
                 seeds.append(seed)
-        batch.state = self.runner.prepare(owners, rows, seeds)
-        self._report(batch.requests, 1, "denoising")
+        return owners, rows, seeds
+
+    def _write(self, batch: RunningBatch, request: ScheduledRequest) -> list[str]:
+        """Write one finished request's files (none for warmup requests)."""
+        msg = request.payload.msg
+        if msg is None:
+            return []
+        self._report([request], 99, "writing")  # before the (possibly slow) encode
+        rows = batch.rows_of(request.request_id)
+        names = output_names(msg.output_stem, msg.output_format, len(rows))
+        for name, row in zip(names, rows):
+            write_output(self.output_dir, name, batch.decoded[row], msg.output_format, msg.fps,
+                         msg.compression)
+        return names
+
+    # ------------------------------------------------------------------ update
+
+    def _update(self, scheduled: SchedulerOutput, output: RunnerOutput) -> None:
+        if scheduled.action is not None:
+            scheduled.action[1](output.actions)
+            return
+        batch = scheduled.batch
+        assert batch is not None and batch.state is not None
+        if scheduled.phase is Phase.PREPARE:
+            self._report(batch.requests, 1, "denoising")
+        elif scheduled.phase is Phase.DENOISE:
+            self._report_steps(batch)
+        elif scheduled.phase is Phase.DECODE:
+            batch.decoded[batch.next_row] = output.frames
+            batch.next_row += 1
+            if batch.next_row == len(batch.state.row_owner):
+                self._report(batch.requests, 95, "decoded")
+        else:
+            self._finish_one(batch, output.file_names)
 
     def _report_steps(self, batch: RunningBatch) -> None:
         state = batch.state
@@ -240,22 +294,11 @@ class GenerationEngine:
                 request_id=request.request_id, progress=progress, steps_done=done,
                 steps_total=total, phase=phase))
 
-    def _finish_one(self, batch: RunningBatch) -> None:
-        """Write the first request's files and send its result (one request per step)."""
+    def _finish_one(self, batch: RunningBatch, names: list[str]) -> None:
+        """Send the first request's result (its files are written) and drop it from the batch."""
         request = batch.requests[0]
-        state = batch.state
-        assert state is not None
-        rows = [i for i, owner in enumerate(state.row_owner) if owner == request.request_id]
-        job: Job = request.payload
-        msg = job.msg
-        names: list[str] = []
-        if msg is not None:
-            self._report([request], 99, "writing")
-            names = output_names(msg.output_stem, msg.output_format, len(rows))
-            for name, row in zip(names, rows):
-                write_output(self.output_dir, name, batch.decoded[row], msg.output_format, msg.fps,
-                             msg.compression)
-        frames = batch.decoded[rows[0]]
+        job: MediaJob = request.payload
+        frames = batch.decoded[batch.rows_of(request.request_id)[0]]
         request.transition(RequestStatus.FINISHED)
         self._drop_from_batch(request)
         self._finish(request)
@@ -270,8 +313,19 @@ class GenerationEngine:
 
     # ------------------------------------------------------------------ failures
 
+    def _failed(self, scheduled: SchedulerOutput, exc: Exception) -> None:
+        if scheduled.action is not None:
+            msg, reply = scheduled.action
+            log.warning("action request %s failed: %s", msg.request_id, exc)
+            error = _as_error(exc)
+            reply(ErrorReply(request_id=msg.request_id, code=error.code, message=error.message))
+            return
+        assert scheduled.batch is not None
+        self._batch_failed(scheduled.batch, exc)
+
     def _batch_failed(self, batch: RunningBatch, exc: Exception) -> None:
-        self.running = None
+        if batch in self.running:
+            self.running.remove(batch)
         if len(batch.requests) > 1:
             log.warning("a batch of %d requests failed (%s); retrying each alone",
                         len(batch.requests), exc)
@@ -285,19 +339,22 @@ class GenerationEngine:
             request.payload.reply(ErrorReply(request_id=request.request_id, code=error.code,
                                              message=error.message))
 
-    def _run_actions(self, msg: GenerateActions, reply: ReplyFn) -> None:
-        assert self.actions is not None  # submit() refuses action requests without a head
-        try:
-            result = self.actions.run(msg)
-        except Exception as exc:
-            log.warning("action request %s failed: %s", msg.request_id, exc)
-            error = _as_error(exc)
-            reply(ErrorReply(request_id=msg.request_id, code=error.code, message=error.message))
-            return
-        reply(result)
-
     def _on_warmup(self, reply: Any) -> None:
         self.warmup.on_reply(reply)
+
+
+def _rows_per_batch(config: GenerationStageConfig, runner: GenerationRunner) -> int:
+    """Rows of one batch: the stage's max_batch_size, capped by what one forward can hold."""
+    if runner.max_batch_size is None:
+        return config.max_batch_size
+    return max(1, min(config.max_batch_size, runner.max_batch_size))
+
+
+def _load_actions(path: Path) -> ActionRunner | None:
+    head_dir = path / ACTION_HEAD_DIR
+    if not (head_dir / "config.json").is_file():
+        return None
+    return registry.load_runner("actions", head_dir)
 
 
 def _as_error(exc: Exception) -> WorldserveError:
@@ -324,13 +381,7 @@ def _check_prompt_enhancer(config: GenerationStageConfig, server_config: ServerC
     """The routes cannot start with a broken enhancer file: the stage fails to start (spec §1.3)."""
     if config.prompt_enhancer is None:
         return
-    from worldserve.api.jobs.enhancer import load_enhancer_config
-
     enhancer = load_enhancer_config(config.prompt_enhancer)
     if enhancer.base_url == "reasoner" and not server_config.stages.reasoner.enabled:
         raise ValueError("prompt_enhancer uses base_url 'reasoner' but the reasoner stage is "
                          "disabled")
-
-
-def create_engine(stage_config: GenerationStageConfig, server_config: ServerConfig) -> GenerationEngine:
-    return GenerationEngine(stage_config, server_config)

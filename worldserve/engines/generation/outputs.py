@@ -21,7 +21,8 @@ def output_names(stem: str, output_format: str, count: int) -> list[str]:
         raise InvalidRequest(f"output stem {stem!r} is not a plain identifier")
     ext = "mp4" if output_format == "mp4" else EXTENSIONS.get(output_format)
     if ext is None:
-        raise InvalidRequest(f"output_format={output_format} is not supported", param="output_format")
+        raise InvalidRequest(f"output_format={output_format} is not supported",
+                             param="output_format")
     if count == 1:
         return [f"{stem}.{ext}"]
     return [f"{stem}_{i}.{ext}" for i in range(count)]
@@ -40,3 +41,8 @@ def write_output(root: Path, name: str, frames: np.ndarray, output_format: str, 
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
+
+
+def to_uint8(frames: np.ndarray) -> np.ndarray:
+    """[0, 1] float frames -> uint8, rounded like the pipelines' own "pil" output."""
+    return (np.clip(frames, 0.0, 1.0) * 255.0).round().astype(np.uint8)

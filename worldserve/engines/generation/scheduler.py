@@ -1,7 +1,8 @@
 """Which generation requests run next, and together.
 
-Pure CPU logic, no torch: the engine asks `schedule(now)` for the next batch whenever nothing
-runs. Compatible requests (same size, frames, steps, guidance, sequence length; no conditioning
+Pure CPU logic, no torch: the engine asks `schedule(max_requests)` for a new batch whenever it
+has room for more running requests (several batches may run at once). Compatible requests
+(same size, frames, steps, guidance, sequence length; no conditioning
 image) share a batch of at most `max_batch_size` output rows; the oldest waiting request waits
 at most `batch_wait_s` for partners. A request that failed inside a batch is retried alone
 (`solo`), so one bad request never fails its neighbours.
@@ -71,7 +72,7 @@ class ScheduledRequest:
 
 
 class Scheduler:
-    """FIFO with batching of compatible requests; one batch runs at a time."""
+    """FIFO with batching of compatible requests."""
 
     def __init__(self, max_batch_size: int, batch_wait_s: float,
                  clock: Callable[[], float] | None = None) -> None:
@@ -106,12 +107,13 @@ class Scheduler:
                 return request
         return None
 
-    def _partners(self, head: ScheduledRequest) -> list[ScheduledRequest]:
+    def _partners(self, head: ScheduledRequest,
+                  max_requests: int | None = None) -> list[ScheduledRequest]:
         chosen, rows = [head], head.num_rows
         if head.key is None:
             return chosen
         for request in list(self.waiting)[1:]:
-            if rows >= self.max_batch_size:
+            if rows >= self.max_batch_size or len(chosen) == max_requests:
                 break
             if request.key == head.key and rows + request.num_rows <= self.max_batch_size:
                 chosen.append(request)
@@ -127,11 +129,12 @@ class Scheduler:
             return 0.0
         return max(0.0, head.arrival_s + self.batch_wait_s - self.clock())
 
-    def schedule(self) -> list[ScheduledRequest] | None:
-        """The next batch (marked RUNNING and dequeued), or None when nothing may start yet."""
+    def schedule(self, max_requests: int | None = None) -> list[ScheduledRequest] | None:
+        """The next batch of at most `max_requests` requests (marked RUNNING and dequeued), or
+        None when nothing may start yet."""
         if not self.waiting or self.wait_s() > 0:
             return None
-        batch = self._partners(self.waiting[0])
+        batch = self._partners(self.waiting[0], max_requests)
         for request in batch:
             self.waiting.remove(request)
             request.transition(RequestStatus.RUNNING)

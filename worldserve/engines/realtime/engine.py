@@ -13,17 +13,10 @@ import time
 from typing import Any
 
 from worldserve.config import RealtimeStageConfig, ServerConfig
-from worldserve.engines.common import (
-    model_dir,
-    served_model_name,
-    unsupported,
-)
-from worldserve.engines.realtime.loader import RealtimeModel, load_realtime_model
-from worldserve.models.common import resolve_dtype
-from worldserve.models.common import count_parameters
-from worldserve.engines.realtime.runner import CausalRunner
+from worldserve.engines.common import model_dir, served_model_name, unsupported
+from worldserve.engines.realtime.contract import RealtimeRunner, WorldSession
 from worldserve.engines.realtime.scheduler import PendingChunk, RoundRobinQueue
-from worldserve.engines.realtime.session import SessionSettings, SessionTable
+from worldserve.engines.realtime.session import SessionTable
 from worldserve.errors import InvalidRequest, NotFound, WorldserveError
 from worldserve.ipc.messages import (
     ErrorReply,
@@ -33,6 +26,8 @@ from worldserve.ipc.messages import (
     RealtimeReleased,
     Request,
 )
+from worldserve.models import registry
+from worldserve.models.types import ChunkRunOutput, WorldSessionSettings
 from worldserve.runtime.engine import EngineState, ReplyFn
 
 log = logging.getLogger("worldserve.realtime")
@@ -40,21 +35,22 @@ log = logging.getLogger("worldserve.realtime")
 
 class RealtimeEngine:
     def __init__(self, stage_config: RealtimeStageConfig, server_config: ServerConfig,
-                 model: RealtimeModel | None = None) -> None:
-        if model is None:
+                 runner: RealtimeRunner | None = None) -> None:
+        if runner is None:
             path = model_dir(stage_config)
-            model = load_realtime_model(path, stage_config.device, resolve_dtype(stage_config.dtype))
+            runner = registry.load_runner("realtime", path, dtype=stage_config.dtype,
+                                          device=stage_config.device)
             self.model_name = served_model_name(stage_config, path)
             self.model_path = str(path)
         else:  # in-process use (tests, benchmarks)
             self.model_name, self.model_path = "in-memory", ""
         self.cfg = stage_config
-        self.model = model
-        self.runner = CausalRunner(model)
-        self.num_params = sum(count_parameters(m) for m in (model.dit, model.vae, model.text_encoder))
+        self.runner: RealtimeRunner = runner
+        self.model = runner.model
+        self.num_params = runner.num_params
         self.sessions = SessionTable(stage_config.max_sessions + stage_config.session_table_margin)
         self.queue = RoundRobinQueue()
-        mc = model.config
+        mc = self.model.config
         self.frames_per_block = stage_config.frames_per_block or mc.frames_per_block
         self.default_sink = (stage_config.sink_frames if stage_config.sink_frames is not None
                              else mc.default_sink_frames)
@@ -142,18 +138,27 @@ class RealtimeEngine:
         return len(self.queue) > 0
 
     def step(self) -> None:
+        """schedule (the next session's oldest chunk) -> execute (one chunk on the runner) ->
+        update (the reply)."""
         item = self.queue.pop()
         if item is None:
             return
+        started = time.monotonic()
         try:
-            self._run(item)
+            session = self._session_for(item)
+            out = self.runner.run_chunk(session, item.request.camera,
+                                        item.request.prompt if item.request.chunk_index else None,
+                                        item.request.refresh_kv)
         except WorldserveError as exc:
             self._fail(item, exc)
+            return
         except Exception as exc:  # a failed chunk ends its session, never the stage
             log.exception("realtime chunk %s failed", item.request.request_id)
             self.release(item.request.session_id)
             item.reply(ErrorReply(request_id=item.request.request_id, code="internal_error",
                                   message=str(exc).splitlines()[0] if str(exc) else repr(exc)))
+            return
+        self._reply(item, session, out, started)
 
     def shutdown(self) -> None:
         for session in self.sessions.values():
@@ -178,25 +183,28 @@ class RealtimeEngine:
             self.release(sid)
         log.info("realtime warm-up done for %s", ", ".join(sizes))
 
-    def _run(self, item: PendingChunk) -> None:
+    def _session_for(self, item: PendingChunk) -> WorldSession:
+        """Chunk 0 opens the session (settings validated at submit); later chunks must come in
+        order."""
         req = item.request
-        started = time.monotonic()
         if req.chunk_index == 0:
             session = self.runner.new_session(req.session_id, item.settings, req.prompt or "")
             for evicted in self.sessions.put(session):
                 log.warning("session table full: released least recently used session %s",
                             evicted.session_id)
                 self.release(evicted.session_id)
-            prompt = None
-        else:
-            session = self.sessions.get(req.session_id)
-            if session is None:
-                raise NotFound(f"realtime session {req.session_id} not found")
-            if req.chunk_index != session.next_chunk:
-                raise InvalidRequest(f"realtime session {req.session_id} expects chunk "
-                                     f"{session.next_chunk}, got {req.chunk_index}")
-            prompt = req.prompt
-        out = self.runner.run_chunk(session, req.camera, prompt, req.refresh_kv)
+            return session
+        session = self.sessions.get(req.session_id)
+        if session is None:
+            raise NotFound(f"realtime session {req.session_id} not found")
+        if req.chunk_index != session.next_chunk:
+            raise InvalidRequest(f"realtime session {req.session_id} expects chunk "
+                                 f"{session.next_chunk}, got {req.chunk_index}")
+        return session
+
+    def _reply(self, item: PendingChunk, session: WorldSession, out: ChunkRunOutput,
+               started: float) -> None:
+        req = item.request
         item.reply(RealtimeChunkResult(
             request_id=req.request_id, session_id=req.session_id, chunk_index=req.chunk_index,
             frames=out.frames, num_frames=out.num_frames, width=session.settings.width,
@@ -208,7 +216,7 @@ class RealtimeEngine:
         item.reply(ErrorReply(request_id=item.request.request_id, code=exc.code,
                               message=exc.message))
 
-    def _settings(self, req: RealtimeChunk) -> SessionSettings:
+    def _settings(self, req: RealtimeChunk) -> WorldSessionSettings:
         """Validate chunk 0's session settings (spec 3.1 / 6.3 bounds)."""
         mc = self.model.config
         width = req.width or mc.default_width
@@ -216,7 +224,8 @@ class RealtimeEngine:
         self._check_size(width, height)
         steps = req.num_inference_steps or self.default_steps
         if not 1 <= steps <= self.cfg.max_inference_steps:
-            raise InvalidRequest(f"num_inference_steps must be in 1..{self.cfg.max_inference_steps},"
+            raise InvalidRequest("num_inference_steps must be in "
+                                 f"1..{self.cfg.max_inference_steps},"
                                  f" got {steps}")
         sink = self.default_sink if req.sink_size is None else req.sink_size
         window = self.default_window if req.window_frames is None else req.window_frames
@@ -227,7 +236,8 @@ class RealtimeEngine:
         if req.first_frame is not None:
             raise InvalidRequest("this realtime model is text-to-video: first_frame is not "
                                  "supported")
-        return SessionSettings(seed=req.seed, width=width, height=height, num_inference_steps=steps,
+        return WorldSessionSettings(seed=req.seed, width=width, height=height,
+                                    num_inference_steps=steps,
                                sink_frames=sink, window_frames=window,
                                frames_per_block=self.frames_per_block)
 
@@ -249,6 +259,3 @@ class RealtimeEngine:
                 f"{where} window ({window} latent frames) must be > 0, >= sink ({sink}) + frames "
                 f"per block ({block}) and <= {limit}")
 
-
-def create_engine(stage_config: RealtimeStageConfig, server_config: ServerConfig) -> RealtimeEngine:
-    return RealtimeEngine(stage_config, server_config)

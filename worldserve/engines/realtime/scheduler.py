@@ -10,19 +10,18 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from worldserve.errors import CapacityExceeded
-from worldserve.ipc.messages import Message, RealtimeChunk
-
-ReplyFn = Callable[[Message], None]
+from worldserve.ipc.messages import RealtimeChunk
+from worldserve.runtime.engine import ReplyFn
 
 
 @dataclass
 class PendingChunk:
     request: RealtimeChunk
     reply: ReplyFn
-    settings: Any = None  # validated SessionSettings for chunk 0
+    settings: Any = None  # validated WorldSessionSettings for chunk 0
     received_at: float = field(default_factory=time.monotonic)
 
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from worldserve.engines.reasoner.contract import ReasonerRunner, SequenceKV
 from worldserve.engines.reasoner.guided import Guide
-from worldserve.engines.reasoner.kv import KVState
-from worldserve.engines.reasoner.runner import ModelRunner
 from worldserve.ipc.messages import ReasonerSampling
 
 
@@ -31,7 +30,8 @@ class ReplyDecoder:
         self.tokens: list[int] = []
         self.finish_reason: str | None = None
         self.text = ""
-        self._seen = torch.zeros(vocab_size, dtype=torch.bool)  # repetition penalty: context + reply
+        # repetition penalty: context + reply
+        self._seen = torch.zeros(vocab_size, dtype=torch.bool)
         if context_ids:
             self._seen[torch.tensor(sorted(set(context_ids)), dtype=torch.long)] = True
         self._counts = torch.zeros(vocab_size)  # frequency/presence: reply only
@@ -135,7 +135,7 @@ class NgramProposer:
         return []
 
 
-def propose(kv: KVState, decoder: ReplyDecoder, pending: int,
+def propose(kv: SequenceKV, decoder: ReplyDecoder, pending: int,
             proposer: NgramProposer | None) -> list[int]:
     """The tokens to feed this step: the last sampled token, then any n-gram drafts."""
     drafts = proposer.propose(kv.ids + [pending], decoder.remaining - 1) if proposer else []
@@ -144,7 +144,7 @@ def propose(kv: KVState, decoder: ReplyDecoder, pending: int,
     return [pending] + drafts
 
 
-def verify(kv: KVState, decoder: ReplyDecoder, fed: list[int], logits: torch.Tensor,
+def verify(kv: SequenceKV, decoder: ReplyDecoder, fed: list[int], logits: torch.Tensor,
            proposer: NgramProposer | None = None) -> int:
     """Sample position by position from the logits of `fed` (already appended to `kv`); keep a
     draft only when it equals the sampled token; crop the K/V of the rest. Returns the new
@@ -163,7 +163,7 @@ def verify(kv: KVState, decoder: ReplyDecoder, fed: list[int], logits: torch.Ten
     return token
 
 
-def decode_step(runner: ModelRunner, kv: KVState, decoder: ReplyDecoder, pending: int,
+def decode_step(runner: ReasonerRunner, kv: SequenceKV, decoder: ReplyDecoder, pending: int,
                 proposer: NgramProposer | None) -> int:
     """Feed `pending` (+ drafts), sample until a draft is rejected or the reply ends.
     Returns the new pending token (sampled, not fed)."""

@@ -9,25 +9,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from typing import Any
 
 from worldserve.config import ReasonerStageConfig, ServerConfig
-from worldserve.engines.common import (
-    ModelLoadError,
-    model_dir,
-    served_model_name,
-    unsupported,
-)
+from worldserve.engines.common import ModelLoadError, model_dir, served_model_name, unsupported
 from worldserve.engines.reasoner import admission
+from worldserve.engines.reasoner.contract import ReasonerRunner
 from worldserve.engines.reasoner.decoding import NgramProposer
 from worldserve.engines.reasoner.guided import GrammarFactory
-from worldserve.engines.reasoner.jobs import ChatJob, EngineContext, FrameJob, JobPhase
-from worldserve.engines.reasoner.loading import load_vlm
+from worldserve.engines.reasoner.jobs import ChatJob, EngineContext, FrameJob
 from worldserve.engines.reasoner.prompt import PromptBuilder
-from worldserve.engines.reasoner.runner import ModelRunner, forward_decode_batch
-from worldserve.engines.reasoner.session import Session, SessionState
-from worldserve.models.common import count_parameters
+from worldserve.engines.reasoner.scheduler import JobPhase, ReasonerBatch, ReasonerScheduler
+from worldserve.engines.reasoner.session import KVSession, KVSessionState
 from worldserve.errors import Conflict, InvalidRequest, NotFound, NotSupported
 from worldserve.ipc.messages import (
     ChatCompletion,
@@ -41,27 +35,26 @@ from worldserve.ipc.messages import (
     SessionCreated,
     SessionFrame,
 )
+from worldserve.models import registry
 from worldserve.runtime.engine import EngineState, ReplyFn
 
 log = logging.getLogger("worldserve.reasoner")
 MAX_TOMBSTONES = 1024
-MAX_DECODE_BATCH = 16
 
 
 class ReasonerEngine:
     def __init__(self, stage_config: ReasonerStageConfig, server_config: ServerConfig) -> None:
         path = model_dir(stage_config)
-        try:
-            loaded = load_vlm(path, stage_config.dtype, stage_config.device)
-        except Exception as exc:
-            raise ModelLoadError(f"cannot load a vision-language model from {path}: {exc}") from exc
+        runner: ReasonerRunner = registry.load_runner(
+            "reasoner", path, dtype=stage_config.dtype, device=stage_config.device)
         self.config = stage_config
-        self.model = loaded.model
+        self.runner = runner
+        self.model = runner.model
         self.model_name = served_model_name(stage_config, path)
         self.model_path = str(path)
-        self.num_params = count_parameters(self.model)
-        self.prompts = PromptBuilder(loaded.tokenizer, loaded.image_processor, loaded.chat_template)
-        self.runner = ModelRunner(self.model, self.prompts.image_token_id)
+        self.num_params = runner.num_params
+        self.prompts = PromptBuilder(runner.tokenizer, runner.image_processor,
+                                     runner.chat_template)
         p = self.runner.max_position_embeddings
         m = stage_config.max_model_len or p or 4096
         self.model_limits = admission.ModelLimits(m, p or m)
@@ -80,17 +73,16 @@ class ReasonerEngine:
         proposer = (NgramProposer(streaming.spec_num_tokens)
                     if streaming.spec_method == "ngram" else None)
         self.ctx = EngineContext(
-            runner=self.runner, tokenizer=loaded.tokenizer, stop_ids=self._stop_ids(loaded),
-            grammars=GrammarFactory(loaded.tokenizer, self.runner.vocab_size), proposer=proposer,
+            runner=self.runner, tokenizer=runner.tokenizer, stop_ids=self._stop_ids(runner),
+            grammars=GrammarFactory(runner.tokenizer, self.runner.vocab_size), proposer=proposer,
             max_model_len=m, max_position_embeddings=p or m,
             max_prefill_tokens=stage_config.max_prefill_tokens,
             banned_ids=self.prompts.placeholder_ids,
         )
-        self.sessions: dict[str, Session] = {}
+        self.sessions: dict[str, KVSession] = {}
         # Dead sessions moved out of capacity accounting: id -> frames, until CloseSession.
         self._tombstones: OrderedDict[str, int] = OrderedDict()
-        self.jobs: deque[FrameJob | ChatJob] = deque()
-        self._batching = stage_config.batch_decode
+        self.scheduler = ReasonerScheduler(stage_config.batch_decode)
         if stage_config.warmup_mode == "server":
             self._warmup()
 
@@ -107,10 +99,10 @@ class ReasonerEngine:
                                      ChatPart(type="image", image=buf.getvalue()),
                                      ChatPart(type="text", text="warmup")])])
         self._chat(request, lambda _: None)
-        while self.jobs:
+        while self.has_work():
             self.step()
 
-    def _stop_ids(self, loaded: Any) -> set[int]:
+    def _stop_ids(self, loaded: ReasonerRunner) -> set[int]:
         ids = set()
         eos = getattr(self.model.generation_config, "eos_token_id", None)
         ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -169,15 +161,15 @@ class ReasonerEngine:
         return "ready"
 
     def stats(self) -> dict[str, Any]:
-        running = sum(1 for j in self.jobs if j.phase is not JobPhase.QUEUED)
-        live = sum(1 for s in self.sessions.values() if s.state is not SessionState.DEAD)
+        running = self.scheduler.num_started()
+        live = sum(1 for s in self.sessions.values() if s.state is not KVSessionState.DEAD)
         extra: dict[str, Any] = {"forwards": self.runner.num_forwards,
                                  "kv_tokens": sum(len(s.kv) for s in self.sessions.values()
                                                   if s.kv is not None)}
         if self.ctx.proposer is not None:
             extra["spec_drafted"] = self.ctx.proposer.num_drafted
             extra["spec_accepted"] = self.ctx.proposer.num_accepted
-        return {"queue_depth": len(self.jobs) - running, "running": running, "sessions": live,
+        return {"queue_depth": len(self.scheduler) - running, "running": running, "sessions": live,
                 "extra": extra}
 
     # ------------------------------------------------------------------ requests
@@ -204,21 +196,21 @@ class ReasonerEngine:
         self._reap_dead()
         live = [s.retention.max_video_segments for s in self.sessions.values()]
         admission.check_capacity(live, req.retention.max_video_segments, self.limits)
-        self.sessions[req.session_id] = Session(
+        self.sessions[req.session_id] = KVSession(
             req.session_id, req.system_prompt, req.question, req.retention, req.sampling, grammar,
-            self.model.config)
+            self.runner.new_kv())
         return SessionCreated(request_id=req.request_id, session_id=req.session_id,
                               retention=req.retention, sampling=req.sampling)
 
     def _reap_dead(self) -> None:
         """Dead sessions hold no cache; they only wait for CloseSession to report `frames`.
         Keep them out of capacity by moving them to tombstones."""
-        for sid in [sid for sid, s in self.sessions.items() if s.state is SessionState.DEAD]:
+        for sid in [sid for sid, s in self.sessions.items() if s.state is KVSessionState.DEAD]:
             self._tombstones[sid] = self.sessions.pop(sid).frames
         while len(self._tombstones) > MAX_TOMBSTONES:
             self._tombstones.popitem(last=False)
 
-    def _session(self, session_id: str) -> Session:
+    def _session(self, session_id: str) -> KVSession:
         session = self.sessions.get(session_id)
         if session is None:
             if session_id in self._tombstones:
@@ -228,16 +220,16 @@ class ReasonerEngine:
 
     def _frame(self, req: SessionFrame, reply: ReplyFn) -> None:
         session = self._session(req.session_id)
-        if session.state is SessionState.DEAD:
+        if session.state is KVSessionState.DEAD:
             raise Conflict("session is no longer usable; create a new session")
-        if session.state is SessionState.BUSY:
+        if session.state is KVSessionState.BUSY:
             raise Conflict("session busy: a frame is already being processed")
         first = session.is_first_frame
         chunk = self.prompts.frame_chunk(
             req.image, session.system_prompt if first else None, session.question,
             session.pending_token, self.ctx.stop_ids)
         session.begin_frame()
-        self.jobs.append(FrameJob(req, session, chunk, reply, self.ctx))
+        self.scheduler.add(FrameJob(req, session, chunk, reply, self.ctx))
 
     def _close(self, req: CloseSession) -> SessionClosed:
         session = self.sessions.pop(req.session_id, None)
@@ -247,8 +239,8 @@ class ReasonerEngine:
                 return SessionClosed(request_id=req.request_id, session_id=req.session_id,
                                      frames=frames)
             raise NotFound(f"session {req.session_id!r} not found")
-        for job in [j for j in self.jobs if isinstance(j, FrameJob) and j.session is session]:
-            self.jobs.remove(job)
+        for job in self.scheduler.remove_where(
+                lambda j: isinstance(j, FrameJob) and j.session is session):
             job.abort(closed=True)
         session.kill()
         return SessionClosed(request_id=req.request_id, session_id=req.session_id,
@@ -271,59 +263,54 @@ class ReasonerEngine:
             raise InvalidRequest(
                 f"prompt ({len(prompt.input_ids)} tokens) + max_tokens ({req.sampling.max_tokens})"
                 f" exceeds the model context length ({self.model_limits.max_model_len})")
-        self.jobs.append(ChatJob(req, prompt, grammar, reply, self.ctx, self.model.config))
+        self.scheduler.add(ChatJob(req, prompt, grammar, reply, self.ctx))
 
     def cancel(self, request_id: str) -> None:
-        for job in list(self.jobs):
-            if job.request_id == request_id:
-                self.jobs.remove(job)
-                job.abort()
+        for job in self.scheduler.remove_where(lambda j: j.request_id == request_id):
+            job.abort()
 
     # ------------------------------------------------------------------ the loop
 
     def has_work(self) -> bool:
-        return bool(self.jobs)
+        return len(self.scheduler) > 0
 
     def step(self) -> None:
-        """One unit of the job at the head of the queue; unfinished jobs go to the back."""
-        if not self.jobs:
+        """schedule -> execute -> update: one unit of the head job (or one batched decode step
+        of several decoding jobs); unfinished jobs go back to the end of the queue."""
+        batch = self.scheduler.schedule()
+        if batch is None:
             return
-        job = self.jobs.popleft()
-        batch = [job]
-        if self._batching and job.phase is JobPhase.DECODE:
-            batch += [j for j in self.jobs if j.phase is JobPhase.DECODE][:MAX_DECODE_BATCH - 1]
-            for other in batch[1:]:
-                self.jobs.remove(other)
         try:
-            if len(batch) > 1:
-                self._decode_batch(batch)
-            else:
-                job.step()
+            self._execute(batch)
         except Exception as exc:  # a failing request must not take the stage down
-            if not isinstance(exc, (Conflict, NotFound, InvalidRequest)):
-                log.exception("request(s) %s failed", [j.request_id for j in batch])
-            for failed in batch:
-                if failed.phase is not JobPhase.DONE:
-                    failed.fail(exc)
-            return
-        self.jobs.extend(j for j in batch if j.phase is not JobPhase.DONE)
+            self._failed(batch, exc)
+        self.scheduler.update(batch)
 
-    def _decode_batch(self, batch: list[FrameJob | ChatJob]) -> None:
-        """One decode step (with its drafts, if speculating) of every job in `batch`, in one
-        forward."""
+    def _execute(self, batch: ReasonerBatch) -> None:
+        if batch.batched_decode:
+            self._decode_batch(batch.jobs)
+        else:
+            batch.jobs[0].step()
+
+    def _failed(self, batch: ReasonerBatch, exc: Exception) -> None:
+        if not isinstance(exc, (Conflict, NotFound, InvalidRequest)):
+            log.exception("request(s) %s failed", [j.request_id for j in batch.jobs])
+        for job in batch.jobs:
+            if job.phase is not JobPhase.DONE:
+                job.fail(exc)
+
+    def _decode_batch(self, jobs: list[Any]) -> None:
+        """One decode step (with its drafts, if speculating) of every job, in one forward."""
         start = time.perf_counter()
-        kvs, fed = zip(*(j.batch_input() for j in batch))
-        logits = forward_decode_batch(self.runner, list(kvs), list(fed))
-        share = (time.perf_counter() - start) / len(batch)
-        for row, j in zip(logits, batch):
+        kvs, fed = zip(*(j.batch_input() for j in jobs))
+        logits = self.runner.forward_decode_batch(list(kvs), list(fed))
+        share = (time.perf_counter() - start) / len(jobs)
+        for row, j in zip(logits, jobs):
             j.apply_logits(row, share)
 
     def shutdown(self) -> None:
-        self.jobs.clear()
+        self.scheduler.clear()
         for session in self.sessions.values():
             session.kill()
         self.sessions.clear()
 
-
-def create_engine(stage_config: ReasonerStageConfig, server_config: ServerConfig) -> ReasonerEngine:
-    return ReasonerEngine(stage_config, server_config)

@@ -284,8 +284,3 @@ class FakeReasonerEngine:
         self._pending.clear()
         self._hung.clear()
 
-
-def create_engine(stage_config: ReasonerStageConfig,
-                  server_config: ServerConfig) -> FakeReasonerEngine:
-    return FakeReasonerEngine(stage_config, server_config)
-

@@ -6,13 +6,13 @@ engine can round-robin between jobs. Jobs reply through the stage's reply functi
 
 from __future__ import annotations
 
-import enum
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
+from worldserve.engines.reasoner.contract import ReasonerRunner, SequenceKV
 from worldserve.engines.reasoner.decoding import (
     NgramProposer,
     ReplyDecoder,
@@ -21,10 +21,9 @@ from worldserve.engines.reasoner.decoding import (
     verify,
 )
 from worldserve.engines.reasoner.guided import GrammarFactory
-from worldserve.engines.reasoner.kv import KVState
 from worldserve.engines.reasoner.prompt import ChatPrompt, FrameChunk
-from worldserve.engines.reasoner.runner import ModelRunner
-from worldserve.engines.reasoner.session import Session
+from worldserve.engines.reasoner.scheduler import JobPhase
+from worldserve.engines.reasoner.session import KVSession
 from worldserve.errors import InvalidRequest, WorldserveError
 from worldserve.ipc.messages import (
     ChatCompletion,
@@ -32,25 +31,16 @@ from worldserve.ipc.messages import (
     ChatResult,
     ErrorReply,
     FrameResult,
-    Message,
     SessionFrame,
 )
-
-ReplyFn = Callable[[Message], None]
-
-
-class JobPhase(enum.Enum):
-    QUEUED = "queued"
-    PREFILL = "prefill"
-    DECODE = "decode"
-    DONE = "done"
+from worldserve.runtime.engine import ReplyFn
 
 
 @dataclass
 class EngineContext:
     """What every job needs from the engine (one per engine)."""
 
-    runner: ModelRunner
+    runner: ReasonerRunner
     tokenizer: Any
     stop_ids: set[int]
     grammars: GrammarFactory
@@ -64,7 +54,7 @@ class EngineContext:
 class FrameJob:
     """One frame of a session: eviction (+ re-prefill), prefill of the new chunk, the reply."""
 
-    def __init__(self, request: SessionFrame, session: Session, chunk: FrameChunk,
+    def __init__(self, request: SessionFrame, session: KVSession, chunk: FrameChunk,
                  reply: ReplyFn, ctx: EngineContext) -> None:
         self.request_id = request.request_id
         self.request = request
@@ -98,7 +88,7 @@ class FrameJob:
         finally:
             self.engine_s += time.perf_counter() - t0
 
-    def batch_input(self) -> tuple[KVState, list[int]]:
+    def batch_input(self) -> tuple[SequenceKV, list[int]]:
         """(cache, tokens to feed) for a batched decode step (phase DECODE only)."""
         assert self.session.kv is not None and self.decoder is not None
         self._fed = propose(self.session.kv, self.decoder, self.pending, self.ctx.proposer)
@@ -198,7 +188,7 @@ class ChatJob:
     """One chat completion on a fresh cache; streams `ChatDelta`s when asked."""
 
     def __init__(self, request: ChatCompletion, prompt: ChatPrompt, grammar: str | None,
-                 reply: ReplyFn, ctx: EngineContext, model_config: Any) -> None:
+                 reply: ReplyFn, ctx: EngineContext) -> None:
         self.request_id = request.request_id
         self.request = request
         self.prompt = prompt
@@ -206,7 +196,7 @@ class ChatJob:
         self.reply = reply
         self.ctx = ctx
         self.phase = JobPhase.PREFILL
-        self.kv = KVState(model_config)
+        self.kv = ctx.runner.new_kv()
         self.generator = torch.Generator()
         if request.sampling.seed is not None:
             self.generator.manual_seed(request.sampling.seed)
@@ -234,7 +224,7 @@ class ChatJob:
                                        ctx.proposer)
         self._emit()
 
-    def batch_input(self) -> tuple[KVState, list[int]]:
+    def batch_input(self) -> tuple[SequenceKV, list[int]]:
         assert self.decoder is not None
         self._fed = propose(self.kv, self.decoder, self.pending, self.ctx.proposer)
         return self.kv, self._fed
@@ -249,7 +239,8 @@ class ChatJob:
         assert decoder is not None
         done = decoder.finish_reason is not None
         if self.request.stream:
-            text = decoder.text if done else _stable_prefix(decoder.text, self.request.sampling.stop)
+            stop = self.request.sampling.stop
+            text = decoder.text if done else _stable_prefix(decoder.text, stop)
             if len(text) > self.sent_chars:
                 self.reply(ChatDelta(request_id=self.request_id, text=text[self.sent_chars:]))
                 self.sent_chars = len(text)

@@ -12,24 +12,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from PIL import Image
 
 from worldserve.errors import InvalidRequest, PayloadTooLarge
+from worldserve.models.types import ImageInput
 
 IMAGE_PAD = "<|image_pad|>"
 VIDEO_PAD = "<|video_pad|>"
 MAX_FRAME_PIXELS = 4_194_304
 _MARK = "\u2063worldserve\u2063"  # a marker no real prompt contains
-
-
-@dataclass
-class ImageInput:
-    """One preprocessed image: `pixel_values` (patches, C), `grid_thw` (1, 3)."""
-
-    pixel_values: torch.Tensor
-    grid_thw: torch.Tensor
-    num_tokens: int
 
 
 @dataclass

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any
 
 import torch
 
-from worldserve.engines.reasoner.kv import KVState
+from worldserve.engines.reasoner.contract import ReasonerRunner, SequenceKV
 from worldserve.engines.reasoner.prompt import FrameChunk
 from worldserve.engines.reasoner.retention import (
     ASSISTANT_TEXT,
@@ -17,32 +16,31 @@ from worldserve.engines.reasoner.retention import (
     Segment,
     plan_eviction,
 )
-from worldserve.engines.reasoner.runner import ModelRunner
 from worldserve.errors import Conflict
 from worldserve.ipc.messages import ReasonerRetention, ReasonerSampling
 
 
-class SessionState(enum.Enum):
+class KVSessionState(enum.Enum):
     IDLE = "idle"  # waiting for a frame
     BUSY = "busy"  # one frame in flight
     DEAD = "dead"  # aborted or failed: cache released, only CloseSession is accepted
 
 
-class Session:
+class KVSession:
     """Segments and KV cache in lockstep: the cache holds `seg.ids[:seg.num_cached]` of every
     segment, in order; uncached tokens (the newest chunk) only ever follow cached ones."""
 
     def __init__(self, session_id: str, system_prompt: str, question: str,
                  retention: ReasonerRetention, sampling: ReasonerSampling, grammar: str | None,
-                 model_config: Any) -> None:
+                 kv: SequenceKV) -> None:
         self.session_id = session_id
         self.system_prompt = system_prompt
         self.question = question
         self.retention = retention
         self.sampling = sampling
         self.grammar = grammar
-        self.state = SessionState.IDLE
-        self.kv: KVState | None = KVState(model_config)
+        self.state = KVSessionState.IDLE
+        self.kv: SequenceKV | None = kv
         self.segments: list[Segment] = []
         self.pending_token: int | None = None  # the previous reply's last sampled token (not fed)
         self.frames = 0  # replies delivered
@@ -56,19 +54,19 @@ class Session:
     # ------------------------------------------------------------------ state
 
     def begin_frame(self) -> None:
-        if self.state is SessionState.DEAD:
+        if self.state is KVSessionState.DEAD:
             raise Conflict("session is no longer usable; create a new session")
-        if self.state is SessionState.BUSY:
+        if self.state is KVSessionState.BUSY:
             raise Conflict("session busy: a frame is already being processed")
-        self.state = SessionState.BUSY
+        self.state = KVSessionState.BUSY
 
     def end_frame(self) -> None:
-        if self.state is SessionState.BUSY:
-            self.state = SessionState.IDLE
+        if self.state is KVSessionState.BUSY:
+            self.state = KVSessionState.IDLE
 
     def kill(self) -> None:
         """Mark dead and release the cache at once."""
-        self.state = SessionState.DEAD
+        self.state = KVSessionState.DEAD
         self.kv = None
         self.segments = []
 
@@ -119,7 +117,7 @@ class Session:
     def has_uncached(self) -> bool:
         return any(s.num_cached < len(s) for s in self.segments)
 
-    def prefill_next(self, runner: ModelRunner, max_group_tokens: int) -> torch.Tensor:
+    def prefill_next(self, runner: ReasonerRunner, max_group_tokens: int) -> torch.Tensor:
         """Prefill the next group of uncached segment tails (at most one image, about
         `max_group_tokens` tokens) in one forward; returns the last position's logits (V,)."""
         assert self.kv is not None

@@ -57,13 +57,13 @@ class DevModelBuilder:
 # name (directory under the root) -> builder. Add a model by adding one entry.
 BUILDERS: dict[str, DevModelBuilder] = {
     "reasoner": DevModelBuilder(
-        "worldserve-dev-reasoner", "worldserve.models.dev.reasoner:build_reasoner"
+        "worldserve-dev-reasoner", "worldserve.models.qwen_vl.dev:build_reasoner"
     ),
     "generation": DevModelBuilder(
-        "worldserve-dev-wan", "worldserve.models.dev.generation:build_generation"
+        "worldserve-dev-wan", "worldserve.models.wan.dev:build_generation"
     ),
     "realtime": DevModelBuilder(
-        "worldserve-dev-causal-wan", "worldserve.models.dev.realtime:build_realtime"
+        "worldserve-dev-causal-wan", "worldserve.models.causal_dit.dev:build_realtime"
     ),
 }
 

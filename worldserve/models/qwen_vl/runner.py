@@ -1,26 +1,65 @@
-"""Model calls: vision encoding, chunk positions (M-RoPE) and forwards over a KVState."""
+"""Model calls: vision encoding, chunk positions (M-RoPE) and forwards over a KVState.
+
+Loading goes through `processor.load_vlm` (the official processor where it can be built, else
+the Pil image-processor shim). `QwenVLRunner` satisfies the reasoner's runner contract
+(engines/reasoner/contract.py).
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from worldserve.engines.reasoner.kv import KVState, new_cache
-from worldserve.engines.reasoner.prompt import ImageInput
+from worldserve.models.common import count_parameters
+from worldserve.models.qwen_vl.kv import KVState, new_cache
+from worldserve.models.qwen_vl.processor import IMAGE_PAD, load_vlm
+from worldserve.models.types import ImageInput, ModelLoadError
 
 
-class ModelRunner:
-    """Wraps a Qwen-VL `...ForConditionalGeneration`; every call runs under inference mode."""
+def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu") -> QwenVLRunner:
+    """The registry's reasoner loader for a Qwen-VL checkpoint directory."""
+    try:
+        model, processor = load_vlm(model_dir, dtype=dtype, device=device)
+        return QwenVLRunner(model, processor)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load a vision-language model from {model_dir}: "
+                             f"{exc}") from exc
 
-    def __init__(self, model: Any, image_token_id: int) -> None:
+
+class QwenVLRunner:
+    """Wraps a Qwen-VL `...ForConditionalGeneration`; every call runs under inference mode.
+
+    The engine uses only the processor's image processor and tokenizer (it expands image
+    placeholders itself) and the checkpoint's chat template.
+    """
+
+    def __init__(self, model: Any, processor: Any) -> None:
+        tokenizer = processor.tokenizer
+        template = getattr(processor, "chat_template", None) or tokenizer.chat_template
+        if not template:
+            raise ValueError("the checkpoint has no chat template (chat_template.jinja/json or "
+                             "in the tokenizer config)")
         self.model = model
-        self.image_token_id = image_token_id
+        self.tokenizer = tokenizer
+        self.image_processor = processor.image_processor
+        self.chat_template = template
+        self.image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+        self.num_params = count_parameters(model)
         self.device = next(model.parameters()).device
         text_config = getattr(model.config, "text_config", model.config)
         self.vocab_size = int(text_config.vocab_size)
         self.max_position_embeddings = int(getattr(text_config, "max_position_embeddings", 0) or 0)
         self.num_forwards = 0
+
+    def new_kv(self) -> KVState:
+        """An empty cache for one sequence (a session or a chat request)."""
+        return KVState(self.model.config)
+
+    def forward_decode_batch(self, kvs: list[KVState], fed: list[list[int]]) -> list[torch.Tensor]:
+        """One decode step of several sequences in one forward (see `forward_decode_batch`)."""
+        return forward_decode_batch(self, kvs, fed)
 
     @torch.inference_mode()
     def encode_images(self, images: list[ImageInput]) -> Any:
@@ -29,7 +68,8 @@ class ModelRunner:
         return self.model.model.get_image_features(pixels, _grids(images).to(self.device),
                                                    return_dict=True)
 
-    def chunk_positions(self, ids: torch.Tensor, images: list[ImageInput], offset: int) -> torch.Tensor:
+    def chunk_positions(self, ids: torch.Tensor, images: list[ImageInput],
+                        offset: int) -> torch.Tensor:
         """(3, 1, T) positions of a chunk computed alone, shifted to start at `offset`."""
         if not images:
             pos = torch.arange(ids.shape[1]).view(1, 1, -1).expand(3, 1, -1)
@@ -71,7 +111,7 @@ def _grids(images: list[ImageInput]) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def forward_decode_batch(runner: ModelRunner, kvs: list[KVState],
+def forward_decode_batch(runner: QwenVLRunner, kvs: list[KVState],
                          fed: list[list[int]]) -> list[torch.Tensor]:
     """One decode step of several sequences in one forward. `fed[b]` is sequence b's last
     sampled token plus its speculative drafts (if any). Returns (len(fed[b]), V) float32 logits

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from worldserve.engines.realtime.model import KV
+from worldserve.models.causal_dit.model import KV
 
 
 @dataclass(frozen=True)

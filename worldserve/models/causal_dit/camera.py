@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from worldserve.engines.realtime.model import CAMERA_KEYS
 from worldserve.errors import InvalidRequest
+from worldserve.models.causal_dit.model import CAMERA_KEYS
 
 KEY_INDEX = {key: i for i, key in enumerate(CAMERA_KEYS)}
 
 
-def output_frames_per_latent(first_chunk: bool, num_latent_frames: int, upsampling: int) -> list[int]:
+def output_frames_per_latent(first_chunk: bool, num_latent_frames: int,
+                             upsampling: int) -> list[int]:
     """How many output frames each latent frame of a block decodes to."""
     counts = [upsampling] * num_latent_frames
     if first_chunk:

@@ -110,7 +110,7 @@ def build_pipeline(seed: int, cfg: WanDevConfig = WanDevConfig()) -> WanPipeline
 def build_generation(target: Path, seed: int, cfg: WanDevConfig = WanDevConfig()) -> None:
     """Write the tiny Wan 2.1 T2V pipeline into `target` (diffusers layout), with a tiny
     flow-matching action head in `target/action_head/` (serves /v1/actions/*)."""
-    from worldserve.models.dev.action_head import build_action_head
+    from worldserve.models.action_head.dev import build_action_head
 
     build_pipeline(seed, cfg).save_pretrained(target)
     build_action_head(target / "action_head", seed)

@@ -1,6 +1,6 @@
 """Tiny random-weight causal realtime model (Self-Forcing-style causal Wan DiT with camera keys).
 
-Layout (see worldserve/engines/realtime/loader.py): realtime_config.json, transformer/
+Layout (see worldserve/models/causal_dit/loader.py): realtime_config.json, transformer/
 (config.json + model.safetensors), vae/ (AutoencoderKLWan), text_encoder/ (UMT5), tokenizer/.
 Every component draws from its own seeded stream, so the build is deterministic.
 """
@@ -11,11 +11,11 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from worldserve.engines.realtime.loader import RealtimeModel, RealtimePipelineConfig
-from worldserve.engines.realtime.model import WEIGHTS_NAME, CausalDiT, CausalDiTConfig
-from worldserve.models.dev.generation import WanDevConfig, build_text_encoder, build_vae
+from worldserve.models.causal_dit.loader import RealtimeModel, RealtimePipelineConfig
+from worldserve.models.causal_dit.model import WEIGHTS_NAME, CausalDiT, CausalDiTConfig
 from worldserve.models.dev.seeding import seeded
 from worldserve.models.dev.tokenizer import build_tokenizer
+from worldserve.models.wan.dev import WanDevConfig, build_text_encoder, build_vae
 
 SERVED_MODEL_NAME = "worldserve-dev-causal-wan"
 
@@ -26,8 +26,10 @@ PIPELINE_CONFIG = RealtimePipelineConfig()
 WAN_CONFIG = WanDevConfig(max_text_tokens=PIPELINE_CONFIG.max_text_tokens, vae_base_dim=4)
 
 
-def build_realtime_model(seed: int, dit_config: CausalDiTConfig = DIT_CONFIG,
-                         pipeline_config: RealtimePipelineConfig = PIPELINE_CONFIG) -> RealtimeModel:
+def build_realtime_model(
+    seed: int, dit_config: CausalDiTConfig = DIT_CONFIG,
+    pipeline_config: RealtimePipelineConfig = PIPELINE_CONFIG,
+) -> RealtimeModel:
     """Assemble the tiny model in memory (the tests use it without touching disk)."""
     tokenizer = build_tokenizer(WAN_CONFIG.vocab_size, model_max_length=WAN_CONFIG.max_text_tokens)
     with seeded(seed, "realtime.text_encoder"):

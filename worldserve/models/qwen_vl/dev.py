@@ -2,7 +2,8 @@
 
 Written files: config.json, generation_config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json, chat_template.jinja, preprocessor_config.json. Loading goes through
-`worldserve.models.processor.load_vlm`, the same code that loads a real Qwen2.5-VL directory.
+`worldserve.models.qwen_vl.processor.load_vlm`, the same code that loads a real Qwen2.5-VL
+directory.
 """
 
 from __future__ import annotations

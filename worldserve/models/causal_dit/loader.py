@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from worldserve.engines.common import ModelLoadError
-from worldserve.engines.realtime.model import CausalDiT, CausalDiTConfig, KV, WEIGHTS_NAME
+from worldserve.models.causal_dit.model import KV, WEIGHTS_NAME, CausalDiT, CausalDiTConfig
+from worldserve.models.types import ModelLoadError
 
 PIPELINE_CONFIG_NAME = "realtime_config.json"
 PIPELINE_NAME = "WorldserveCausalWanPipeline"

@@ -207,7 +207,8 @@ class CausalDiT(nn.Module):
 
 
 def block_causal_mask(num_frames: int, frames_per_block: int, tokens_per_frame: int,
-                      sink_frames: int | None = None, window_frames: int | None = None) -> torch.Tensor:
+                      sink_frames: int | None = None,
+                      window_frames: int | None = None) -> torch.Tensor:
     """Boolean (N, N) mask: True where a query token may attend a key token.
 
     A frame sees every frame of its own block and, of earlier blocks, what a sink + sliding

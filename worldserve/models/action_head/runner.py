@@ -1,4 +1,8 @@
-"""Action generation with the checkpoint's flow-matching action head (`<model>/action_head/`)."""
+"""Action generation with the checkpoint's flow-matching action head (`<model>/action_head/`).
+
+`ActionRunner` satisfies the generation stage's action-runner contract
+(engines/generation/contract.py).
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,14 @@ import numpy as np
 
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import ActionsResult, GenerateActions
+from worldserve.models.action_head.model import load_action_head
 
-ACTION_HEAD_DIR = "action_head"
 MAX_CANDIDATES = 16
+
+
+def load_runner(head_dir: Path) -> ActionRunner:
+    """The registry's actions loader for an action-head directory."""
+    return ActionRunner(load_action_head(head_dir), head_dir)
 
 
 class ActionRunner:
@@ -21,15 +30,6 @@ class ActionRunner:
         self.head = head
         self.path = path
         self.config = head.config
-
-    @classmethod
-    def load(cls, model_dir: Path) -> "ActionRunner | None":
-        path = model_dir / ACTION_HEAD_DIR
-        if not (path / "config.json").is_file():
-            return None
-        from worldserve.models.dev.action_head import load_action_head
-
-        return cls(load_action_head(path), path)
 
     def metadata(self) -> dict[str, Any]:
         c = self.config

@@ -1,4 +1,4 @@
-"""Runs batches of a diffusers video/image pipeline one denoising step at a time.
+"""Runs batches of a Wan diffusers video/image pipeline one denoising step at a time.
 
 Mirrors `WanPipeline.__call__` (diffusers 0.42) with the loop turned inside out: `prepare()`
 encodes prompts and samples latents, `denoise_step()` runs one step for the whole batch,
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,8 @@ from PIL import Image
 
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import GenerationParams
+from worldserve.models.common import count_parameters
+from worldserve.models.wan.loader import load_pipeline
 
 DEFAULT_MAX_SEQUENCE_LENGTH = 512
 MAX_CONDITION_IMAGES = 4
@@ -66,11 +69,23 @@ class BatchState:
             self.first_frame_noise = self.first_frame_noise.index_select(0, index)
 
 
+def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu") -> DiffusionRunner:
+    """The registry's generation loader for a Wan diffusers directory."""
+    return DiffusionRunner(load_pipeline(model_dir, dtype, device))
+
+
 class DiffusionRunner:
-    """Owns the pipeline; stateless between batches except for the model weights."""
+    """Owns the pipeline; stateless between batches except for the model weights.
+
+    Satisfies the generation runner contract (engines/generation/contract.py).
+    """
+
+    # Rows of one forward: no limit of its own (the stage's `max_batch_size` decides).
+    max_batch_size: int | None = None
 
     def __init__(self, pipe: Any) -> None:
         self.pipe = pipe
+        self.num_params = count_parameters(pipe)
         self.device = pipe._execution_device
         transformer = pipe.transformer if pipe.transformer is not None else pipe.transformer_2
         self.transformer_dtype = transformer.dtype
@@ -102,19 +117,21 @@ class DiffusionRunner:
                 raise InvalidRequest(f"{name} must be a positive multiple of {m} for this model "
                                      f"(got {value})", param=name)
         if params.num_inference_steps <= 0:
-            raise InvalidRequest("num_inference_steps must be positive", param="num_inference_steps")
+            raise InvalidRequest("num_inference_steps must be positive",
+                                 param="num_inference_steps")
         if not params.seeds:
             raise InvalidRequest("at least one output is required", param="n")
         if len(params.condition_images) > MAX_CONDITION_IMAGES:
-            raise InvalidRequest(f"this model accepts at most {MAX_CONDITION_IMAGES} input image(s)",
-                                 param="image")
+            raise InvalidRequest(
+                f"this model accepts at most {MAX_CONDITION_IMAGES} input image(s)", param="image")
         if not 0.0 < params.strength <= 1.0:
             raise InvalidRequest("strength must be in (0, 1]", param="strength")
 
     # ------------------------------------------------------------------ phases
 
     @torch.inference_mode()
-    def prepare(self, row_owner: list[str], rows: list[GenerationParams], seeds: list[int]) -> BatchState:
+    def prepare(self, row_owner: list[str], rows: list[GenerationParams],
+                seeds: list[int]) -> BatchState:
         """Encode prompts and sample the initial latents of one batch (rows share a batch key)."""
         params = rows[0]
         cfg = params.guidance_scale > 1.0
@@ -181,7 +198,8 @@ class DiffusionRunner:
         model, guidance = self._model_for(t, state.params)
         if state.first_frame is not None:
             sigma = state.scheduler.sigmas[state.start_index + i]
-            state.latents[:, :, :1] = (1 - sigma) * state.first_frame + sigma * state.first_frame_noise
+            noised = (1 - sigma) * state.first_frame + sigma * state.first_frame_noise
+            state.latents[:, :, :1] = noised
         x = state.latents.to(self.transformer_dtype)
         if self.expand_timesteps:
             h, w = x.shape[-2:]
@@ -216,24 +234,3 @@ class DiffusionRunner:
         latents = latents * self.latents_std.to(latents) + self.latents_mean.to(latents)
         video = self.pipe.vae.decode(latents, return_dict=False)[0]
         return self.pipe.video_processor.postprocess_video(video, output_type="np")[0]
-
-
-def to_uint8(frames: np.ndarray) -> np.ndarray:
-    return (np.clip(frames, 0.0, 1.0) * 255.0).round().astype(np.uint8)
-
-
-def load_pipeline(path: str, dtype: Any, device: str) -> Any:
-    """The diffusers pipeline in `path` (model_index.json), refused unless Wan-like."""
-    from diffusers.utils import logging as diffusers_logging
-    from transformers.utils import logging as transformers_logging
-
-    from worldserve.models.diffusion import load_pipeline as load_local_pipeline
-
-    diffusers_logging.disable_progress_bar()  # per-step progress goes to the api instead
-    transformers_logging.disable_progress_bar()
-    pipe = load_local_pipeline(path, dtype, device)
-    for name in ("transformer", "vae", "encode_prompt", "prepare_latents"):
-        if not hasattr(pipe, name):
-            raise ValueError(f"{type(pipe).__name__} has no {name}: worldserve drives Wan-family "
-                             "(WanPipeline-style) video pipelines")
-    return pipe

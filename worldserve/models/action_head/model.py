@@ -3,7 +3,8 @@
 Shape of a VLA policy's action expert (pi0-style): an observation encoder produces a condition
 vector; a velocity network denoises an `action_horizon x action_dim` chunk from Gaussian noise
 (t = 1) to actions (t = 0) with Euler steps. Random weights: the outputs are meaningless, the
-serving path is real. Saved as `config.json` + `model.safetensors` in `<generation>/action_head/`.
+serving path is real (the dev builder is in `dev.py`). Saved as `config.json` +
+`model.safetensors` in `<generation>/action_head/`.
 """
 
 from __future__ import annotations
@@ -92,13 +93,3 @@ def load_action_head(path: Path) -> ActionHead:
     head = ActionHead(config)
     head.load_state_dict(load_file(str(path / WEIGHTS_NAME)))
     return head.eval()
-
-
-def build_action_head(target: Path, seed: int, config: ActionHeadConfig = ActionHeadConfig()) -> None:
-    """Builder for the dev checkpoint: write a seeded random head into `target`."""
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        save_action_head(ActionHead(config), Path(target))
-    finally:
-        torch.random.set_rng_state(generator_state)

@@ -9,30 +9,21 @@ on the clean block that writes its K/V -> decode the block's frames.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from worldserve.engines.realtime.camera import camera_vectors, output_frames_per_latent
-from worldserve.engines.realtime.kv_cache import FrameRecord
-from worldserve.engines.realtime.loader import RealtimeModel
-from worldserve.engines.realtime.session import RealtimeSession, SessionSettings
-from worldserve.engines.realtime.vae_stream import (
+from worldserve.models.causal_dit.camera import camera_vectors, output_frames_per_latent
+from worldserve.models.causal_dit.kv_cache import FrameRecord
+from worldserve.models.causal_dit.loader import RealtimeModel, load_realtime_model
+from worldserve.models.causal_dit.state import CausalSession
+from worldserve.models.causal_dit.vae_stream import (
     StreamingWanDecoder,
     temporal_upsampling,
     to_rgb24,
 )
-
-
-@dataclass
-class ChunkOutput:
-    frames: bytes  # num_frames raw RGB24 frames, concatenated
-    num_frames: int
-    forward_ms: float  # whole chunk: refresh + denoise + context pass + decode
-    kv_refresh_ms: float | None
-    latents: torch.Tensor  # (1, C, F, h, w) the block's clean latents
-    dit_ms: float = 0.0  # denoising steps + context pass
-    decode_ms: float = 0.0
+from worldserve.models.common import count_parameters, resolve_dtype
+from worldserve.models.types import ChunkRunOutput, WorldSessionSettings
 
 
 def dmd_sigmas(num_steps: int, shift: float) -> list[float]:
@@ -41,20 +32,28 @@ def dmd_sigmas(num_steps: int, shift: float) -> list[float]:
     return (shift * base / (1 + (shift - 1) * base)).tolist()
 
 
+def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu") -> CausalRunner:
+    """The registry's realtime loader for a causal DiT checkpoint directory."""
+    return CausalRunner(load_realtime_model(model_dir, device, resolve_dtype(dtype)))
+
+
 class CausalRunner:
-    """Stateless over sessions: every tensor of a session lives in its `RealtimeSession`."""
+    """Stateless over sessions: every tensor of a session lives in its `CausalSession`."""
 
     def __init__(self, model: RealtimeModel) -> None:
         self.model = model
         self.upsampling = temporal_upsampling(model.vae)
+        self.num_params = sum(count_parameters(m)
+                              for m in (model.dit, model.vae, model.text_encoder))
 
     # ------------------------------------------------------------------ sessions
 
-    def new_session(self, session_id: str, settings: SessionSettings, prompt: str) -> RealtimeSession:
+    def new_session(self, session_id: str, settings: WorldSessionSettings,
+                    prompt: str) -> CausalSession:
         f = self.model.spatial_factor
         tpf = (settings.height // f) * (settings.width // f)
-        return RealtimeSession(session_id, settings, prompt, self.model.encode_prompt(prompt),
-                               StreamingWanDecoder(self.model.vae), tpf)
+        return CausalSession(session_id, settings, prompt, self.model.encode_prompt(prompt),
+                             StreamingWanDecoder(self.model.vae), tpf)
 
     def chunk_frames(self, chunk_index: int, frames_per_block: int) -> int:
         """Output frames of chunk `chunk_index` (the first is shorter: causal VAE)."""
@@ -63,8 +62,8 @@ class CausalRunner:
     # ------------------------------------------------------------------ one chunk
 
     @torch.inference_mode()
-    def run_chunk(self, session: RealtimeSession, camera: list[list[str]] | None,
-                  prompt: str | None = None, refresh_kv: bool = False) -> ChunkOutput:
+    def run_chunk(self, session: CausalSession, camera: list[list[str]] | None,
+                  prompt: str | None = None, refresh_kv: bool = False) -> ChunkRunOutput:
         start = time.perf_counter()
         s = session.settings
         first = session.next_frame == 0
@@ -85,11 +84,11 @@ class CausalRunner:
         pixels = session.decoder(session.decoder.denormalize(x0))
         frames, num_frames = to_rgb24(pixels)
         end = time.perf_counter()
-        return ChunkOutput(frames, num_frames, (end - start) * 1000, refresh_ms, x0,
+        return ChunkRunOutput(frames, num_frames, (end - start) * 1000, refresh_ms, x0,
                            dit_ms=(decode_start - dit_start) * 1000,
                            decode_ms=(end - decode_start) * 1000)
 
-    def _denoise(self, session: RealtimeSession, cam: torch.Tensor,
+    def _denoise(self, session: CausalSession, cam: torch.Tensor,
                  positions: torch.Tensor) -> torch.Tensor:
         s, dit = session.settings, self.model.dit
         f = self.model.spatial_factor // dit.cfg.patch_size
@@ -107,7 +106,7 @@ class CausalRunner:
                 x = (1 - sigmas[i + 1]) * x0 + sigmas[i + 1] * noise
         return x0
 
-    def _commit(self, session: RealtimeSession, x0: torch.Tensor, cam: torch.Tensor,
+    def _commit(self, session: CausalSession, x0: torch.Tensor, cam: torch.Tensor,
                 positions: torch.Tensor) -> None:
         """Context pass at t = 0 on the clean block: write its K/V, advance the frontier."""
         s = session.settings
@@ -123,7 +122,7 @@ class CausalRunner:
 
     # ------------------------------------------------------------------ rebuilds
 
-    def _maybe_rebuild(self, session: RealtimeSession, refresh_kv: bool) -> float | None:
+    def _maybe_rebuild(self, session: CausalSession, refresh_kv: bool) -> float | None:
         s = session.settings
         rebase = session.next_position + s.frames_per_block > self.model.dit.cfg.max_rope_frames
         if not (refresh_kv or rebase) or session.cache.num_frames == 0:
@@ -132,7 +131,7 @@ class CausalRunner:
         self.rebuild(session, rebase=rebase)
         return (time.perf_counter() - start) * 1000
 
-    def rebuild(self, session: RealtimeSession, rebase: bool = False) -> None:
+    def rebuild(self, session: CausalSession, rebase: bool = False) -> None:
         """Recompute the self-attention cache from the retained clean latents (spec 6.4/6.5):
         block by block in their original order, at their original positions or, with `rebase`,
         at positions 0..n-1, under the session's current prompt."""

@@ -1,0 +1,69 @@
+"""Model directory -> family detection (JSON only) and the unknown-directory message."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from worldserve.models import registry
+from worldserve.models.types import ModelLoadError
+
+
+def write(directory: Path, name: str, data: dict) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / name).write_text(json.dumps(data))
+    return directory
+
+
+@pytest.mark.parametrize("stage, name, data, family", [
+    ("generation", "model_index.json", {"_class_name": "WanPipeline"}, "wan"),
+    ("generation", "model_index.json", {"_class_name": "WanImageToVideoPipeline"}, "wan"),
+    ("reasoner", "config.json", {"model_type": "qwen2_5_vl"}, "qwen_vl"),
+    ("reasoner", "config.json", {"model_type": "qwen3_vl"}, "qwen_vl"),
+    ("realtime", "realtime_config.json", {"pipeline": "WorldserveCausalWanPipeline"},
+     "causal_dit"),
+    ("actions", "config.json", {"action_dim": 7, "action_horizon": 16, "state_dim": 8},
+     "action_head"),
+])
+def test_detects_each_family(tmp_path, stage, name, data, family):
+    assert registry.resolve(stage, write(tmp_path, name, data)).name == family
+
+
+def test_unknown_directory_names_what_was_found_and_the_families(tmp_path):
+    model = write(tmp_path / "m", "model_index.json", {"_class_name": "FluxPipeline"})
+    with pytest.raises(ModelLoadError) as info:
+        registry.resolve("generation", model)
+    message = str(info.value)
+    assert "_class_name='FluxPipeline'" in message and "families: wan" in message
+    with pytest.raises(ModelLoadError, match="no model_index.json, config.json"):
+        registry.resolve("reasoner", tmp_path / "empty")
+
+
+def test_a_family_serves_only_its_stage_kinds(tmp_path):
+    model = write(tmp_path, "config.json", {"model_type": "qwen2_5_vl"})
+    with pytest.raises(ModelLoadError, match="supported realtime families: causal_dit"):
+        registry.resolve("realtime", model)
+
+
+def test_every_loader_entry_point_exists():
+    import importlib.util
+
+    for family in registry.FAMILIES:
+        for stage, target in family.loaders.items():
+            module_name, function_name = target.split(":")
+            assert importlib.util.find_spec(module_name) is not None, (family.name, stage)
+            source = Path(importlib.util.find_spec(module_name).origin).read_text()
+            assert f"def {function_name}(" in source, target
+
+
+def test_detection_imports_no_model_library(tmp_path):
+    write(tmp_path, "config.json", {"model_type": "qwen3_vl"})
+    code = ("import sys; from pathlib import Path; from worldserve.models import registry; "
+            f"registry.resolve('reasoner', Path({str(tmp_path)!r})); "
+            "print(sorted(m for m in ('torch', 'transformers', 'diffusers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,64 @@
+"""What the generation engine needs from a media-generation runner and an action runner (a
+family satisfies them structurally; the engine never imports a family module).
+
+The engine owns queueing, batching, interleaving, progress, cancellation and output files; the
+runner owns the model and the tensors of each running batch (the `RunnerBatch` it returns from
+`prepare()`). One engine step calls exactly one runner phase.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from worldserve.ipc.messages import ActionsResult, GenerateActions, GenerationParams
+
+
+class RunnerBatch(Protocol):
+    """The runner's state of one running batch; row r belongs to request `row_owner[r]`."""
+
+    row_owner: list[str]
+    step_index: int  # denoising steps done
+
+    @property
+    def num_steps(self) -> int: ...
+
+    @property
+    def done_denoising(self) -> bool: ...
+
+    def keep_rows(self, keep: list[int]) -> None:
+        """Drop every row not in `keep` (a cancelled request leaves the batch)."""
+
+
+class GenerationRunner(Protocol):
+    pipe: Any  # the loaded pipeline (capabilities name its class)
+    # Rows one forward can hold: None = no limit of its own (the stage's max_batch_size
+    # decides); 1 = no batching, concurrent requests are only interleaved step by step.
+    max_batch_size: int | None
+    size_multiple: int  # width and height must be multiples of it
+    temporal_stride: int  # num_frames must be 1 mod it
+    num_params: int
+
+    def snap_frames(self, num_frames: int) -> int:
+        """The nearest frame count the model can produce (at most `num_frames`)."""
+
+    def check(self, params: GenerationParams) -> None:
+        """Raise InvalidRequest (naming the field) for what the model cannot run."""
+
+    def prepare(self, row_owner: list[str], rows: list[GenerationParams],
+                seeds: list[int]) -> RunnerBatch:
+        """Encode prompts and sample initial latents of one batch (rows share a batch key)."""
+
+    def denoise_step(self, state: Any) -> None:
+        """One denoising step of every row of the batch."""
+
+    def decode(self, state: Any, row: int) -> np.ndarray:
+        """Frames of one row as floats in [0, 1], (T, H, W, 3)."""
+
+
+class ActionRunner(Protocol):
+    def metadata(self) -> dict[str, Any]:
+        """Action-head facts the api needs (horizon, dims, limits)."""
+
+    def run(self, msg: GenerateActions) -> ActionsResult: ...

@@ -1,0 +1,40 @@
+"""Per-session causal state of the causal DiT (spec realtime-video.md section 6.1)."""
+
+from __future__ import annotations
+
+import torch
+
+from worldserve.models.causal_dit.kv_cache import SelfAttnCache
+from worldserve.models.causal_dit.model import KV
+from worldserve.models.causal_dit.vae_stream import StreamingWanDecoder
+from worldserve.models.types import WorldSessionSettings, WorldSessionState
+
+
+class CausalSession:
+    """Everything one session owns: KV cache + retained latents, cross-attention cache, VAE
+    decode state, RNG and the chunk frontier. `release()` frees it all at once."""
+
+    def __init__(self, session_id: str, settings: WorldSessionSettings, prompt: str,
+                 text_kv: list[KV], decoder: StreamingWanDecoder, tokens_per_frame: int) -> None:
+        self.session_id = session_id
+        self.settings = settings
+        self.prompt = prompt
+        self.text_kv: list[KV] | None = text_kv
+        self.decoder = decoder
+        self.cache = SelfAttnCache(tokens_per_frame, settings.sink_frames, settings.window_frames)
+        # Noise is drawn on the CPU so a seed gives the same frames on every device.
+        self.generator = torch.Generator(device="cpu").manual_seed(settings.seed)
+        self.next_chunk = 0  # chunk index the session accepts next
+        self.next_frame = 0  # session number of the next latent frame
+        self.next_position = 0  # RoPE position of the next latent frame (differs after re-base)
+        self.state = WorldSessionState.ACTIVE
+
+    def release(self) -> None:
+        if self.state is WorldSessionState.RELEASED:
+            return
+        self.cache.clear()
+        self.decoder.release()
+        self.text_kv = None
+        self.state = WorldSessionState.RELEASED
+
+

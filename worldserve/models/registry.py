@@ -1,0 +1,51 @@
+"""Model directory -> model family -> the runner a stage drives.
+
+Engines call `load_runner(stage_kind, model_dir, ...)` and get an object satisfying their runner
+contract (`engines/<kind>/contract.py`); they never import a family module. Detection reads JSON
+files only; the family's loader module (and torch with it) is imported when a stage loads it.
+Add a family: a folder under `worldserve/models/` with a `family.py` declaring `FAMILY`, then
+one entry in `FAMILIES` below (docs/architecture.md has the checklist).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from worldserve.models.action_head.family import FAMILY as ACTION_HEAD
+from worldserve.models.causal_dit.family import FAMILY as CAUSAL_DIT
+from worldserve.models.detect import describe
+from worldserve.models.qwen_vl.family import FAMILY as QWEN_VL
+from worldserve.models.types import ModelFamily, ModelLoadError
+from worldserve.models.wan.family import FAMILY as WAN
+
+__all__ = ["FAMILIES", "ModelFamily", "load_runner", "resolve", "supported"]
+
+# Order matters: the first family whose `detect` matches (and that serves the stage kind) wins.
+FAMILIES: tuple[ModelFamily, ...] = (WAN, ACTION_HEAD, QWEN_VL, CAUSAL_DIT)
+
+
+def supported(stage_kind: str) -> list[str]:
+    """Names of the families that serve `stage_kind`."""
+    return [family.name for family in FAMILIES if stage_kind in family.loaders]
+
+
+def resolve(stage_kind: str, model_dir: Path) -> ModelFamily:
+    """The family serving `stage_kind` from `model_dir`; ModelLoadError names what was found."""
+    model_dir = Path(model_dir)
+    for family in FAMILIES:
+        if stage_kind in family.loaders and family.detect(model_dir):
+            return family
+    raise ModelLoadError(
+        f"{model_dir} is not a model directory the {stage_kind} stage can serve: found "
+        f"{describe(model_dir)}; supported {stage_kind} families: "
+        f"{', '.join(supported(stage_kind)) or 'none'}")
+
+
+def load_runner(stage_kind: str, model_dir: Path, **kwargs: Any) -> Any:
+    """Resolve the family, import its loader for `stage_kind` and call it."""
+    family = resolve(stage_kind, model_dir)
+    module_name, function_name = family.loaders[stage_kind].split(":")
+    loader = getattr(importlib.import_module(module_name), function_name)
+    return loader(Path(model_dir), **kwargs)

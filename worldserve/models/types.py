@@ -1,0 +1,66 @@
+"""Types both sides of the runner contracts share (engines and model families). No torch here:
+the registry and the engines' contracts import this module."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class ModelLoadError(RuntimeError):
+    """The stage's model directory is missing, unreadable or of no supported family (the
+    message names the path and what was found)."""
+
+
+@dataclass(frozen=True)
+class WorldSessionSettings:
+    """A realtime world session's settings, fixed at chunk 0. Frame counts are latent frames."""
+
+    seed: int
+    width: int
+    height: int
+    num_inference_steps: int
+    sink_frames: int
+    window_frames: int
+    frames_per_block: int
+
+
+class WorldSessionState(enum.Enum):
+    ACTIVE = "active"
+    RELEASED = "released"
+
+
+@dataclass
+class ChunkRunOutput:
+    """What a realtime runner returns for one chunk of one session."""
+
+    frames: bytes  # num_frames raw RGB24 frames, concatenated
+    num_frames: int
+    forward_ms: float  # whole chunk: refresh + denoise + context pass + decode
+    kv_refresh_ms: float | None
+    latents: Any  # torch.Tensor (1, C, F, h, w): the block's clean latents
+    dit_ms: float = 0.0  # denoising steps + context pass
+    decode_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """One architecture the server can run: how to recognise its directory and, per stage kind,
+    the `module:function` that loads a runner for it (imported only when used)."""
+
+    name: str  # "wan"
+    detect: Callable[[Path], bool]  # cheap: reads JSON files only, never imports torch
+    loaders: Mapping[str, str]  # stage kind -> "module:function"
+
+
+@dataclass
+class ImageInput:
+    """One preprocessed image for a VLM: `pixel_values` (patches, C) and `grid_thw` (1, 3)
+    torch tensors, and how many placeholder tokens it takes in the prompt."""
+
+    pixel_values: Any
+    grid_thw: Any
+    num_tokens: int
