@@ -11,6 +11,7 @@ from typing import Any, AsyncIterator, Iterator
 import pytest
 
 from worldserve.errors import InvalidRequest, RequestTimeout, StageUnavailable
+from worldserve.ipc.capabilities import GenerationCapabilities
 from worldserve.ipc.client import StageClient, new_request_id
 from worldserve.ipc.messages import (
     ChatCompletion,
@@ -41,8 +42,8 @@ class CountingEngine:
         self.active: list[tuple[str, int, Any]] = []
         self.cancelled: list[str] = []
 
-    def capabilities(self) -> dict[str, Any]:
-        return {"deltas": self.num_deltas}
+    def capabilities(self) -> GenerationCapabilities:
+        return GenerationCapabilities(max_batch_size=self.num_deltas)
 
     def state(self) -> str:
         return "ready"
@@ -111,7 +112,7 @@ def chat(request_id: str | None = None) -> ChatCompletion:
 async def test_handshake_call_and_stats(client: StageClient) -> None:
     info = client.info
     assert info is not None
-    assert info.stage == "test" and info.capabilities == {"deltas": 5}
+    assert info.stage == "test" and info.capabilities == GenerationCapabilities(max_batch_size=5)
     assert client.state == "ready"
     reply = await client.call(Echo(request_id="e1", payload=b"x" * 1024), timeout_s=5)
     assert isinstance(reply, EchoReply) and reply.payload == b"x" * 1024

@@ -14,6 +14,7 @@ from worldserve.api.app import create_app
 from worldserve.api.realtime.connection import _TRANSITIONS, ConnectionState
 from worldserve.api.runtime import ServerRuntime
 from worldserve.config import ServerConfig
+from worldserve.ipc.capabilities import RealtimeCapabilities
 from worldserve.ipc.client import StageClient
 from worldserve.ipc.messages import StageInfo
 
@@ -33,7 +34,8 @@ def app_with(capabilities: dict, tmp_path, clients):
     client = StageClient("realtime", f"ipc://{tmp_path}/nobody.sock")
     clients.append(client)
     client.info = StageInfo(request_id="h", stage="realtime", pid=0, state="ready",
-                            model="m", model_path="", num_params=0, capabilities=capabilities)
+                            model="m", model_path="", num_params=0,
+                            capabilities=RealtimeCapabilities(**capabilities))
     client.state = "ready"
     return create_app(ServerRuntime(config=config, clients={"realtime": client}))
 

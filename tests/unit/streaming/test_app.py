@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 import httpx
-import msgspec
 import pytest
 
 from worldserve.api.app import create_app
 from worldserve.api.runtime import ServerRuntime
 from worldserve.config import ServerConfig
+from worldserve.ipc.capabilities import ReasonerCapabilities
 from worldserve.ipc.client import StageClient
 from worldserve.ipc.messages import ReasonerRetention, ReasonerSampling, StageInfo
 
@@ -25,10 +25,10 @@ def reasoner_client(tmp_path: Path, state: str = "ready", **caps: Any) -> StageC
     client.info = StageInfo(
         request_id="hello", stage="reasoner", pid=1, state="ready", model="tiny-vl",
         model_path="/models/tiny-vl", num_params=1,
-        capabilities={"backend": "hf", "dtype": "bfloat16", "streaming": True, "chat": True,
-                      "max_model_len": 4096,
-                      "retention": msgspec.to_builtins(ReasonerRetention(max_video_segments=8)),
-                      "sampling": msgspec.to_builtins(ReasonerSampling()), **caps})
+        capabilities=ReasonerCapabilities(**{
+            "backend": "hf", "dtype": "bfloat16", "streaming": True, "chat": True,
+            "max_model_len": 4096, "retention": ReasonerRetention(max_video_segments=8),
+            "sampling": ReasonerSampling(), **caps}))
     return client
 
 

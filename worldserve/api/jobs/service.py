@@ -27,6 +27,7 @@ from worldserve.errors import (
     StageUnavailable,
     WorldserveError,
 )
+from worldserve.ipc.capabilities import GenerationCapabilities, capabilities_as
 from worldserve.ipc.client import StageClient, new_request_id
 from worldserve.ipc.messages import (
     Cancel,
@@ -75,9 +76,9 @@ class MediaService:
     def client(self) -> StageClient:
         return self.runtime.client(STAGE)
 
-    def capabilities(self) -> dict[str, Any]:
+    def capabilities(self) -> GenerationCapabilities:
         info = self.client().info
-        return dict(info.capabilities) if info else {}
+        return capabilities_as(info.capabilities if info else None, GenerationCapabilities)
 
     def model_name(self) -> str:
         info = self.client().info

@@ -31,9 +31,10 @@ from worldserve.api.realtime.sender import (
     Pacer,
     SocketWriter,
 )
-from worldserve.api.realtime.service import EngineFacts, RealtimeService, SessionSettings
+from worldserve.api.realtime.service import RealtimeService, SessionSettings
 from worldserve.api.schemas.realtime import InitRequest
 from worldserve.errors import InternalError, InvalidRequest, StageUnavailable, WorldserveError
+from worldserve.ipc.capabilities import RealtimeCapabilities
 from worldserve.ipc.messages import RealtimeChunk, RealtimeChunkResult
 from worldserve.media.framing import ChunkEncoder, unpack
 from worldserve.media.policy import check_forbidden_fields, check_prompt_lengths
@@ -198,7 +199,7 @@ class RealtimeConnection:
             return "bytes", message["bytes"]
         return "text", message.get("text") or ""
 
-    async def _await_init(self, facts: EngineFacts) -> SessionSettings | None:
+    async def _await_init(self, facts: RealtimeCapabilities) -> SessionSettings | None:
         deadline = time.monotonic() + self.service.config.init_timeout_s
         num_invalid = 0
         while num_invalid < MAX_INVALID_INITS:
@@ -221,7 +222,8 @@ class RealtimeConnection:
 
     # ------------------------------------------------------------------ streaming
 
-    async def _stream(self, settings: SessionSettings, facts: EngineFacts) -> CloseDecision:
+    async def _stream(self, settings: SessionSettings,
+                      facts: RealtimeCapabilities) -> CloseDecision:
         self.controls = SessionControls(facts.min_pulse_items, facts.max_script_frames)
         if settings.initial_script is not None:
             self.controls.camera.set_script(settings.initial_script, self.controls.tag(None))
@@ -241,7 +243,7 @@ class RealtimeConnection:
         first = next(t for t in tasks if t.done() and not t.cancelled())
         return first.result()
 
-    async def _generate_loop(self, settings: SessionSettings, facts: EngineFacts,
+    async def _generate_loop(self, settings: SessionSettings, facts: RealtimeCapabilities,
                              sender: ChunkSender) -> CloseDecision:
         """Chunk after chunk; chunk k+1 is requested while chunk k is written (one pending send)."""
         pending: asyncio.Task[Any] | None = None
@@ -270,7 +272,7 @@ class RealtimeConnection:
             if pending is not None and not pending.done():
                 pending.cancel()
 
-    async def _generate_chunk(self, settings: SessionSettings, facts: EngineFacts,
+    async def _generate_chunk(self, settings: SessionSettings, facts: RealtimeCapabilities,
                               chunk_index: int) -> ChunkOutput:
         assert self.controls is not None  # set by _stream before the loop starts
         started = time.perf_counter()

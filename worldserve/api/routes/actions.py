@@ -21,6 +21,7 @@ from worldserve.api.jobs.service import MediaService, service_of
 from worldserve.api.runtime import ServerRuntime
 from worldserve.api.schemas.actions import decode_numpy, encode_numpy, parse_envelope
 from worldserve.errors import InvalidRequest, NotFound
+from worldserve.ipc.capabilities import ActionHeadCapabilities
 from worldserve.ipc.client import new_request_id
 from worldserve.ipc.messages import ActionsResult, GenerateActions
 from worldserve.media.images import check_image
@@ -41,9 +42,9 @@ def _service(request: Request) -> MediaService:
     return service_of(request.app.state.runtime)
 
 
-def _action_caps(service: MediaService) -> dict[str, Any]:
-    caps = service.capabilities().get("actions")
-    if not caps:
+def _action_caps(service: MediaService) -> ActionHeadCapabilities:
+    caps = service.capabilities().actions
+    if caps is None:
         raise NotFound(f"model '{service.model_name()}' has no action head: action generation is "
                        "not available on this server (the checkpoint needs an action_head/ folder)")
     return caps
@@ -57,21 +58,21 @@ async def metadata(request: Request) -> dict[str, Any]:
     return {
         "object": "action.metadata", "model": service.model_name(),
         "model_path": info.model_path if info else None, "policy_family": "worldserve-flow",
-        "input": {"image_keys": None, "image_size": [caps["image_size"], caps["image_size"]],
-                  "state_dim": caps["state_dim"], "max_images": caps["max_images"]},
-        "output": {"action_type": "continuous", "action_horizon": caps["action_horizon"],
-                   "action_dim": caps["action_dim"], "padded_action_dim": caps["action_dim"],
+        "input": {"image_keys": None, "image_size": [caps.image_size, caps.image_size],
+                  "state_dim": caps.state_dim, "max_images": caps.max_images},
+        "output": {"action_type": "continuous", "action_horizon": caps.action_horizon,
+                   "action_dim": caps.action_dim, "padded_action_dim": caps.action_dim,
                    "dtype": "float32"},
         "runtime": {"materialize_dtype": "float32", "enable_autocast": False,
                     "parallelism": {"num_gpus": 0, "tp_size": 1, "sp_degree": 1,
                                     "ulysses_degree": 1, "ring_degree": 1}},
-        "defaults": {"num_inference_steps": caps["num_inference_steps"],
-                     "action_horizon": caps["action_horizon"], "prefix_cache": False,
+        "defaults": {"num_inference_steps": caps.num_inference_steps,
+                     "action_horizon": caps.action_horizon, "prefix_cache": False,
                      "cuda_graph": False},
         "capabilities": {"exact_prefix_cache": False, "cuda_graph": False,
                          "realtime_websocket": False, "openpi_websocket": False,
                          "batch_inputs": False, "multiple_candidates": True,
-                         "max_candidates": caps["max_candidates"]},
+                         "max_candidates": caps.max_candidates},
     }
 
 
@@ -125,8 +126,8 @@ async def generations(request: Request) -> Response:
                                  param="action_mode")
         raise InvalidRequest(f"action_mode {params.action_mode!r} is not supported by this "
                              "action head (supported: policy)", param="action_mode")
-    if params.action_dim is not None and params.action_dim != caps["action_dim"]:
-        raise InvalidRequest(f"action_dim must be {caps['action_dim']} for this action head",
+    if params.action_dim is not None and params.action_dim != caps.action_dim:
+        raise InvalidRequest(f"action_dim must be {caps.action_dim} for this action head",
                              param="action_dim")
     limit = service.runtime.config.max_upload_bytes
     images = list(env.images) + uploads

@@ -90,8 +90,7 @@ async def edits(request: Request) -> dict[str, Any]:
 
 async def _generate(service: MediaService, body: ImageGenerationRequest, images: list[bytes], *,
                     default_response_format: str) -> dict[str, Any]:
-    caps = service.capabilities()
-    resolved = resolve_image(body, caps.get("defaults", {}),
+    resolved = resolve_image(body, service.capabilities().defaults,
                              default_response_format=default_response_format)
     resolved.params.prompt = await maybe_enhance(service, body.enhance_prompt, resolved.params.prompt)
     resolved.params.condition_images = images

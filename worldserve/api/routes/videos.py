@@ -71,7 +71,7 @@ async def create(request: Request) -> dict[str, Any]:
 
     for image in images:
         check_image(image, "input_reference")
-    resolved = resolve_video(body, service.capabilities().get("defaults", {}))
+    resolved = resolve_video(body, service.capabilities().defaults)
     resolved.params.prompt = await maybe_enhance(service, body.enhance_prompt, resolved.params.prompt)
     resolved.params.condition_images = images[:1]
     record = await service.create_video(resolved, {"model": body.model or "sora-2"})

@@ -21,7 +21,7 @@ from worldserve.api.runtime import ServerRuntime
 from worldserve.api.schemas.chat import ChatCompletionRequest, ChatMessageIn
 from worldserve.api.streaming.images import MAX_FRAME_BYTES, check_frame, decode_data_url
 from worldserve.api.streaming.params import schema_text
-from worldserve.api.streaming.service import reasoner_client
+from worldserve.api.streaming.service import reasoner_capabilities, reasoner_client
 from worldserve.errors import (
     InvalidRequest,
     NotFound,
@@ -69,7 +69,7 @@ class ChatService:
                               sampling=self._sampling(body, client), stream=body.stream)
 
     def _sampling(self, body: ChatCompletionRequest, client: StageClient) -> ReasonerSampling:
-        fields = {**client.info.capabilities.get("sampling", {}), **CHAT_DEFAULTS}
+        fields = {**msgspec.to_builtins(reasoner_capabilities(client).sampling), **CHAT_DEFAULTS}
         given = {
             "max_tokens": body.max_completion_tokens or body.max_tokens,
             "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,

@@ -12,6 +12,8 @@ import time
 import uuid
 from typing import Any
 
+import msgspec
+
 from worldserve.api.runtime import ServerRuntime
 from worldserve.api.schemas.streaming import CreateSessionBody
 from worldserve.api.streaming.images import MAX_FRAME_BYTES, MAX_FRAME_PIXELS
@@ -32,6 +34,7 @@ from worldserve.errors import (
     WorldserveError,
     http_status,
 )
+from worldserve.ipc.capabilities import ReasonerCapabilities, capabilities_as
 from worldserve.ipc.client import StageClient, new_request_id
 from worldserve.ipc.messages import (
     Cancel,
@@ -60,11 +63,16 @@ def reasoner_client(runtime: ServerRuntime, feature: str) -> StageClient:
     if client.state != "ready" or client.info is None:
         raise StageUnavailable(f"the reasoning stage is not ready (state '{client.state}'); "
                                "retry later", stage=STAGE)
-    if not client.info.capabilities.get(feature, False):
-        backend = client.info.capabilities.get("backend", "this")
-        raise NotSupported(f"{feature} is unavailable: the '{backend}' reasoner backend does not "
-                           "support it")
+    caps = reasoner_capabilities(client)
+    if not (caps.streaming if feature == "streaming" else caps.chat):
+        raise NotSupported(f"{feature} is unavailable: the '{caps.backend}' reasoner backend does "
+                           "not support it")
     return client
+
+
+def reasoner_capabilities(client: StageClient) -> ReasonerCapabilities:
+    info = client.info
+    return capabilities_as(info.capabilities if info else None, ReasonerCapabilities)
 
 
 class StreamingService:
@@ -79,21 +87,23 @@ class StreamingService:
     # ------------------------------------------------------------------ views
 
     def config_view(self) -> dict[str, Any]:
-        info = self.client().info
-        caps = info.capabilities
+        client = self.client()
+        caps = reasoner_capabilities(client)
+        max_sessions = caps.max_sessions if caps.max_sessions is not None else \
+            self.config.max_sessions
         return {
-            "model": info.model,
-            "retention": caps["retention"],
-            "sampling": {k: caps["sampling"][k] for k in SAMPLING_VIEW_FIELDS},
+            "model": client.info.model,
+            "retention": msgspec.to_builtins(caps.retention),
+            "sampling": {k: getattr(caps.sampling, k) for k in SAMPLING_VIEW_FIELDS},
             "limits": {
-                "max_sessions": caps.get("max_sessions", self.config.max_sessions),
+                "max_sessions": max_sessions,
                 "max_frame_bytes": MAX_FRAME_BYTES, "max_frame_pixels": MAX_FRAME_PIXELS,
                 "idle_timeout_s": self.config.idle_timeout_s,
                 "rest_idle_timeout_s": self.config.rest_idle_timeout_s,
                 "frame_timeout_s": self.config.frame_timeout_s,
-                "image_budget": caps.get("image_budget"),
-                "encoder_capacity": caps.get("encoder_capacity"),
-                "max_model_len": caps.get("max_model_len"),
+                "image_budget": caps.image_budget,
+                "encoder_capacity": caps.encoder_capacity,
+                "max_model_len": caps.max_model_len,
             },
         }
 
@@ -117,10 +127,9 @@ class StreamingService:
         info = client.info
         if body.model is not None and body.model != info.model:
             raise NotFound(f"unknown model '{body.model}'", param="model")
-        caps = info.capabilities
-        retention = build_retention(body.retention, caps["retention"],
-                                    caps.get("library_retention"))
-        sampling = build_sampling(body.sampling, caps["sampling"])
+        caps = reasoner_capabilities(client)
+        retention = build_retention(body.retention, caps.retention, caps.library_retention)
+        sampling = build_sampling(body.sampling, caps.sampling)
         await self.registry.reap_expired()
         request = CreateSession(request_id=new_request_id("create"),
                                 session_id=f"sess-{uuid.uuid4()}", system_prompt=body.system_prompt,
