@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any, AsyncIterator
 
+from worldserve.api.jobs.enhancer import PromptEnhancer
 from worldserve.api.jobs.params import ResolvedRequest
 from worldserve.api.jobs.store import LIVE_STATUSES, RecordStore
 from worldserve.api.runtime import ServerRuntime
@@ -56,8 +57,9 @@ def now_s() -> int:
 
 
 class MediaService:
-    def __init__(self, runtime: ServerRuntime) -> None:
+    def __init__(self, runtime: ServerRuntime, enhancer: PromptEnhancer | None = None) -> None:
         self.runtime = runtime
+        self.enhancer = enhancer
         cfg = runtime.config.stages.generation
         self.config = cfg
         self.output_dir = cfg.resolved_output_dir()
@@ -368,14 +370,3 @@ class MediaService:
 def _expired(record: dict[str, Any]) -> bool:
     expires = record.get("expires_at")
     return expires is not None and expires <= now_s()
-
-
-def service_of(runtime: ServerRuntime) -> MediaService:
-    """The surface's service, created on first use (every native route module shares it)."""
-    service = runtime.services.get("media")
-    if service is None:
-        service = MediaService(runtime)
-        runtime.services["media"] = service
-        runtime.shutdown_hooks.append(service.shutdown)
-        service.start_sweeper()
-    return service

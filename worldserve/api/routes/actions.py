@@ -17,8 +17,8 @@ from fastapi.responses import JSONResponse, Response
 
 from worldserve.api.jobs.bodies import is_multipart, prepare, read_form, read_json
 from worldserve.api.jobs.http import NativeRoute
-from worldserve.api.jobs.service import MediaService, service_of
-from worldserve.api.runtime import ServerRuntime
+from worldserve.api.jobs.service import MediaService
+from worldserve.api.services import ApiServices, media_service
 from worldserve.api.schemas.actions import decode_numpy, encode_numpy, parse_envelope
 from worldserve.errors import InvalidRequest, NotFound
 from worldserve.ipc.capabilities import ActionHeadCapabilities
@@ -34,12 +34,11 @@ ACTION_TIMEOUT_S = 300.0
 MSGPACK_TYPE = "application/msgpack"
 
 
-def setup(runtime: ServerRuntime) -> bool:
-    return "generation" in runtime.clients
+def setup(services: ApiServices) -> bool:
+    return services.media is not None
 
 
-def _service(request: Request) -> MediaService:
-    return service_of(request.app.state.runtime)
+_service = media_service
 
 
 def _action_caps(service: MediaService) -> ActionHeadCapabilities:

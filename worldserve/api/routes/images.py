@@ -21,8 +21,8 @@ from worldserve.api.jobs.bodies import (
 from worldserve.api.jobs.enhancer import maybe_enhance
 from worldserve.api.jobs.http import NativeRoute
 from worldserve.api.jobs.params import resolve_image
-from worldserve.api.jobs.service import MediaService, service_of
-from worldserve.api.runtime import ServerRuntime
+from worldserve.api.jobs.service import MediaService
+from worldserve.api.services import ApiServices, media_service
 from worldserve.api.schemas.images import ImageGenerationRequest
 from worldserve.errors import InvalidRequest, NotFound
 from worldserve.media.images import content_type_for
@@ -34,15 +34,11 @@ EDIT_FILE_FIELDS = ("image", "image[]")
 EDIT_URL_FIELDS = ("url", "url[]")
 
 
-def setup(runtime: ServerRuntime) -> bool:
-    if "generation" not in runtime.clients:
-        return False
-    service_of(runtime)
-    return True
+def setup(services: ApiServices) -> bool:
+    return services.media is not None
 
 
-def _service(request: Request) -> MediaService:
-    return service_of(request.app.state.runtime)
+_service = media_service
 
 
 @router.post("/v1/images/generations")
@@ -92,7 +88,7 @@ async def _generate(service: MediaService, body: ImageGenerationRequest, images:
                     default_response_format: str) -> dict[str, Any]:
     resolved = resolve_image(body, service.capabilities().defaults,
                              default_response_format=default_response_format)
-    resolved.params.prompt = await maybe_enhance(service, body.enhance_prompt, resolved.params.prompt)
+    resolved.params.prompt = await maybe_enhance(service.enhancer, body.enhance_prompt, resolved.params.prompt)
     resolved.params.condition_images = images
     record = await service.generate_images(resolved, {
         "num_input_images": len(images), "response_format": resolved.response_format})

@@ -18,8 +18,8 @@ from worldserve.api.jobs.bodies import (
 from worldserve.api.jobs.enhancer import maybe_enhance
 from worldserve.api.jobs.http import NativeRoute
 from worldserve.api.jobs.params import resolve_video
-from worldserve.api.jobs.service import MediaService, service_of
-from worldserve.api.runtime import ServerRuntime
+from worldserve.api.jobs.service import MediaService
+from worldserve.api.services import ApiServices, media_service
 from worldserve.api.schemas.videos import VideoCreateRequest
 from worldserve.errors import InvalidRequest, NotFound
 from worldserve.media.uploads import read_image_reference, read_upload
@@ -31,12 +31,11 @@ REFERENCE_FIELDS = ("input_reference", "reference_url")
 VIDEO_FIELDS = ("video_path", "video_url")
 
 
-def setup(runtime: ServerRuntime) -> bool:
-    return "generation" in runtime.clients
+def setup(services: ApiServices) -> bool:
+    return services.media is not None
 
 
-def _service(request: Request) -> MediaService:
-    return service_of(request.app.state.runtime)
+_service = media_service
 
 
 @router.post("/v1/videos")
@@ -72,7 +71,7 @@ async def create(request: Request) -> dict[str, Any]:
     for image in images:
         check_image(image, "input_reference")
     resolved = resolve_video(body, service.capabilities().defaults)
-    resolved.params.prompt = await maybe_enhance(service, body.enhance_prompt, resolved.params.prompt)
+    resolved.params.prompt = await maybe_enhance(service.enhancer, body.enhance_prompt, resolved.params.prompt)
     resolved.params.condition_images = images[:1]
     record = await service.create_video(resolved, {"model": body.model or "sora-2"})
     return job_object(service, record)
