@@ -1,4 +1,5 @@
-"""StageClient <-> StageLoop over real ZeroMQ (ipc), with a small in-test engine in a thread."""
+"""StageClient <-> StageLoop over real ZeroMQ (ipc), with a small in-test engine in a thread;
+the same tests against InProcessStageClient prove it keeps the client's semantics."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, AsyncIterator, Iterator
 
 import pytest
@@ -27,6 +29,7 @@ from worldserve.ipc.messages import (
     StatsRequest,
 )
 from worldserve.ipc.transport import StageServer, check_address
+from worldserve.runtime.inprocess import InProcessStageClient
 from worldserve.runtime.stage import StageLoop
 
 
@@ -81,8 +84,14 @@ class CountingEngine:
         pass
 
 
-@pytest.fixture
-def stage(tmp_path: Path) -> Iterator[tuple[str, StageLoop]]:
+@pytest.fixture(params=["zeromq", "inprocess"])
+def stage(request: pytest.FixtureRequest,
+          tmp_path: Path) -> Iterator[tuple[str | None, StageLoop | SimpleNamespace]]:
+    """The stage behind the client: a StageLoop thread over ZeroMQ, or (address None) the
+    engine alone for an InProcessStageClient. Every test here runs against both clients."""
+    if request.param == "inprocess":
+        yield None, SimpleNamespace(engine=CountingEngine())
+        return
     address = f"ipc://{tmp_path / 'stage.sock'}"
     loop = StageLoop("test", StageServer(address), CountingEngine())
     thread = threading.Thread(target=loop.run, daemon=True)
@@ -94,15 +103,16 @@ def stage(tmp_path: Path) -> Iterator[tuple[str, StageLoop]]:
 
 
 @pytest.fixture
-async def client(stage: tuple[str, StageLoop]) -> AsyncIterator[StageClient]:
+async def client(stage: tuple[str | None, Any]) -> AsyncIterator[StageClient]:
     """A handshaken client, always closed (an open ZeroMQ socket would block interpreter exit)."""
-    client = StageClient("test", stage[0])
+    address, loop = stage
+    client = StageClient("test", address) if address else InProcessStageClient("test", loop.engine)
     try:
         await client.handshake(timeout_s=5)
         yield client
     finally:
         await client.close()
-    
+
 
 def chat(request_id: str | None = None) -> ChatCompletion:
     return ChatCompletion(request_id=request_id or new_request_id(), messages=[],
@@ -148,7 +158,7 @@ async def test_timeout_cancels_in_the_stage(client: StageClient) -> None:
         await client.call(Echo(request_id="slow", delay_ms=2000), timeout_s=0.05)
 
 
-async def test_stream_cancel_reaches_the_engine(stage: tuple[str, StageLoop],
+async def test_stream_cancel_reaches_the_engine(stage: tuple[str | None, Any],
                                                 client: StageClient) -> None:
     loop = stage[1]
     loop.engine.num_deltas, loop.engine.step_delay_s = 10**9, 0.001
@@ -163,7 +173,7 @@ async def test_stream_cancel_reaches_the_engine(stage: tuple[str, StageLoop],
     assert "long" in loop.engine.cancelled
 
 
-async def test_mark_down_fails_waiters_and_new_requests(stage: tuple[str, StageLoop],
+async def test_mark_down_fails_waiters_and_new_requests(stage: tuple[str | None, Any],
                                                         client: StageClient) -> None:
     # the stream must still be open when the stage "dies"
     stage[1].engine.num_deltas, stage[1].engine.step_delay_s = 10**9, 0.001
