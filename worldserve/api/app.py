@@ -12,7 +12,12 @@ from fastapi import FastAPI
 
 import worldserve
 from worldserve.api.errors import install_error_handlers
-from worldserve.api.middleware import BodyLimitMiddleware, MetricsMiddleware, max_request_body_bytes
+from worldserve.api.middleware import (
+    BodyLimitMiddleware,
+    ForwardedHeadersMiddleware,
+    MetricsMiddleware,
+    max_request_body_bytes,
+)
 from worldserve.api.routes import ROUTE_MODULES
 from worldserve.api.runtime import ServerRuntime
 from worldserve.api.services import build_services
@@ -33,4 +38,6 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware,
                        max_bytes=max_request_body_bytes(runtime.config.max_upload_bytes))
     app.add_middleware(MetricsMiddleware, metrics=runtime.metrics)
+    app.add_middleware(ForwardedHeadersMiddleware,
+                       trusted_hosts=runtime.config.forwarded_allow_ips)
     return app
