@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 from worldserve.api.app import create_app
-from worldserve.api.realtime.connection import _TRANSITIONS, ConnectionState
+from worldserve.api.realtime.connection import _TRANSITIONS, RealtimeConnectionState
 from worldserve.api.runtime import ServerRuntime
 from worldserve.config import ServerConfig
 from worldserve.engines.realtime.fake import FakeRealtimeEngine
@@ -57,14 +57,14 @@ def test_route_absent_when_stage_disabled():
 
 
 def test_every_state_can_reach_closed():
-    for state in ConnectionState:
+    for state in RealtimeConnectionState:
         seen, frontier = {state}, [state]
         while frontier:
             for nxt in _TRANSITIONS[frontier.pop()]:
                 if nxt not in seen:
                     seen.add(nxt)
                     frontier.append(nxt)
-        assert ConnectionState.CLOSED in seen
+        assert RealtimeConnectionState.CLOSED in seen
 
 
 def test_a_session_streams_chunks_from_the_engine_then_closes_1000(clients):

@@ -32,7 +32,7 @@ WORKER_ID = "realtime0"
 
 
 @dataclass(frozen=True)
-class SessionSettings:
+class RealtimeConnectionSettings:
     """Everything a session needs, resolved from its init and the engine's facts."""
 
     session_id: str
@@ -88,7 +88,7 @@ class RealtimeService:
             await asyncio.sleep(poll_s)
 
     async def build_settings(self, init: InitRequest, facts: RealtimeCapabilities, *,
-                             trace_id: str, user: str) -> SessionSettings:
+                             trace_id: str, user: str) -> RealtimeConnectionSettings:
         """Engine-dependent checks of a schema-valid init; raises InvalidRequest."""
         width, height = parse_size(init.size) if init.size else (facts.default_width,
                                                                  facts.default_height)
@@ -100,7 +100,7 @@ class RealtimeService:
                                  "conditioned; remove first_frame", param="first_frame")
         first_frame = await resolve_first_frame(init.first_frame, self.media_policy)
         fmt = init.output_format
-        return SessionSettings(
+        return RealtimeConnectionSettings(
             session_id=new_session_id(), trace_id=trace_id, user=user, prompt=init.prompt,
             negative_prompt=init.negative_prompt, seed=init.seed, width=width, height=height,
             fps=init.fps or facts.default_fps, num_inference_steps=init.num_inference_steps,
