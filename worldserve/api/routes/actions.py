@@ -15,11 +15,11 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from worldserve.api.errors import NativeRoute
 from worldserve.api.jobs.bodies import is_multipart, prepare, read_form, read_json
-from worldserve.api.jobs.http import NativeRoute
 from worldserve.api.jobs.service import MediaService
-from worldserve.api.services import ApiServices, media_service
 from worldserve.api.schemas.actions import decode_numpy, encode_numpy, parse_envelope
+from worldserve.api.services import ApiServices, media_service
 from worldserve.errors import InvalidRequest, NotFound
 from worldserve.ipc.capabilities import ActionHeadCapabilities
 from worldserve.ipc.client import new_request_id

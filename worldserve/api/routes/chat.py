@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
+from worldserve.api.errors import OpenAIRoute
 from worldserve.api.schemas.chat import ChatCompletionRequest
 from worldserve.api.services import ApiServices, chat_service
 from worldserve.api.streaming.chat import completion_body, sse_events
-from worldserve.api.streaming.errors import OpenAIRoute
 from worldserve.ipc.messages import ChatResult
 
 router = APIRouter(route_class=OpenAIRoute, tags=["chat"])

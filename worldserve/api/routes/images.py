@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
 
-from worldserve.api.jobs.http import NativeRoute
+from worldserve.api.errors import NativeRoute
 from worldserve.api.jobs.inputs import read_edit_request, read_image_request
 from worldserve.api.jobs.records import JobRecord
 from worldserve.api.jobs.service import MediaService

@@ -9,10 +9,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse
 
+from worldserve.api.errors import NimRoute
 from worldserve.api.schemas.streaming import CreateSessionBody
 from worldserve.api.services import ApiServices, streaming_service
 from worldserve.api.streaming.connection import StreamingConnection
-from worldserve.api.streaming.errors import NimRoute
 from worldserve.api.streaming.images import read_frame
 
 router = APIRouter(route_class=NimRoute, tags=["streaming"])

@@ -19,7 +19,7 @@ import msgspec
 
 from worldserve.api.runtime import ServerRuntime
 from worldserve.api.schemas.chat import ChatCompletionRequest, ChatMessageIn
-from worldserve.api.streaming.images import MAX_FRAME_BYTES, check_frame, decode_data_url
+from worldserve.api.streaming.images import MAX_FRAME_BYTES, check_frame
 from worldserve.api.streaming.params import schema_text
 from worldserve.api.streaming.service import reasoner_capabilities, reasoner_client
 from worldserve.errors import (
@@ -39,6 +39,7 @@ from worldserve.ipc.messages import (
     ReasonerSampling,
     Reply,
 )
+from worldserve.media.data_url import decode_data_url
 from worldserve.media.fetch import fetch_remote, load_media
 from worldserve.media.policy import MediaPolicy
 
@@ -112,12 +113,12 @@ class ChatService:
 
     async def _image(self, url: str) -> bytes:
         if url.startswith("data:"):
-            data = decode_data_url(url)
+            data = decode_data_url(url, field="image_url", base64_only=True)[1]
         elif url.startswith(("http://", "https://")):
             data = await self._fetch(url)
         elif url[:5].lower() == "file:" or "://" not in url:
             # a local path: only inside --allowed-local-media-path (refused without it)
-            data = await load_media(url, self.media_policy)
+            data = await load_media(url, self.media_policy, "image_url")
         else:
             raise InvalidRequest(f"unsupported image URL scheme in {url[:40]!r}; send a data URL "
                                  "(data:image/jpeg;base64,...)", param="image_url")

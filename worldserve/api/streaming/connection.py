@@ -16,13 +16,19 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from worldserve.api.errors import validation_message
+from worldserve.api.errors import WS_CLOSE_NORMAL, validation_message, ws_error
 from worldserve.api.schemas.streaming import WsCreateMessage
-from worldserve.api.streaming.errors import WS_CLOSE_NORMAL, IdleTimeout, ws_close_code, ws_error
 from worldserve.api.streaming.images import check_frame, decode_b64_image, parse_json_object
 from worldserve.api.streaming.service import StreamingService
 from worldserve.api.streaming.sessions import StreamSession, StreamSessionState
-from worldserve.errors import InternalError, InvalidRequest, PayloadTooLarge, WorldserveError
+from worldserve.errors import (
+    IdleTimeout,
+    InternalError,
+    InvalidRequest,
+    PayloadTooLarge,
+    WorldserveError,
+    ws_close_code,
+)
 
 log = logging.getLogger("worldserve.api.streaming")
 
@@ -100,7 +106,7 @@ class StreamingConnection:
             try:
                 body = WsCreateMessage.model_validate(obj)
             except ValidationError as exc:
-                raise InvalidRequest(validation_message(exc)[0]) from None  # type: ignore[arg-type]
+                raise InvalidRequest(validation_message(exc)[0]) from None
             self.session = await self.service.create(body, "ws", body.frame_format)
         except WorldserveError as exc:
             raise FatalError(exc) from None

@@ -81,14 +81,6 @@ def decode_b64_image(value: object, field: str = "image_b64") -> bytes:
     return data
 
 
-def decode_data_url(url: str) -> bytes:
-    """`data:image/png;base64,...` -> bytes (only base64 data URLs)."""
-    if not _DATA_URL.match(url):
-        raise InvalidRequest("image data URLs must be base64: data:image/jpeg;base64,<data>",
-                             param="image_url")
-    return decode_b64_image(url, "image_url")
-
-
 def check_content_length(header: str | None, limit: int) -> None:
     if header is None:
         return
