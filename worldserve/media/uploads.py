@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from worldserve.errors import InvalidRequest, PayloadTooLarge
-from worldserve.media.fetch import FetchFailed, fetch_media, read_local
 from worldserve.media.data_url import decode_data_url
+from worldserve.media.fetch import FetchFailed, fetch_media, read_local
 from worldserve.media.images import check_image
 from worldserve.media.policy import MediaPolicy, check_upload_name, is_remote_url
 

@@ -19,7 +19,7 @@ import msgspec
 
 from worldserve.api.runtime import ServerRuntime
 from worldserve.api.schemas.chat import ChatCompletionRequest, ChatMessageIn
-from worldserve.api.streaming.images import MAX_FRAME_BYTES, check_frame
+from worldserve.api.streaming.images import check_frame
 from worldserve.api.streaming.params import schema_text
 from worldserve.api.streaming.service import reasoner_capabilities, reasoner_client
 from worldserve.errors import (
@@ -41,6 +41,7 @@ from worldserve.ipc.messages import (
 )
 from worldserve.media.data_url import decode_data_url
 from worldserve.media.fetch import fetch_remote, load_media
+from worldserve.media.frame_limits import MAX_FRAME_BYTES
 from worldserve.media.policy import MediaPolicy
 
 # Chat defaults differ from the per-frame streaming defaults: OpenAI-style neutral sampling.

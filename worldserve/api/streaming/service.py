@@ -16,7 +16,6 @@ import msgspec
 
 from worldserve.api.runtime import ServerRuntime
 from worldserve.api.schemas.streaming import CreateSessionBody
-from worldserve.api.streaming.images import MAX_FRAME_BYTES, MAX_FRAME_PIXELS
 from worldserve.api.streaming.params import (
     SAMPLING_VIEW_FIELDS,
     build_retention,
@@ -49,6 +48,7 @@ from worldserve.ipc.messages import (
     SessionCreated,
     SessionFrame,
 )
+from worldserve.media.frame_limits import MAX_FRAME_BYTES, MAX_FRAME_PIXELS
 
 log = logging.getLogger("worldserve.api.streaming")
 
