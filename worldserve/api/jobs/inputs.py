@@ -22,8 +22,8 @@ from worldserve.api.jobs.bodies import (
 from worldserve.api.schemas.images import ImageGenerationRequest
 from worldserve.api.schemas.videos import VideoCreateRequest
 from worldserve.errors import InvalidRequest
-from worldserve.media.policy import MediaPolicy
 from worldserve.media.images import check_image
+from worldserve.media.policy import MediaPolicy
 from worldserve.media.uploads import read_image_reference, read_upload
 
 REFERENCE_FIELDS = ("input_reference", "reference_url")

@@ -7,6 +7,7 @@ capabilities at startup (`defaults`), so no round trip is needed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from worldserve.api.schemas.images import ImageGenerationRequest, SamplingFields
 from worldserve.api.schemas.videos import VideoCreateRequest
 from worldserve.errors import InvalidRequest

@@ -19,6 +19,7 @@ from worldserve.api.jobs.ledger import JobLedger
 from worldserve.api.jobs.params import ResolvedRequest, resolve_image, resolve_video
 from worldserve.api.jobs.records import JobRecord, JobStatus
 from worldserve.api.runtime import ServerRuntime
+from worldserve.api.schemas.actions import ActionEnvelope
 from worldserve.api.schemas.images import ImageGenerationRequest
 from worldserve.api.schemas.videos import VideoCreateRequest
 from worldserve.errors import (
@@ -29,10 +30,16 @@ from worldserve.errors import (
     StageUnavailable,
     WorldserveError,
 )
-from worldserve.ipc.capabilities import GenerationCapabilities, capabilities_as
+from worldserve.ipc.capabilities import (
+    ActionHeadCapabilities,
+    GenerationCapabilities,
+    capabilities_as,
+)
 from worldserve.ipc.client import StageClient, new_request_id
 from worldserve.ipc.messages import (
+    ActionsResult,
     Cancel,
+    GenerateActions,
     GenerateMedia,
     GenerationAccepted,
     GenerationCancelled,
@@ -45,6 +52,7 @@ log = logging.getLogger("worldserve.jobs")
 
 STAGE = "generation"
 ACCEPT_TIMEOUT_S = 60.0
+ACTION_TIMEOUT_S = 300.0
 DEFAULT_VIDEO_MODEL = "sora-2"
 Opened = tuple[Any, Any]  # (the stage's reply stream, its iterator)
 
@@ -69,6 +77,14 @@ class MediaService:
     def capabilities(self) -> GenerationCapabilities:
         info = self.client().info
         return capabilities_as(info.capabilities if info else None, GenerationCapabilities)
+
+    def action_capabilities(self) -> ActionHeadCapabilities:
+        caps = self.capabilities().actions
+        if caps is None:
+            raise NotFound(f"model '{self.model_name()}' has no action head: action generation "
+                           "is not available on this server (the checkpoint needs an "
+                           "action_head/ folder)")
+        return caps
 
     def model_name(self) -> str:
         info = self.client().info
@@ -164,6 +180,23 @@ class MediaService:
         if record.status != JobStatus.COMPLETED:
             raise InternalError("the generation stage ended the request without a result")
         return record
+
+    # ------------------------------------------------------------------ actions
+
+    async def generate_actions(self, env: ActionEnvelope, images: list[bytes]) -> ActionsResult:
+        params = env.parameters
+        msg = GenerateActions(
+            request_id=new_request_id("act"), task=env.task, images=images,
+            state=env.state.tobytes() if env.state is not None else b"",
+            noise=env.noise.tobytes() if env.noise is not None else b"",
+            num_inference_steps=params.num_inference_steps, action_horizon=params.action_horizon,
+            seed=params.seed if params.seed is not None else 42,
+            num_candidates=params.candidate_count or 1)
+        with self.admit():
+            result = await self.client().call(msg, timeout_s=ACTION_TIMEOUT_S)
+        if not isinstance(result, ActionsResult):
+            raise InternalError(f"unexpected reply {type(result).__name__} to an action request")
+        return result
 
     # ------------------------------------------------------------------ videos
 

@@ -25,13 +25,13 @@ from worldserve.api.realtime.admission import AdmissionRejected, Lease
 from worldserve.api.realtime.controls import SessionControls
 from worldserve.api.realtime.events import EventApplier, InvalidEvent, parse_event
 from worldserve.api.realtime.sender import (
-    GeneratedChunk,
     ChunkSender,
     ClientGone,
+    GeneratedChunk,
     Pacer,
     SocketWriter,
 )
-from worldserve.api.realtime.service import RealtimeService, RealtimeConnectionSettings
+from worldserve.api.realtime.service import RealtimeConnectionSettings, RealtimeService
 from worldserve.api.schemas.realtime import InitRequest
 from worldserve.errors import InternalError, InvalidRequest, StageUnavailable, WorldserveError
 from worldserve.ipc.capabilities import RealtimeCapabilities
