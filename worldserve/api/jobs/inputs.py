@@ -13,9 +13,11 @@ from fastapi.exceptions import RequestValidationError
 from worldserve.api.jobs.bodies import (
     is_multipart,
     is_urlencoded,
+    parse_body,
     prepare,
     read_form,
     read_json,
+    read_payload,
     require_json_or_form,
     validate,
 )
@@ -35,22 +37,16 @@ EDIT_URL_FIELDS = ("url", "url[]")
 async def read_video_request(request: Request, policy: MediaPolicy,
                              limit: int) -> tuple[VideoCreateRequest, list[bytes]]:
     """`POST /v1/videos` (JSON or multipart with `input_reference` files)."""
-    require_json_or_form(request)
+    form = await read_payload(request)
     images: list[bytes] = []
-    if is_multipart(request):
-        form = await read_form(request)
-        for name, uploads in form.files.items():
-            if name == "video_reference":
-                raise InvalidRequest("video conditioning is not supported by this model",
-                                     param=name)
-            if name != "input_reference":
-                raise InvalidRequest(f"unexpected file field {name!r}", param=name)
-            for upload in uploads:
-                images.append(await read_upload(upload, name, limit))
-        payload = form.fields
-    else:
-        payload = await read_json(request)
-    body = validate(VideoCreateRequest, prepare(payload, policy), as_400=True)
+    for name, uploads in form.files.items():
+        if name == "video_reference":
+            raise InvalidRequest("video conditioning is not supported by this model", param=name)
+        if name != "input_reference":
+            raise InvalidRequest(f"unexpected file field {name!r}", param=name)
+        for upload in uploads:
+            images.append(await read_upload(upload, name, limit))
+    body = parse_body(VideoCreateRequest, form.fields, policy, as_400=True)
     for name in VIDEO_FIELDS:
         if getattr(body, name):
             raise InvalidRequest("video conditioning is not supported by this model", param=name)
@@ -66,7 +62,7 @@ async def read_video_request(request: Request, policy: MediaPolicy,
 async def read_image_request(request: Request, policy: MediaPolicy) -> ImageGenerationRequest:
     """`POST /v1/images/generations` (JSON)."""
     require_json_or_form(request)
-    return validate(ImageGenerationRequest, prepare(await read_json(request), policy))
+    return parse_body(ImageGenerationRequest, await read_json(request), policy)
 
 
 async def read_edit_request(request: Request, policy: MediaPolicy,
@@ -86,7 +82,7 @@ async def read_edit_request(request: Request, policy: MediaPolicy,
     for name in EDIT_URL_FIELDS:
         value = form.fields.pop(name, None)
         urls += value if isinstance(value, list) else ([value] if value else [])
-    payload = prepare(form.fields, policy)
+    payload = prepare(form.fields, policy)  # the policy before anything is fetched
     for url in urls:
         images.append(await read_image_reference(url, "url", limit, policy))
     if not images:
