@@ -8,8 +8,8 @@ import pytest
 from worldserve.ipc.capabilities import (
     ActionHeadCapabilities,
     GenerationCapabilities,
-    ReasonerCapabilities,
     RealtimeCapabilities,
+    ReasonerCapabilities,
     capabilities_as,
 )
 from worldserve.ipc.codec import MessageCodec
