@@ -75,6 +75,8 @@ class InProcessStageClient(StageClient):
     async def close(self) -> None:
         task, self._recv_task = self._recv_task, None
         if task is not None:
+            if task.done() and not task.cancelled():
+                task.exception()  # an engine failure, already reported through mark_down
             task.cancel()
             # A test client's app may have run on a loop that is gone; only await our own.
             if not task.done() and task.get_loop() is asyncio.get_running_loop():
@@ -94,6 +96,13 @@ class InProcessStageClient(StageClient):
         self.send_nowait(request)
 
     async def _run(self) -> None:
+        try:
+            await self._beat()
+        except Exception as exc:  # what a stage process's death is: every waiter fails now
+            self.mark_down(f"the engine failed: {type(exc).__name__}: {exc}")
+            raise
+
+    async def _beat(self) -> None:
         """The stage loop's beat: dispatch what arrived, one engine step, report state."""
         loop = self._stage_loop
         while True:

@@ -199,3 +199,16 @@ def test_only_ipc_and_loopback_addresses(address: str) -> None:
 
 def test_loopback_tcp_is_accepted() -> None:
     assert check_address("tcp://127.0.0.1:5555") == "tcp://127.0.0.1:5555"
+
+
+async def test_inprocess_engine_crash_fails_waiters_like_a_dead_stage() -> None:
+    engine = CountingEngine()
+    client = InProcessStageClient("test", engine)
+    engine.step = lambda: (_ for _ in ()).throw(RuntimeError("boom"))  # type: ignore[method-assign]
+    try:
+        with pytest.raises(StageUnavailable, match="the engine failed: RuntimeError: boom"):
+            async for _ in await client.stream(chat()):
+                pass
+        assert client.state == "failed"
+    finally:
+        await client.close()
