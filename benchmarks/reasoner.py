@@ -38,7 +38,6 @@ from worldserve.ipc.messages import (  # noqa: E402
     ChatPart,
     CreateSession,
     ErrorReply,
-    ReasonerRetention,
     ReasonerSampling,
     SessionFrame,
 )
@@ -68,7 +67,7 @@ class Bench:
         stage = ReasonerStageConfig(model_path=model_path, streaming=StreamingConfig(
             max_sessions=max_sessions, spec_method=spec))
         self.engine = ReasonerEngine(stage, ServerConfig())
-        self.retention = ReasonerRetention(**self.engine.capabilities()["retention"])
+        self.retention = self.engine.capabilities().retention
         self._seq = 0
 
     def rid(self) -> str:

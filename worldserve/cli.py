@@ -97,6 +97,10 @@ def serve(
                    "first [default: 0 = unlimited]."),
     max_upload_bytes: Optional[int] = typer.Option(
         None, help="Largest accepted upload per file, in bytes."),
+    public_url: Optional[str] = typer.Option(
+        None, help="Base of the absolute URLs in responses [default: the request's host]."),
+    forwarded_allow_ips: Optional[str] = typer.Option(
+        None, help="Proxies trusted for X-Forwarded-Proto/For/Host [default: 127.0.0.1]."),
 ) -> None:
     """Start the api process and its stage processes."""
     overrides: dict[str, Any] = {
@@ -107,6 +111,7 @@ def serve(
         "allowed_media_domains": allowed_media_domain or None,
         "output_ttl_s": output_ttl, "max_job_records": max_job_records,
         "max_upload_bytes": max_upload_bytes,
+        "public_url": public_url, "forwarded_allow_ips": forwarded_allow_ips,
         **_model_overrides(model_path),
     }
     try:

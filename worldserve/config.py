@@ -213,7 +213,22 @@ class ServerConfig(_Frozen):
     max_upload_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
     output_ttl_s: float = Field(default=0.0, ge=0)
     max_job_records: int = Field(default=0, ge=0)
+    # Base of the absolute `url`s in responses (e.g. https://media.example.com); None: each
+    # request's own scheme and host.
+    public_url: str | None = None
+    # Proxies whose X-Forwarded-Proto/For/Host are believed (comma-separated IPs/CIDRs, "*").
+    forwarded_allow_ips: str = "127.0.0.1"
     stages: StagesConfig = Field(default_factory=StagesConfig)
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url_is_a_base(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        if not url.startswith(("http://", "https://")) or "?" in url or "#" in url:
+            raise ValueError(f"must be an http(s) base URL such as https://host[:port][/prefix] "
+                             f"(got {url!r})")
+        return url.rstrip("/")
 
     @field_validator("allowed_media_domains")
     @classmethod

@@ -90,23 +90,34 @@ class RequestTimeout(WorldserveError, TimeoutError):
     error_type = "timeout_error"
 
 
+class IdleTimeout(WorldserveError):
+    """A WebSocket session expired without an accepted frame (streaming-reasoning §6.1)."""
+
+    code = "idle_timeout"
+    error_type = "timeout_error"
+
+
 class InternalError(WorldserveError):
     code = "internal_error"
     error_type = "server_error"
 
 
-# class -> (HTTP status, WebSocket close code). The one place where statuses are decided.
+# class -> (HTTP status, WebSocket close code). The one place where statuses and close codes
+# are decided. Close codes follow streaming-reasoning §8.4: 1008 for protocol, configuration,
+# admission (capacity included), session and idle errors; 1011 for failures on our side. (1009
+# for an oversized message comes from the WebSocket stack, before the app sees it.)
 _TABLE: dict[type[WorldserveError], tuple[int, int]] = {
     InvalidRequest: (400, 1008),
     AuthenticationRequired: (401, 1008),
     PermissionDenied: (403, 1008),
     NotFound: (404, 1008),
+    IdleTimeout: (408, 1008),
     Conflict: (409, 1008),
-    PayloadTooLarge: (413, 1009),
-    UnsupportedMediaType: (415, 1003),
+    PayloadTooLarge: (413, 1008),
+    UnsupportedMediaType: (415, 1008),
     NotSupported: (501, 1011),
     UpstreamError: (502, 1011),
-    CapacityExceeded: (503, 1013),
+    CapacityExceeded: (503, 1008),
     StageUnavailable: (503, 1011),
     RequestTimeout: (504, 1011),
     InternalError: (500, 1011),

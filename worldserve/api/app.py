@@ -1,4 +1,8 @@
-"""`create_app(runtime)`: the FastAPI app built around injected stage clients."""
+"""`create_app(runtime)`: the FastAPI app built around injected stage clients.
+
+The services are built here, before the first request (api/services.py); each route module's
+`setup(services)` says whether its surface is on.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +12,32 @@ from fastapi import FastAPI
 
 import worldserve
 from worldserve.api.errors import install_error_handlers
-from worldserve.api.middleware import BodyLimitMiddleware, MetricsMiddleware, max_request_body_bytes
+from worldserve.api.middleware import (
+    BodyLimitMiddleware,
+    ForwardedHeadersMiddleware,
+    MetricsMiddleware,
+    max_request_body_bytes,
+)
 from worldserve.api.routes import ROUTE_MODULES
 from worldserve.api.runtime import ServerRuntime
+from worldserve.api.services import build_services
 
 
 def create_app(runtime: ServerRuntime) -> FastAPI:
-    app = FastAPI(title="worldserve", version=worldserve.__version__)
+    services = build_services(runtime)
+    app = FastAPI(title="worldserve", version=worldserve.__version__, lifespan=services.lifespan)
     app.state.runtime = runtime
+    app.state.services = services
     install_error_handlers(app)
     for name in ROUTE_MODULES:
         module = importlib.import_module(name)
         setup = getattr(module, "setup", None)
-        if setup is not None and setup(runtime) is False:
+        if setup is not None and setup(services) is False:
             continue  # the module declined (feature disabled): its routes stay unregistered
         app.include_router(module.router)
     app.add_middleware(BodyLimitMiddleware,
                        max_bytes=max_request_body_bytes(runtime.config.max_upload_bytes))
     app.add_middleware(MetricsMiddleware, metrics=runtime.metrics)
+    app.add_middleware(ForwardedHeadersMiddleware,
+                       trusted_hosts=runtime.config.forwarded_allow_ips)
     return app

@@ -1,20 +1,52 @@
-"""Exception handlers: the one place where errors become HTTP responses."""
+"""The api's one error-mapping module: where errors become HTTP responses and WebSocket errors.
+
+Statuses and close codes come from the taxonomy table (`worldserve.errors`); this module only
+renders them, in the envelope each surface's clients read:
+- app-wide handlers (`install_error_handlers`): the OpenAI shape, validation errors 422;
+- `NativeRoute` (native media, spec native-media.md §2.4): `{"detail", "error": {..., "code":
+  <status>}}`, the shape SGLang clients (`detail`) and the OpenAI SDK (`error`) both read;
+- `NimRoute` (live reasoning, streaming-reasoning §9): `{"error": {"message", "code": <status>}}`,
+  validation errors 400;
+- `OpenAIRoute` (chat completions): the OpenAI shape, validation errors 400;
+- `ws_error` (streaming-reasoning §8.4): `{"op": "error", "message", "code", "fatal"}`.
+"""
 
 from __future__ import annotations
 
 import logging
+from typing import Any, Callable, Coroutine
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from worldserve.errors import InternalError, WorldserveError, error_body, http_status
+from worldserve.errors import (
+    CapacityExceeded,
+    InternalError,
+    InvalidRequest,
+    StageUnavailable,
+    WorldserveError,
+    error_body,
+    http_status,
+)
 
 log = logging.getLogger("worldserve.api")
 
+WS_CLOSE_NORMAL = 1000
+STAGE_STOPPED_DETAIL = "Generation runtime stopped"
+_NATIVE_TYPES = {400: "invalid_request_error", 413: "invalid_request_error",
+                 415: "invalid_request_error", 422: "invalid_request_error",
+                 404: "not_found_error", 409: "conflict_error", 500: "server_error",
+                 503: "service_unavailable_error"}
 
-def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+Renderer = Callable[[Request, WorldserveError], JSONResponse]
+Handler = Callable[[Request], Coroutine[Any, Any, Response]]
+
+
+def validation_message(exc: RequestValidationError | ValidationError) -> tuple[str, str | None]:
     """`field: problem` for each error; the first field is reported as `param`."""
     parts, first = [], None
     for err in exc.errors():
@@ -25,22 +57,25 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return "; ".join(parts) or "invalid request", first
 
 
-def _json(status: int, body: dict) -> JSONResponse:
-    return JSONResponse(status_code=status, content=body)
+def _log_server_error(request: Request, status: int, exc: WorldserveError) -> None:
+    if status >= 500:
+        log.warning("%s %s -> %d: %s", request.method, request.url.path, status, exc.message)
+
+
+# --------------------------------------------------------------------------- app-wide handlers
 
 
 async def _worldserve_error(request: Request, exc: WorldserveError) -> JSONResponse:
     status = http_status(exc)
-    if status >= 500:
-        log.warning("%s %s -> %d: %s", request.method, request.url.path, status, exc.message)
-    return _json(status, error_body(exc))
+    _log_server_error(request, status, exc)
+    return JSONResponse(status_code=status, content=error_body(exc))
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     message, param = validation_message(exc)
     body = {"error": {"message": message, "type": "invalid_request_error",
                       "code": "validation_error", "param": param}}
-    return _json(422, body)
+    return JSONResponse(status_code=422, content=body)
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -54,7 +89,7 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return _json(500, error_body(InternalError("internal server error")))
+    return JSONResponse(status_code=500, content=error_body(InternalError("internal server error")))
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -62,3 +97,98 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected)
+
+
+# --------------------------------------------------------------------------- native media
+
+
+def native_envelope(status: int, detail: Any, message: str,
+                    param: str | None = None) -> dict[str, Any]:
+    return {"detail": detail,
+            "error": {"message": message, "type": _NATIVE_TYPES.get(status, "server_error"),
+                      "param": param, "code": status}}
+
+
+def native_response(request: Request, exc: WorldserveError) -> JSONResponse:
+    status = http_status(exc)
+    message = STAGE_STOPPED_DETAIL if isinstance(exc, StageUnavailable) else exc.message
+    headers = {"Retry-After": "1"} if isinstance(exc, CapacityExceeded) else None
+    _log_server_error(request, status, exc)
+    return JSONResponse(status_code=status, headers=headers,
+                        content=native_envelope(status, message, message, exc.param))
+
+
+def native_validation_response(errors: list[dict[str, Any]]) -> JSONResponse:
+    first = errors[0] if errors else {}
+    loc = ".".join(str(p) for p in first.get("loc", ()))
+    message = f"{loc}: {first.get('msg', 'invalid value')}" if loc else first.get("msg", "invalid")
+    param = str(first["loc"][-1]) if first.get("loc") else None
+    detail = [{k: v for k, v in e.items() if k in ("type", "loc", "msg")} for e in errors]
+    return JSONResponse(status_code=422, content=native_envelope(422, detail, message, param))
+
+
+class NativeRoute(APIRoute):
+    """Route class of the native media routes: native envelope, validation errors 422."""
+
+    def get_route_handler(self) -> Handler:
+        original = super().get_route_handler()
+
+        async def handler(request: Request) -> Response:
+            try:
+                return await original(request)
+            except WorldserveError as exc:
+                return native_response(request, exc)
+            except RequestValidationError as exc:
+                return native_validation_response(list(exc.errors()))
+
+        return handler
+
+
+# --------------------------------------------------------------------------- live reasoning
+
+
+def nim_body(exc: WorldserveError) -> dict[str, Any]:
+    return {"error": {"message": exc.message, "code": http_status(exc)}}
+
+
+def ws_error(exc: WorldserveError, *, fatal: bool) -> dict[str, Any]:
+    return {"op": "error", "message": exc.message, "code": http_status(exc), "fatal": fatal}
+
+
+def nim_response(request: Request, exc: WorldserveError) -> JSONResponse:
+    status = http_status(exc)
+    _log_server_error(request, status, exc)
+    return JSONResponse(status_code=status, content=nim_body(exc))
+
+
+def openai_response(request: Request, exc: WorldserveError) -> JSONResponse:
+    status = http_status(exc)
+    _log_server_error(request, status, exc)
+    return JSONResponse(status_code=status, content=error_body(exc))
+
+
+def _enveloped(handler: Handler, render: Renderer) -> Handler:
+    async def run(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except RequestValidationError as exc:
+            message, param = validation_message(exc)
+            return render(request, InvalidRequest(message, param=param))
+        except WorldserveError as exc:
+            return render(request, exc)
+
+    return run
+
+
+class NimRoute(APIRoute):
+    """Route class of the NIM streaming routes: NIM envelope, validation errors -> 400."""
+
+    def get_route_handler(self) -> Handler:
+        return _enveloped(super().get_route_handler(), nim_response)
+
+
+class OpenAIRoute(APIRoute):
+    """Route class of the OpenAI-compatible routes: OpenAI envelope, validation errors -> 400."""
+
+    def get_route_handler(self) -> Handler:
+        return _enveloped(super().get_route_handler(), openai_response)

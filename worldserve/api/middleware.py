@@ -1,10 +1,13 @@
-"""ASGI middleware: per-route request metrics (HTTP and WebSocket), request body size limit."""
+"""ASGI middleware: per-route request metrics (HTTP and WebSocket), request body size limit,
+forwarded headers from trusted proxies."""
 
 from __future__ import annotations
 
 import json
 import time
 from typing import Any
+
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from worldserve.api.metrics import Metrics
 
@@ -105,3 +108,21 @@ class BodyLimitMiddleware:
                                 (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
+
+
+class ForwardedHeadersMiddleware(ProxyHeadersMiddleware):
+    """uvicorn's proxy-headers handling (X-Forwarded-Proto/For from `trusted_hosts` only), plus
+    X-Forwarded-Host under the same trust, so `request.base_url` is the address the client used.
+
+    Installed by create_app (uvicorn's own copy is switched off), so tests run it too.
+    """
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        client = scope.get("client")
+        if scope["type"] in ("http", "websocket") and client and client[0] in self.trusted_hosts:
+            forwarded = dict(scope["headers"]).get(b"x-forwarded-host")
+            host = forwarded.split(b",")[0].strip() if forwarded else b""
+            if host:
+                scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"host"]
+                scope["headers"].append((b"host", host))
+        await super().__call__(scope, receive, send)

@@ -1,4 +1,6 @@
-"""What the routes reach through `app.state.runtime`: config, stage clients, services."""
+"""What the routes reach through `app.state.runtime`: config, stage clients, shutdown hooks.
+
+The services live next to it in `app.state.services` (api/services.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
 from worldserve.api.metrics import Metrics
 from worldserve.config import ServerConfig
@@ -30,8 +32,6 @@ class ServerRuntime:
     started_at: float = field(default_factory=time.time)
     # pid per stage, filled by the supervisor (shown in /admin/server_info)
     stage_pids: dict[str, int | None] = field(default_factory=dict)
-    # Per-surface services (job store, session managers) registered by their route modules.
-    services: dict[str, Any] = field(default_factory=dict)
     # Awaited on orderly shutdown, before the stages stop (e.g. live jobs become `cancelled`).
     shutdown_hooks: list[ShutdownHook] = field(default_factory=list)
 

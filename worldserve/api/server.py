@@ -60,6 +60,7 @@ async def serve(config: ServerConfig, admin_key: str | None) -> int:
         app, host=config.host, port=config.port, log_level=config.log_level,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, ws_max_size=WS_MAX_MESSAGE_BYTES,
         access_log=config.log_level == "debug",
+        proxy_headers=False,  # the app's ForwardedHeadersMiddleware does it (api/middleware.py)
     ))
     try:
         await server.serve()

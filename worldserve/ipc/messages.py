@@ -16,6 +16,12 @@ from typing import Any, ClassVar, Literal
 
 import msgspec
 
+from worldserve.ipc.capabilities import (  # noqa: F401  (re-exported: session parameters)
+    Capabilities,
+    ReasonerRetention,
+    ReasonerSampling,
+)
+
 StageState = Literal["starting", "loading", "warming", "ready", "failed", "stopped"]
 
 
@@ -55,8 +61,8 @@ class StageInfo(Reply):
     model: str
     model_path: str
     num_params: int
-    # Engine facts the api needs to answer without a round trip (capabilities, defaults).
-    capabilities: dict[str, Any] = {}
+    # Engine facts the api needs to answer without a round trip (ipc/capabilities.py).
+    capabilities: Capabilities | None = None
 
 
 class StageStatus(Message):
@@ -207,39 +213,10 @@ class ActionsResult(Reply):
     infer_ms: float
 
 
-
-
 # --------------------------------------------------------------------------- reasoner
 # Contract: shared/spec/streaming-reasoning.md. The api process validates the public schema,
 # enforces frame byte/pixel limits and one-frame-in-flight, and owns idle/frame timeouts; the
 # reasoner engine owns admission (A1-A3, C1-C2), sessions, retention, decoding.
-
-
-class ReasonerRetention(msgspec.Struct, kw_only=True):
-    """Effective retention of one session (spec section 4.2)."""
-
-    max_video_segments: int = 30
-    max_text_tokens: int | None = None
-    max_session_tokens: int = 7000
-    eviction_policy: str = "sliding_window"
-    reprefill_threshold: float = 0.7
-
-
-class ReasonerSampling(msgspec.Struct, kw_only=True):
-    """Effective sampling (spec section 4.3); `guided_json` is the schema as JSON text."""
-
-    max_tokens: int = 24
-    temperature: float = 0.3
-    top_p: float = 0.9
-    repetition_penalty: float = 1.1
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    top_k: int = -1
-    seed: int | None = None
-    stop: list[str] | None = None
-    guided_json: str | None = None
-    guided_choice: list[str] | None = None
-    guided_regex: str | None = None
 
 
 class CreateSession(Request):

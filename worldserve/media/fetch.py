@@ -13,17 +13,16 @@
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import ipaddress
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
+from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import httpx
 
 from worldserve.errors import InvalidRequest, PayloadTooLarge
+from worldserve.media.data_url import decode_data_url
 from worldserve.media.policy import (  # noqa: F401 (re-exported: one policy type, one place)
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_REDIRECTS,
@@ -49,23 +48,6 @@ class FetchFailed(InvalidRequest):
 class Fetched:
     data: bytes
     content_type: str
-
-
-def decode_data_url(url: str, max_bytes: int) -> tuple[str, bytes]:
-    """`data:<mime>;base64,<payload>` -> (mime, bytes)."""
-    header, sep, payload = url.partition(",")
-    if not sep or not header.lower().startswith("data:"):
-        raise InvalidRequest("malformed data URL: expected 'data:<type>;base64,<payload>'")
-    mime, _, params = header[5:].partition(";")
-    if max(0, len(payload) * 3 // 4 - 2) > max_bytes:
-        raise PayloadTooLarge(f"data URL payload exceeds the {max_bytes}-byte limit")
-    if "base64" not in params.lower().split(";"):
-        return mime or "text/plain", unquote(payload).encode()
-    try:
-        data = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidRequest("data URL payload is not valid base64") from None
-    return mime or "application/octet-stream", data
 
 
 def check_local_path(ref: str, policy: MediaPolicy) -> Path:
@@ -167,10 +149,10 @@ async def fetch_remote(url: str, policy: MediaPolicy) -> bytes:
     return (await fetch_media(url, policy)).data
 
 
-async def load_media(ref: str, policy: MediaPolicy) -> bytes:
+async def load_media(ref: str, policy: MediaPolicy, field: str = "url") -> bytes:
     """Bytes of any media reference: data URL, http(s) URL, file URL or local path."""
     if ref[:5].lower() == "data:":
-        return decode_data_url(ref, policy.max_bytes)[1]
+        return decode_data_url(ref, field=field, max_bytes=policy.max_bytes)[1]
     if is_remote_url(ref):
         return await fetch_remote(ref, policy)
     return await read_local(policy.local_path(ref), policy.max_bytes)

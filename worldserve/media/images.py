@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import io
 import re
 
@@ -53,18 +51,6 @@ def check_image(data: bytes, field: str = "image") -> tuple[int, int]:
         raise InvalidRequest(f"Failed to process image source: {field} is not a readable image "
                              f"({exc})", param=field) from None
     return width, height
-
-
-def decode_data_url(url: str, field: str) -> tuple[str | None, bytes]:
-    """`data:<mime>;base64,<payload>` -> (mime, bytes); anything else -> InvalidRequest."""
-    match = _DATA_URL.match(url)
-    if match is None:
-        raise InvalidRequest(f"{field}: data URLs must be 'data:<mime>;base64,<payload>'", param=field)
-    try:
-        data = base64.b64decode(match.group("data"), validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidRequest(f"{field}: the data URL payload is not valid base64", param=field) from None
-    return match.group("mime"), data
 
 
 def content_type_for(file_name: str) -> str:

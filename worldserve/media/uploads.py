@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from worldserve.errors import InvalidRequest, PayloadTooLarge
+from worldserve.media.data_url import decode_data_url
 from worldserve.media.fetch import FetchFailed, fetch_media, read_local
-from worldserve.media.images import check_image, decode_data_url
+from worldserve.media.images import check_image
 from worldserve.media.policy import MediaPolicy, check_upload_name, is_remote_url
 
 READ_CHUNK = 1 << 20
@@ -81,7 +82,7 @@ async def read_image_reference(value: str, field: str, limit: int, policy: Media
     if value.lower().startswith("data:"):
         if len(value) // 4 * 3 > limit + 1024:  # refuse before decoding anything
             raise _too_large(field, limit)
-        mime, data = decode_data_url(value, field)
+        mime, data = decode_data_url(value, field=field, base64_only=True)
         if len(data) > limit:
             raise _too_large(field, limit)
         if mime and mime.startswith("video/"):

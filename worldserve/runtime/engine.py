@@ -11,6 +11,7 @@ import importlib
 from typing import Any, Callable, Literal, Protocol
 
 from worldserve.config import ServerConfig, StageConfig
+from worldserve.ipc.capabilities import Capabilities
 from worldserve.ipc.messages import Message, Request
 
 ReplyFn = Callable[[Message], None]
@@ -34,7 +35,7 @@ class Engine(Protocol):
     model_path: str
     num_params: int
 
-    def capabilities(self) -> dict[str, Any]:
+    def capabilities(self) -> Capabilities | None:
         """Facts the api needs without a round trip (defaults, limits, feature flags)."""
 
     def state(self) -> EngineState:

@@ -60,12 +60,12 @@ def test_restart_ttl_and_stage_death(tmp_path, gen_model_dir):
                            json={"prompt": "x", "size": "64x64", "num_inference_steps": 2}).json()
         path = tmp_path / "outputs" / f"{image['id']}.png"
         assert path.is_file()
-        assert httpx.get(f"{base}{image['data'][0]['url']}").status_code == 200
+        assert httpx.get(image['data'][0]['url']).status_code == 200
         deadline = time.monotonic() + 10
         while path.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not path.exists()  # the sweeper deleted the expired output
-        assert httpx.get(f"{base}{image['data'][0]['url']}").status_code == 404
+        assert httpx.get(image['data'][0]['url']).status_code == 404
         assert httpx.get(f"{base}/v1/videos/{job['id']}").status_code == 404
         report = httpx.post(f"{base}/admin/outputs/prune").json()
         assert report["object"] == "outputs.prune" and report["removed_records"] == 0

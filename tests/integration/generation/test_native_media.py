@@ -162,10 +162,11 @@ def test_delete_running_job_cancels_it(http, gen_server):
 
 
 def test_list_paging_rules(http):
-    assert_error(http.get("/v1/videos", params={"limit": 0}), 422, "limit")
-    assert_error(http.get("/v1/videos", params={"limit": 101}), 422, "limit")
+    assert_error(http.get("/v1/videos", params={"limit": 0}), 400, "limit must be an integer from 1 to 100")
+    assert_error(http.get("/v1/videos", params={"limit": 101}), 400, "limit must be an integer from 1 to 100")
+    assert_error(http.get("/v1/videos", params={"order": "sideways"}), 400, "order must be one of asc, desc")
     assert http.get("/v1/videos", params={"after": "nope"}).json()["data"] == []
-    desc = [j["id"] for j in http.get("/v1/videos", params={"order": "sideways"}).json()["data"]]
+    desc = [j["id"] for j in http.get("/v1/videos", params={"order": "desc"}).json()["data"]]
     asc = [j["id"] for j in http.get("/v1/videos", params={"order": "asc"}).json()["data"]]
     assert desc == list(reversed(asc)) and len(desc) >= 2
 

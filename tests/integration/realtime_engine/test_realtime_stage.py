@@ -46,15 +46,15 @@ async def test_stage_serves_chunks_and_releases(realtime_server):
     try:
         caps = client.info.capabilities
         assert client.info.model == "worldserve-dev-causal-wan"
-        assert caps["realtime_supported"] and caps["camera_conditioning"]
+        assert caps.realtime_supported and caps.camera_conditioning
         sizes = []
         for k in range(3):
             reply = await client.call(_chunk("sess-a", k, camera=[["w"]] * 12), timeout_s=60)
             assert isinstance(reply, RealtimeChunkResult)
             assert len(reply.frames) == reply.num_frames * reply.width * reply.height * 3
             sizes.append(reply.num_frames)
-        assert sizes == [caps["first_chunk_frames"]] + [caps["frames_per_chunk"]] * 2
-        assert (reply.width, reply.height) == (caps["default_width"], caps["default_height"])
+        assert sizes == [caps.first_chunk_frames] + [caps.frames_per_chunk] * 2
+        assert (reply.width, reply.height) == (caps.default_width, caps.default_height)
         with pytest.raises(NotFound, match="realtime session ghost not found"):
             await client.call(_chunk("ghost", 1), timeout_s=30)
         released = await client.call(RealtimeRelease(request_id="r1", session_id="sess-a"),

@@ -6,6 +6,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from tests.unit.reasoner import tiny_vlm
@@ -21,7 +22,6 @@ from worldserve.ipc.messages import (
     CloseSession,
     CreateSession,
     FrameResult,
-    ReasonerRetention,
     ReasonerSampling,
     SessionClosed,
     SessionFrame,
@@ -45,8 +45,8 @@ async def test_sessions_and_chat_through_the_stage_process(model_dir: Path, monk
     try:
         client = supervisor.clients["reasoner"]
         caps = client.info.capabilities
-        assert caps["backend"] == "hf" and caps["max_model_len"] == 2048
-        retention = ReasonerRetention(**{**caps["retention"], "max_video_segments": 2})
+        assert caps.backend == "hf" and caps.max_model_len == 2048
+        retention = msgspec.structs.replace(caps.retention, max_video_segments=2)
         sampling = ReasonerSampling(max_tokens=6, guided_choice=["clear", "hazard"])
         for sid in ("a", "b"):
             created = await client.call(CreateSession(
@@ -84,7 +84,7 @@ async def test_sessions_and_chat_through_the_stage_process(model_dir: Path, monk
         await client.call(CloseSession(request_id="close-a", session_id="a"), timeout_s=30)
         await client.call(CreateSession(
             request_id="c-c", session_id="c", system_prompt="Watch.",
-            retention=ReasonerRetention(**{**caps["retention"], "max_session_tokens": 1024}),
+            retention=msgspec.structs.replace(caps.retention, max_session_tokens=1024),
             sampling=ReasonerSampling(max_tokens=1000, guided_regex="x{999}")), timeout_s=30)
         client.send_nowait(SessionFrame(request_id="slow", session_id="c",
                                         image=tiny_vlm.frame_bytes(5), received_at=time.time()))

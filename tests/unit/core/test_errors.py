@@ -8,12 +8,13 @@ from worldserve import errors
     (errors.AuthenticationRequired, 401, 1008),
     (errors.PermissionDenied, 403, 1008),
     (errors.NotFound, 404, 1008),
+    (errors.IdleTimeout, 408, 1008),
     (errors.Conflict, 409, 1008),
-    (errors.PayloadTooLarge, 413, 1009),
-    (errors.UnsupportedMediaType, 415, 1003),
+    (errors.PayloadTooLarge, 413, 1008),
+    (errors.UnsupportedMediaType, 415, 1008),
     (errors.NotSupported, 501, 1011),
     (errors.UpstreamError, 502, 1011),
-    (errors.CapacityExceeded, 503, 1013),
+    (errors.CapacityExceeded, 503, 1008),
     (errors.StageUnavailable, 503, 1011),
     (errors.RequestTimeout, 504, 1011),
     (errors.InternalError, 500, 1011),
@@ -46,3 +47,15 @@ def test_body_is_openai_shaped() -> None:
 
 def test_invalid_request_is_a_value_error() -> None:
     assert isinstance(errors.InvalidRequest("x"), ValueError)
+
+
+def test_close_codes_are_the_streaming_specs_rule() -> None:
+    """One mapping: 1008 for client-side and admission errors, 1011 for failures on our side
+    (streaming-reasoning §8.4), for every class of the taxonomy."""
+    for cls in (errors.InvalidRequest, errors.NotFound, errors.IdleTimeout, errors.Conflict,
+                errors.PayloadTooLarge, errors.UnsupportedMediaType, errors.CapacityExceeded,
+                errors.NotSupported, errors.UpstreamError, errors.StageUnavailable,
+                errors.RequestTimeout, errors.InternalError):
+        exc = cls("x")
+        client_side = errors.http_status(exc) < 500 or isinstance(exc, errors.CapacityExceeded)
+        assert errors.ws_close_code(exc) == (1008 if client_side else 1011)

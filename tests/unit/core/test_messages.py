@@ -1,6 +1,7 @@
 import msgspec
 import pytest
 
+from worldserve.ipc.capabilities import RealtimeCapabilities
 from worldserve.ipc.codec import MessageCodec
 from worldserve.ipc.messages import (
     ChatDelta,
@@ -25,7 +26,8 @@ def codec() -> MessageCodec:
 @pytest.mark.parametrize("msg", [
     Hello(request_id="r1", client_id="c"),
     StageInfo(request_id="r2", stage="generation", pid=1, state="ready", model="m",
-              model_path="/m", num_params=3, capabilities={"a": [1, 2]}),
+              model_path="/m", num_params=3,
+              capabilities=RealtimeCapabilities(frames_per_chunk=3)),
     Echo(request_id="r3", payload=b"\x00\xff" * 10, delay_ms=5),
     ErrorReply(request_id="r4", code="invalid_request", message="bad"),
     CreateSession(request_id="r5", session_id="s", system_prompt="p",

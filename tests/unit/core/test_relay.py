@@ -1,4 +1,5 @@
-"""StageClient <-> StageLoop over real ZeroMQ (ipc), with a small in-test engine in a thread."""
+"""StageClient <-> StageLoop over real ZeroMQ (ipc), with a small in-test engine in a thread;
+the same tests against InProcessStageClient prove it keeps the client's semantics."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ import asyncio
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, AsyncIterator, Iterator
 
 import pytest
 
 from worldserve.errors import InvalidRequest, RequestTimeout, StageUnavailable
+from worldserve.ipc.capabilities import GenerationCapabilities
 from worldserve.ipc.client import StageClient, new_request_id
 from worldserve.ipc.messages import (
     ChatCompletion,
@@ -26,6 +29,7 @@ from worldserve.ipc.messages import (
     StatsRequest,
 )
 from worldserve.ipc.transport import StageServer, check_address
+from worldserve.runtime.inprocess import InProcessStageClient
 from worldserve.runtime.stage import StageLoop
 
 
@@ -41,8 +45,8 @@ class CountingEngine:
         self.active: list[tuple[str, int, Any]] = []
         self.cancelled: list[str] = []
 
-    def capabilities(self) -> dict[str, Any]:
-        return {"deltas": self.num_deltas}
+    def capabilities(self) -> GenerationCapabilities:
+        return GenerationCapabilities(max_batch_size=self.num_deltas)
 
     def state(self) -> str:
         return "ready"
@@ -80,8 +84,14 @@ class CountingEngine:
         pass
 
 
-@pytest.fixture
-def stage(tmp_path: Path) -> Iterator[tuple[str, StageLoop]]:
+@pytest.fixture(params=["zeromq", "inprocess"])
+def stage(request: pytest.FixtureRequest,
+          tmp_path: Path) -> Iterator[tuple[str | None, StageLoop | SimpleNamespace]]:
+    """The stage behind the client: a StageLoop thread over ZeroMQ, or (address None) the
+    engine alone for an InProcessStageClient. Every test here runs against both clients."""
+    if request.param == "inprocess":
+        yield None, SimpleNamespace(engine=CountingEngine())
+        return
     address = f"ipc://{tmp_path / 'stage.sock'}"
     loop = StageLoop("test", StageServer(address), CountingEngine())
     thread = threading.Thread(target=loop.run, daemon=True)
@@ -93,15 +103,16 @@ def stage(tmp_path: Path) -> Iterator[tuple[str, StageLoop]]:
 
 
 @pytest.fixture
-async def client(stage: tuple[str, StageLoop]) -> AsyncIterator[StageClient]:
+async def client(stage: tuple[str | None, Any]) -> AsyncIterator[StageClient]:
     """A handshaken client, always closed (an open ZeroMQ socket would block interpreter exit)."""
-    client = StageClient("test", stage[0])
+    address, loop = stage
+    client = StageClient("test", address) if address else InProcessStageClient("test", loop.engine)
     try:
         await client.handshake(timeout_s=5)
         yield client
     finally:
         await client.close()
-    
+
 
 def chat(request_id: str | None = None) -> ChatCompletion:
     return ChatCompletion(request_id=request_id or new_request_id(), messages=[],
@@ -111,7 +122,7 @@ def chat(request_id: str | None = None) -> ChatCompletion:
 async def test_handshake_call_and_stats(client: StageClient) -> None:
     info = client.info
     assert info is not None
-    assert info.stage == "test" and info.capabilities == {"deltas": 5}
+    assert info.stage == "test" and info.capabilities == GenerationCapabilities(max_batch_size=5)
     assert client.state == "ready"
     reply = await client.call(Echo(request_id="e1", payload=b"x" * 1024), timeout_s=5)
     assert isinstance(reply, EchoReply) and reply.payload == b"x" * 1024
@@ -147,7 +158,7 @@ async def test_timeout_cancels_in_the_stage(client: StageClient) -> None:
         await client.call(Echo(request_id="slow", delay_ms=2000), timeout_s=0.05)
 
 
-async def test_stream_cancel_reaches_the_engine(stage: tuple[str, StageLoop],
+async def test_stream_cancel_reaches_the_engine(stage: tuple[str | None, Any],
                                                 client: StageClient) -> None:
     loop = stage[1]
     loop.engine.num_deltas, loop.engine.step_delay_s = 10**9, 0.001
@@ -162,7 +173,7 @@ async def test_stream_cancel_reaches_the_engine(stage: tuple[str, StageLoop],
     assert "long" in loop.engine.cancelled
 
 
-async def test_mark_down_fails_waiters_and_new_requests(stage: tuple[str, StageLoop],
+async def test_mark_down_fails_waiters_and_new_requests(stage: tuple[str | None, Any],
                                                         client: StageClient) -> None:
     # the stream must still be open when the stage "dies"
     stage[1].engine.num_deltas, stage[1].engine.step_delay_s = 10**9, 0.001
@@ -188,3 +199,16 @@ def test_only_ipc_and_loopback_addresses(address: str) -> None:
 
 def test_loopback_tcp_is_accepted() -> None:
     assert check_address("tcp://127.0.0.1:5555") == "tcp://127.0.0.1:5555"
+
+
+async def test_inprocess_engine_crash_fails_waiters_like_a_dead_stage() -> None:
+    engine = CountingEngine()
+    client = InProcessStageClient("test", engine)
+    engine.step = lambda: (_ for _ in ()).throw(RuntimeError("boom"))  # type: ignore[method-assign]
+    try:
+        with pytest.raises(StageUnavailable, match="the engine failed: RuntimeError: boom"):
+            async for _ in await client.stream(chat()):
+                pass
+        assert client.state == "failed"
+    finally:
+        await client.close()

@@ -192,16 +192,16 @@ def test_image_conditioned_edit(engine):
 def test_actions(engine):
     buf = io.BytesIO()
     Image.new("RGB", (32, 32), (0, 0, 250)).save(buf, "PNG")
-    meta = engine.capabilities()["actions"]
+    meta = engine.capabilities().actions
     replies = Replies()
-    state = np.zeros(meta["state_dim"], "<f4").tobytes()
+    state = np.zeros(meta.state_dim, "<f4").tobytes()
     for rid in ("a0", "a1"):
         engine.submit(GenerateActions(request_id=rid, task="pick", images=[buf.getvalue()],
                                       state=state, num_candidates=2), replies.fn(rid))
     drain(engine)
     r0, r1 = replies.terminal("a0"), replies.terminal("a1")
     assert isinstance(r0, ActionsResult)
-    values = np.frombuffer(r0.values, "<f4").reshape(2, meta["action_horizon"], meta["action_dim"])
+    values = np.frombuffer(r0.values, "<f4").reshape(2, meta.action_horizon, meta.action_dim)
     assert np.isfinite(values).all() and r0.values == r1.values  # deterministic per seed
     assert not np.array_equal(values[0], values[1])  # candidates differ
 

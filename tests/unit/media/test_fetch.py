@@ -13,10 +13,10 @@ from typing import Iterator
 import pytest
 
 from worldserve.errors import InvalidRequest, PayloadTooLarge
+from worldserve.media.data_url import decode_data_url
 from worldserve.media.fetch import (
     MediaPolicy,
     check_local_path,
-    decode_data_url,
     domain_allowed,
     fetch_remote,
     load_media,
@@ -126,13 +126,17 @@ def test_domain_matching() -> None:
 
 def test_data_urls() -> None:
     url = "data:image/png;base64," + base64.b64encode(BODY).decode()
-    assert decode_data_url(url, 1000) == ("image/png", BODY)
-    with pytest.raises(InvalidRequest, match="not valid base64"):
-        decode_data_url("data:image/png;base64,@@@", 1000)
+    assert decode_data_url(url, max_bytes=1000) == ("image/png", BODY)
+    assert decode_data_url("data:,a%20b") == ("text/plain", b"a b")
+    with pytest.raises(InvalidRequest, match="^image: the data URL payload is not valid base64"):
+        decode_data_url("data:image/png;base64,@@@", field="image", max_bytes=1000)
     with pytest.raises(PayloadTooLarge):
-        decode_data_url("data:image/png;base64," + "A" * 4000, 1000)
+        decode_data_url("data:image/png;base64," + "A" * 4000, max_bytes=1000)
     with pytest.raises(InvalidRequest, match="malformed"):
-        decode_data_url("data:image/png;base64", 1000)
+        decode_data_url("data:image/png;base64", max_bytes=1000)
+    with pytest.raises(InvalidRequest, match="must be base64") as caught:
+        decode_data_url("data:image/png,abc", field="image_url", base64_only=True)
+    assert caught.value.param == "image_url"
 
 
 @pytest.fixture

@@ -34,8 +34,8 @@ def test_chunk_results_have_the_contract_shape(make_engine):
     engine = make_engine()
     replies = run_session(engine, "s", 3, width=48, height=32)
     caps = engine.capabilities()
-    assert [r.num_frames for r in replies] == [caps["first_chunk_frames"],
-                                               caps["frames_per_chunk"], caps["frames_per_chunk"]]
+    assert [r.num_frames for r in replies] == [caps.first_chunk_frames,
+                                               caps.frames_per_chunk, caps.frames_per_chunk]
     for r in replies:
         assert (r.width, r.height) == (48, 32)
         assert len(r.frames) == r.num_frames * 48 * 32 * 3
@@ -45,13 +45,13 @@ def test_chunk_results_have_the_contract_shape(make_engine):
 
 def test_capabilities_give_the_api_what_it_needs(make_engine):
     caps = make_engine().capabilities()
-    assert caps["realtime_supported"] is True and caps["camera_conditioning"] is True
-    assert caps["frames_per_chunk"] == 12 and caps["latent_frames_per_block"] == 3
-    assert caps["max_script_frames"] == 512 and caps["min_pulse_items"] == 1
+    assert caps.realtime_supported is True and caps.camera_conditioning is True
+    assert caps.frames_per_chunk == 12 and caps.latent_frames_per_block == 3
+    assert caps.max_script_frames == 512 and caps.min_pulse_items == 1
     for key in ("pipeline", "default_fps", "default_width", "default_height",
                 "default_num_inference_steps", "default_sink_frames", "default_window_frames",
                 "max_width", "max_height"):
-        assert key in caps
+        assert getattr(caps, key) is not None
 
 
 def test_same_seed_same_frames_alone_or_interleaved(make_engine):

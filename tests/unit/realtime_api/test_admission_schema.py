@@ -119,10 +119,11 @@ CAUSAL_CAPS = {"pipeline": "CausalWan", "realtime_supported": True, "frames_per_
     ({"guidance_scale": 3.0}, "guidance-distilled"),
 ])
 def test_engine_limits(extra, field):
-    from worldserve.api.realtime.service import EngineFacts, _check_model_limits
+    from worldserve.api.realtime.service import _check_model_limits
     from worldserve.errors import InvalidRequest
+    from worldserve.ipc.capabilities import RealtimeCapabilities
 
-    facts = EngineFacts.from_capabilities({**CAUSAL_CAPS, "kv_bytes_per_token": 10})
+    facts = RealtimeCapabilities(**CAUSAL_CAPS, kv_bytes_per_token=10)
     assert facts.frames_in_chunk(0) == 9 and facts.frames_in_chunk(1) == 12
     assert facts.kv_bytes(64, 32, None) == 10 * 12 * (4 * 2)
     _check_model_limits(InitRequest.model_validate({"type": "init", "prompt": "p"}), facts)

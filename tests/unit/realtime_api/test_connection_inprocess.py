@@ -1,5 +1,5 @@
-"""The connection state machine in-process, around a stage client that is never reached
-(the stage boundary is faked: capabilities only)."""
+"""The realtime connection in-process: the app around an InProcessStageClient of the fake
+realtime engine (no sockets, no stage process)."""
 
 from __future__ import annotations
 
@@ -11,42 +11,40 @@ from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 from worldserve.api.app import create_app
-from worldserve.api.realtime.connection import _TRANSITIONS, ConnectionState
+from worldserve.api.realtime.connection import _TRANSITIONS, RealtimeConnectionState
 from worldserve.api.runtime import ServerRuntime
 from worldserve.config import ServerConfig
-from worldserve.ipc.client import StageClient
-from worldserve.ipc.messages import StageInfo
+from worldserve.engines.realtime.fake import FakeRealtimeEngine
+from worldserve.runtime.inprocess import InProcessStageClient
 
 
 @pytest.fixture
 def clients():
-    """Stage clients made by a test; closed after it (an open ZeroMQ socket blocks exit)."""
-    made: list[StageClient] = []
+    """Stage clients made by a test; closed after it."""
+    made: list[InProcessStageClient] = []
     yield made
     for client in made:
         asyncio.run(client.close())
 
 
-def app_with(capabilities: dict, tmp_path, clients):
-    config = ServerConfig.model_validate(
-        {"stages": {"realtime": {"enabled": True, "backend": "fake"}}})
-    client = StageClient("realtime", f"ipc://{tmp_path}/nobody.sock")
+def app_with(overrides: dict, clients):
+    config = ServerConfig.model_validate({"stages": {"realtime": {
+        "enabled": True, "backend": "fake", "server_args_overrides": overrides}}})
+    engine = FakeRealtimeEngine(config.stages.realtime, config)
+    client = InProcessStageClient("realtime", engine)
     clients.append(client)
-    client.info = StageInfo(request_id="h", stage="realtime", pid=0, state="ready",
-                            model="m", model_path="", num_params=0, capabilities=capabilities)
-    client.state = "ready"
     return create_app(ServerRuntime(config=config, clients={"realtime": client}))
 
 
-def test_unsupported_pipeline_errors_then_closes_1008(tmp_path, clients):
-    app = app_with({"pipeline": "WanPipeline", "realtime_supported": False}, tmp_path, clients)
+def test_unsupported_pipeline_errors_then_closes_1008(clients):
+    app = app_with({"fake_realtime_supported": False}, clients)
     with TestClient(app) as http:
         with http.websocket_connect("/v1/realtime_video/generate") as ws:
             error = msgpack.unpackb(ws.receive_bytes())
             with pytest.raises(WebSocketDisconnect) as closed:
                 ws.receive_bytes()
     assert error == {"type": "error", "code": "unsupported_pipeline",
-                     "content": "realtime video is not supported for pipeline WanPipeline"}
+                     "content": "realtime video is not supported for pipeline FakeRealtimePipeline"}
     assert closed.value.code == 1008
 
 
@@ -59,11 +57,32 @@ def test_route_absent_when_stage_disabled():
 
 
 def test_every_state_can_reach_closed():
-    for state in ConnectionState:
+    for state in RealtimeConnectionState:
         seen, frontier = {state}, [state]
         while frontier:
             for nxt in _TRANSITIONS[frontier.pop()]:
                 if nxt not in seen:
                     seen.add(nxt)
                     frontier.append(nxt)
-        assert ConnectionState.CLOSED in seen
+        assert RealtimeConnectionState.CLOSED in seen
+
+
+def test_a_session_streams_chunks_from_the_engine_then_closes_1000(clients):
+    app = app_with({"frames_per_chunk": 4}, clients)
+    with TestClient(app) as http:
+        with http.websocket_connect("/v1/realtime_video/generate") as ws:
+            ws.send_bytes(msgpack.packb({"type": "init", "prompt": "p", "size": "32x16",
+                                         "max_chunks": 2}))
+            sizes = []
+            for _ in range(2):
+                header = msgpack.unpackb(ws.receive_bytes())
+                assert header["type"] in ("frame_batch", "frame_batch_header")  # inline if small
+                assert (header["width"], header["height"]) == (32, 16)
+                sizes.append(header["num_frames"])
+                payload = header.get("payload") or ws.receive_bytes()
+                assert len(payload) == header["num_frames"] * 32 * 16 * 3
+                assert msgpack.unpackb(ws.receive_bytes())["type"] == "chunk_stats"
+            with pytest.raises(WebSocketDisconnect) as closed:
+                ws.receive_bytes()
+    assert sizes == [4, 4] and closed.value.code == 1000
+    assert clients[0].engine.stats()["sessions"] == 0  # released on the way out

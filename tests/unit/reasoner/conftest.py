@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import msgspec
 import pytest
 import torch
 
@@ -16,7 +17,6 @@ from worldserve.ipc.messages import (
     CreateSession,
     ErrorReply,
     Message,
-    ReasonerRetention,
     ReasonerSampling,
     SessionFrame,
 )
@@ -72,7 +72,7 @@ class Driver:
                sampling: dict | None = None, system_prompt: str = "Describe the frame.",
                question: str = "What happens?") -> Any:
         caps = self.engine.capabilities()
-        ret = ReasonerRetention(**{**caps["default_retention"], **(retention or {})})
+        ret = msgspec.structs.replace(caps.retention, **(retention or {}))
         return self.call(CreateSession(
             request_id=self._id("create"), session_id=session_id, system_prompt=system_prompt,
             question=question, retention=ret, sampling=ReasonerSampling(**(sampling or {}))))

@@ -17,7 +17,6 @@ from worldserve.ipc.messages import (
     ChatPart,
     ChatResult,
     CloseSession,
-    ReasonerRetention,
     ReasonerSampling,
     SessionClosed,
     SessionFrame,
@@ -26,19 +25,19 @@ from worldserve.ipc.messages import (
 
 def test_capabilities_describe_model_defaults_and_limits(make_engine):
     caps = make_engine().engine.capabilities()
-    assert caps["backend"] == "hf" and caps["dtype"] == "float32"
-    assert caps["max_model_len"] == caps["max_position_embeddings"] == 2048
-    assert caps["default_retention"]["max_video_segments"] == 8
-    assert caps["limits"]["image_budget"] == 32 and caps["limits"]["encoder_capacity"] == 32
-    assert caps["limits"]["max_sessions"] == 2
-    assert caps["default_sampling"]["max_tokens"] == 24
+    assert caps.backend == "hf" and caps.dtype == "float32"
+    assert caps.max_model_len == caps.max_position_embeddings == 2048
+    assert caps.retention.max_video_segments == 8
+    assert caps.image_budget == 32 and caps.encoder_capacity == 32
+    assert caps.max_sessions == 2
+    assert caps.sampling.max_tokens == 24
     # the server policy passes its own admission rules on this small model
     model = admission.ModelLimits(2048, 2048)
     limits = admission.StreamingLimits(2, 32, 32)
-    admission.check_retention(ReasonerRetention(**caps["default_retention"]), ReasonerSampling(),
+    admission.check_retention(caps.retention, ReasonerSampling(),
                               model, limits)
     # a supplied object is built from the library defaults: 30 frames fail A3 (spec 4.2)
-    library = ReasonerRetention(**caps["library_retention"])
+    library = caps.library_retention
     assert library.max_video_segments == 30
     with pytest.raises(InvalidRequest, match="needs 60 image slots"):
         admission.check_retention(library, ReasonerSampling(), model, limits)
@@ -288,7 +287,7 @@ def test_streaming_disabled_refuses_sessions(make_engine):
     from worldserve.errors import NotSupported
 
     drv = make_engine(enabled=False)
-    assert drv.engine.capabilities()["streaming"] is False
+    assert drv.engine.capabilities().streaming is False
     with pytest.raises(NotSupported):
         drv.create()
 

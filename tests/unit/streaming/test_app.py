@@ -1,5 +1,6 @@
-"""Route availability without stage processes: the app built around stage clients whose
-handshake state is set by the test (the boundary these tests are not about)."""
+"""Route availability without stage processes: the app built around in-process stage clients
+of an engine that only declares capabilities; the stage state the supervisor would report is set
+by the test (the boundary these tests are not about)."""
 
 from __future__ import annotations
 
@@ -7,28 +8,56 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 import httpx
-import msgspec
 import pytest
 
 from worldserve.api.app import create_app
 from worldserve.api.runtime import ServerRuntime
 from worldserve.config import ServerConfig
+from worldserve.errors import NotSupported
+from worldserve.ipc.capabilities import ReasonerCapabilities
 from worldserve.ipc.client import StageClient
-from worldserve.ipc.messages import ReasonerRetention, ReasonerSampling, StageInfo
+from worldserve.ipc.messages import ReasonerRetention, ReasonerSampling
+from worldserve.runtime.inprocess import InProcessStageClient
 
 SESSION = {"system_prompt": "describe"}
 
 
+class DeclaringEngine:
+    """A reasoner engine that only declares capabilities (these tests never reach a model)."""
+
+    model_name, model_path, num_params = "tiny-vl", "/models/tiny-vl", 1
+
+    def __init__(self, **caps: Any) -> None:
+        self.caps = ReasonerCapabilities(**{
+            "backend": "hf", "dtype": "bfloat16", "streaming": True, "chat": True,
+            "max_model_len": 4096, "retention": ReasonerRetention(max_video_segments=8),
+            "sampling": ReasonerSampling(), **caps})
+
+    def capabilities(self) -> ReasonerCapabilities:
+        return self.caps
+
+    def state(self) -> str:
+        return "ready"
+
+    def submit(self, request: Any, reply: Any) -> None:
+        raise NotSupported(f"{type(request).__name__} is not part of these tests")
+
+    def cancel(self, request_id: str) -> None: ...
+
+    def has_work(self) -> bool:
+        return False
+
+    def step(self) -> None: ...
+
+    def stats(self) -> dict[str, Any]:
+        return {"queue_depth": 0, "running": 0}
+
+    def shutdown(self) -> None: ...
+
+
 def reasoner_client(tmp_path: Path, state: str = "ready", **caps: Any) -> StageClient:
-    client = StageClient("reasoner", f"ipc://{tmp_path}/reasoner.sock")
-    client.state = state  # type: ignore[assignment]
-    client.info = StageInfo(
-        request_id="hello", stage="reasoner", pid=1, state="ready", model="tiny-vl",
-        model_path="/models/tiny-vl", num_params=1,
-        capabilities={"backend": "hf", "dtype": "bfloat16", "streaming": True, "chat": True,
-                      "max_model_len": 4096,
-                      "retention": msgspec.to_builtins(ReasonerRetention(max_video_segments=8)),
-                      "sampling": msgspec.to_builtins(ReasonerSampling()), **caps})
+    client = InProcessStageClient("reasoner", DeclaringEngine(**caps))  # type: ignore[arg-type]
+    client.state = state  # type: ignore[assignment]  # the supervisor's view of the stage
     return client
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import msgspec
 import pytest
 
 from worldserve.config import ReasonerStageConfig, ServerConfig
@@ -48,10 +47,10 @@ def frame(eng: FakeReasonerEngine, sid: str, seed: int = 0, rid: str = "f") -> l
 
 def test_capabilities_shape() -> None:
     caps = engine().capabilities()
-    assert caps["retention"] == msgspec.to_builtins(ReasonerRetention(max_video_segments=8))
-    assert caps["sampling"] == msgspec.to_builtins(ReasonerSampling())
-    assert (caps["max_sessions"], caps["image_budget"], caps["encoder_capacity"]) == (2, 32, 32)
-    assert caps["streaming"] is True and caps["backend"] == "fake"
+    assert caps.retention == ReasonerRetention(max_video_segments=8)
+    assert caps.sampling == ReasonerSampling()
+    assert (caps.max_sessions, caps.image_budget, caps.encoder_capacity) == (2, 32, 32)
+    assert caps.streaming is True and caps.backend == "fake"
 
 
 def test_admission_order_and_messages() -> None:

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 
-import msgspec
 import pytest
 
 from worldserve.api.streaming.params import build_retention, build_sampling, sampling_view
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import ReasonerRetention, ReasonerSampling
 
-POLICY = msgspec.to_builtins(ReasonerRetention(max_video_segments=8))
-DEFAULTS = msgspec.to_builtins(ReasonerSampling())
+POLICY = ReasonerRetention(max_video_segments=8)
+DEFAULTS = ReasonerSampling()
 
 
 def test_omitted_retention_is_the_server_policy() -> None:

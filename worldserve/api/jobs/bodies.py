@@ -100,3 +100,17 @@ def validate(model: type[BaseModel], payload: dict[str, Any], *, as_400: bool = 
         from fastapi.exceptions import RequestValidationError
 
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
+
+
+async def read_payload(request: Request) -> FormBody:
+    """A JSON or multipart body as fields and files (no files for JSON)."""
+    require_json_or_form(request)
+    if is_multipart(request):
+        return await read_form(request)
+    return FormBody(await read_json(request), {})
+
+
+def parse_body(model: type[BaseModel], payload: dict[str, Any], policy: MediaPolicy, *,
+               as_400: bool = False) -> Any:
+    """Flattening and the media policy (`prepare`), then the public schema (`validate`)."""
+    return validate(model, prepare(payload, policy), as_400=as_400)

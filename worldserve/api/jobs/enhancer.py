@@ -88,22 +88,10 @@ class PromptEnhancer:
         return getattr(reply, "text", "")
 
 
-def enhancer_of(service: Any) -> PromptEnhancer | None:
-    """The configured enhancer (built once per service), or None."""
-    path = service.config.prompt_enhancer
-    if path is None:
-        return None
-    enhancer = getattr(service, "_enhancer", None)
-    if enhancer is None:
-        enhancer = PromptEnhancer(load_enhancer_config(path), service.runtime)
-        service._enhancer = enhancer
-    return enhancer
-
-
-async def maybe_enhance(service: Any, enabled: bool | None, prompt: str) -> str:
+async def maybe_enhance(enhancer: PromptEnhancer | None, enabled: bool | None,
+                        prompt: str) -> str:
     if not enabled:
         return prompt
-    enhancer = enhancer_of(service)
     if enhancer is None:
         raise InvalidRequest("enhance_prompt needs a configured prompt enhancer "
                              "(stages.generation.prompt_enhancer)", param="enhance_prompt")

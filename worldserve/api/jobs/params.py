@@ -7,11 +7,11 @@ capabilities at startup (`defaults`), so no round trip is needed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from worldserve.api.schemas.images import ImageGenerationRequest, SamplingFields
 from worldserve.api.schemas.videos import VideoCreateRequest
 from worldserve.errors import InvalidRequest
+from worldserve.ipc.capabilities import GenerationDefaults
 from worldserve.ipc.messages import GenerationParams
 
 MAX_OUTPUTS = 10
@@ -81,20 +81,20 @@ def _refuse_unavailable(req: SamplingFields) -> None:
                              param="enable_frame_interpolation")
 
 
-def _params(req: SamplingFields, defaults: dict[str, Any], size: tuple[int, int], num_frames: int,
-            prompt: str) -> GenerationParams:
+def _params(req: SamplingFields, defaults: GenerationDefaults, size: tuple[int, int],
+            num_frames: int, prompt: str) -> GenerationParams:
     steps = _positive("num_inference_steps", req.num_inference_steps, MAX_STEPS)
     max_len = _positive("max_sequence_length", req.max_sequence_length, 4096)
     return GenerationParams(
         prompt=prompt, width=size[0], height=size[1], num_frames=num_frames,
-        num_inference_steps=steps or defaults["num_inference_steps"],
+        num_inference_steps=steps or defaults.num_inference_steps,
         guidance_scale=req.guidance_scale if req.guidance_scale is not None
-        else defaults["guidance_scale"],
+        else defaults.guidance_scale,
         guidance_scale_2=req.guidance_scale_2,
         negative_prompt=req.negative_prompt if req.negative_prompt is not None
-        else defaults["negative_prompt"],
-        seeds=_seeds(req, defaults["seed"]),
-        max_sequence_length=max_len or defaults["max_sequence_length"])
+        else defaults.negative_prompt,
+        seeds=_seeds(req, defaults.seed),
+        max_sequence_length=max_len or defaults.max_sequence_length)
 
 
 def require_prompt(prompt: str | None) -> str:
@@ -109,7 +109,7 @@ def compression_of(req: SamplingFields, default: int) -> int:
     return QUALITY_TO_COMPRESSION.get(req.output_quality or "default", default)
 
 
-def resolve_image(req: ImageGenerationRequest, defaults: dict[str, Any], *,
+def resolve_image(req: ImageGenerationRequest, defaults: GenerationDefaults, *,
                   default_response_format: str) -> ResolvedRequest:
     prompt = require_prompt(req.prompt)
     response_format = req.response_format or default_response_format
@@ -120,22 +120,22 @@ def resolve_image(req: ImageGenerationRequest, defaults: dict[str, Any], *,
         raise InvalidRequest(f"output_format={req.output_format} is not supported",
                              param="output_format")
     output_format = req.output_format or ("png" if req.background == "transparent"
-                                          else defaults.get("image_format", "png"))
+                                          else defaults.image_format)
     _refuse_unavailable(req)
     _positive("num_frames", req.num_frames)
     size = parse_size(req.size, req.width, req.height,
-                      (defaults["image_width"], defaults["image_height"]))
+                      (defaults.image_width, defaults.image_height))
     return ResolvedRequest(params=_params(req, defaults, size, 1, prompt),
                            output_format=output_format, compression=compression_of(req, 75),
                            response_format=response_format)
 
 
-def resolve_video(req: VideoCreateRequest, defaults: dict[str, Any]) -> ResolvedRequest:
+def resolve_video(req: VideoCreateRequest, defaults: GenerationDefaults) -> ResolvedRequest:
     prompt = require_prompt(req.prompt)
     _refuse_unavailable(req)
-    fps = _positive("fps", req.fps, 240) or defaults["fps"]
+    fps = _positive("fps", req.fps, 240) or defaults.fps
     seconds = _positive("seconds", req.seconds, 600) or 4
     num_frames = _positive("num_frames", req.num_frames, MAX_FRAMES) or min(fps * seconds, MAX_FRAMES)
-    size = parse_size(req.size, req.width, req.height, (defaults["width"], defaults["height"]))
+    size = parse_size(req.size, req.width, req.height, (defaults.width, defaults.height))
     return ResolvedRequest(params=_params(req, defaults, size, num_frames, prompt),
                            output_format="mp4", compression=compression_of(req, 50), fps=fps)

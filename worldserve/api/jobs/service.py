@@ -1,9 +1,9 @@
-"""MediaService: runs image requests and video jobs on the generation stage, owns their records.
+"""MediaService: runs image requests and video jobs on the generation stage.
 
-Video job state machine (spec §4.3): queued -> in_progress -> completed | failed | cancelled;
-terminal states never change. A job's relay task consumes the stage's reply stream and writes
-every state change to the record store. Retention (spec §9): restart recovery, TTL and
-max-records pruning, a sweeper every 60 s, and file deletion with the record.
+Each public method is what one route calls: it resolves the request against the stage's
+declared defaults, optionally rewrites the prompt, relays to the stage and keeps the job record
+(through `JobLedger`, api/jobs/ledger.py). A video job's relay task consumes the stage's reply
+stream and writes every state change to the record store.
 """
 
 from __future__ import annotations
@@ -11,14 +11,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-import uuid
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
-from worldserve.api.jobs.params import ResolvedRequest
-from worldserve.api.jobs.store import LIVE_STATUSES, RecordStore
+from worldserve.api.jobs.enhancer import PromptEnhancer, maybe_enhance
+from worldserve.api.jobs.ledger import JobLedger
+from worldserve.api.jobs.params import ResolvedRequest, resolve_image, resolve_video
+from worldserve.api.jobs.records import JobRecord, JobStatus
 from worldserve.api.runtime import ServerRuntime
+from worldserve.api.schemas.actions import ActionEnvelope
+from worldserve.api.schemas.images import ImageGenerationRequest
+from worldserve.api.schemas.videos import VideoCreateRequest
 from worldserve.errors import (
     CapacityExceeded,
     InternalError,
@@ -27,9 +30,16 @@ from worldserve.errors import (
     StageUnavailable,
     WorldserveError,
 )
+from worldserve.ipc.capabilities import (
+    ActionHeadCapabilities,
+    GenerationCapabilities,
+    capabilities_as,
+)
 from worldserve.ipc.client import StageClient, new_request_id
 from worldserve.ipc.messages import (
+    ActionsResult,
     Cancel,
+    GenerateActions,
     GenerateMedia,
     GenerationAccepted,
     GenerationCancelled,
@@ -41,50 +51,47 @@ from worldserve.media.policy import MediaPolicy
 log = logging.getLogger("worldserve.jobs")
 
 STAGE = "generation"
-SWEEP_INTERVAL_S = 60.0
 ACCEPT_TIMEOUT_S = 60.0
-RECORDS_FILE = Path(".worldserve") / "records.sqlite3"
-_ERROR_CODES = {"invalid_request": "invalid_request", "stage_unavailable": "stage_unavailable",
-                "timeout": "timeout"}
-TRANSITIONS = {"queued": {"in_progress", "completed", "failed", "cancelled"},
-               "in_progress": {"completed", "failed", "cancelled"}}
-
-
-def now_s() -> int:
-    return int(time.time())
+ACTION_TIMEOUT_S = 300.0
+DEFAULT_VIDEO_MODEL = "sora-2"
+Opened = tuple[Any, Any]  # (the stage's reply stream, its iterator)
 
 
 class MediaService:
-    def __init__(self, runtime: ServerRuntime) -> None:
+    def __init__(self, runtime: ServerRuntime, enhancer: PromptEnhancer | None = None) -> None:
         self.runtime = runtime
-        cfg = runtime.config.stages.generation
-        self.config = cfg
-        self.output_dir = cfg.resolved_output_dir()
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        self.store = RecordStore(self.output_dir / RECORDS_FILE)
-        self.ttl_s = runtime.config.output_ttl_s
-        self.max_records = runtime.config.max_job_records
+        self.enhancer = enhancer
+        self.config = runtime.config.stages.generation
         self.policy = MediaPolicy.from_config(runtime.config)
+        self.ledger = JobLedger(self.config.resolved_output_dir(), runtime.config.output_ttl_s,
+                                runtime.config.max_job_records)
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.in_flight = 0
-        self._sweeper: asyncio.Task[None] | None = None
-        self.recover()
+        self.ledger.recover()
 
     # ------------------------------------------------------------------ stage facts
 
     def client(self) -> StageClient:
         return self.runtime.client(STAGE)
 
-    def capabilities(self) -> dict[str, Any]:
+    def capabilities(self) -> GenerationCapabilities:
         info = self.client().info
-        return dict(info.capabilities) if info else {}
+        return capabilities_as(info.capabilities if info else None, GenerationCapabilities)
+
+    def action_capabilities(self) -> ActionHeadCapabilities:
+        caps = self.capabilities().actions
+        if caps is None:
+            raise NotFound(f"model '{self.model_name()}' has no action head: action generation "
+                           "is not available on this server (the checkpoint needs an "
+                           "action_head/ folder)")
+        return caps
 
     def model_name(self) -> str:
         info = self.client().info
         return info.model if info else STAGE
 
     @contextlib.contextmanager
-    def admit(self) -> Any:
+    def admit(self) -> Iterator[None]:
         """Admission over every native media request in flight (spec §1.4, 503 Retry-After)."""
         if self.in_flight >= self.config.max_in_flight:
             raise CapacityExceeded(f"too many generation requests in flight "
@@ -102,7 +109,7 @@ class MediaService:
                              output_stem=record_id, output_format=resolved.output_format,
                              fps=resolved.fps, compression=resolved.compression)
 
-    async def _open(self, msg: GenerateMedia) -> tuple[Any, GenerationAccepted]:
+    async def _open(self, msg: GenerateMedia) -> tuple[Opened, GenerationAccepted]:
         """Send the request and wait for the stage's acceptance (validation by the model)."""
         stream = await self.client().stream(msg, max_queued=8)
         iterator = stream.__aiter__()
@@ -119,7 +126,7 @@ class MediaService:
             raise InternalError(f"unexpected first reply {type(first).__name__}")
         return (stream, iterator), first
 
-    async def _replies(self, opened: tuple[Any, Any]) -> AsyncIterator[Any]:
+    async def _replies(self, opened: Opened) -> AsyncIterator[Any]:
         _, iterator = opened
         deadline = self.config.request_timeout_s
         while True:
@@ -132,249 +139,189 @@ class MediaService:
                                      "(request_timeout_s)") from None
             yield reply
 
+    async def _resolved_prompt(self, resolved: ResolvedRequest, enhance: bool | None,
+                               images: list[bytes]) -> ResolvedRequest:
+        resolved.params.prompt = await maybe_enhance(self.enhancer, enhance,
+                                                     resolved.params.prompt)
+        resolved.params.condition_images = images
+        return resolved
+
     # ------------------------------------------------------------------ images
 
-    async def generate_images(self, resolved: ResolvedRequest, extra: dict[str, Any]) -> dict[str, Any]:
+    async def generate_images(self, body: ImageGenerationRequest, images: list[bytes], *,
+                              default_response_format: str) -> JobRecord:
         """Run a synchronous image request; returns its completed record."""
+        resolved = resolve_image(body, self.capabilities().defaults,
+                                 default_response_format=default_response_format)
+        resolved = await self._resolved_prompt(resolved, body.enhance_prompt, images)
         with self.admit():
-            return await self._run_images(resolved, extra)
+            return await self._run_images(resolved, len(images))
 
-    async def _run_images(self, resolved: ResolvedRequest, extra: dict[str, Any]) -> dict[str, Any]:
-        record = self._new_record("image", resolved, extra)
-        record["status"] = "in_progress"
-        self.store.insert(record)
-        msg = self._message(record["id"], resolved)
+    async def _run_images(self, resolved: ResolvedRequest, num_input_images: int) -> JobRecord:
+        record = self.ledger.new("image", resolved, status=JobStatus.IN_PROGRESS,
+                                 num_input_images=num_input_images,
+                                 response_format=resolved.response_format)
+        self.ledger.insert(record)
         opened = None
         try:
-            opened, _ = await self._open(msg)
+            opened, _ = await self._open(self._message(record.id, resolved))
             async for reply in self._replies(opened):
                 if isinstance(reply, GenerationResult):
-                    self._complete(record, reply)
+                    self.ledger.complete(record, reply)
         except WorldserveError as exc:
-            self._fail(record, exc)
+            self.ledger.fail(record, exc)
             raise
         except asyncio.CancelledError:  # the client went away: stop the work
-            self._set_status(record, "cancelled", error={"message": "request cancelled",
-                                                         "code": "cancelled"})
+            self.ledger.cancel(record, "request cancelled")
             raise
         finally:
             if opened is not None:
                 opened[0].cancel()
-        if record["status"] != "completed":
+        if record.status != JobStatus.COMPLETED:
             raise InternalError("the generation stage ended the request without a result")
         return record
 
+    # ------------------------------------------------------------------ actions
+
+    async def generate_actions(self, env: ActionEnvelope, images: list[bytes]) -> ActionsResult:
+        params = env.parameters
+        msg = GenerateActions(
+            request_id=new_request_id("act"), task=env.task, images=images,
+            state=env.state.tobytes() if env.state is not None else b"",
+            noise=env.noise.tobytes() if env.noise is not None else b"",
+            num_inference_steps=params.num_inference_steps, action_horizon=params.action_horizon,
+            seed=params.seed if params.seed is not None else 42,
+            num_candidates=params.candidate_count or 1)
+        with self.admit():
+            result = await self.client().call(msg, timeout_s=ACTION_TIMEOUT_S)
+        if not isinstance(result, ActionsResult):
+            raise InternalError(f"unexpected reply {type(result).__name__} to an action request")
+        return result
+
     # ------------------------------------------------------------------ videos
 
-    async def create_video(self, resolved: ResolvedRequest, extra: dict[str, Any]) -> dict[str, Any]:
-        record = self._new_record("video", resolved, extra)
+    async def create_video(self, body: VideoCreateRequest, images: list[bytes]) -> JobRecord:
+        resolved = resolve_video(body, self.capabilities().defaults)
+        resolved = await self._resolved_prompt(resolved, body.enhance_prompt, images[:1])
+        record = self.ledger.new("video", resolved, model=body.model or DEFAULT_VIDEO_MODEL)
         with self.admit():
-            msg = self._message(record["id"], resolved)
+            msg = self._message(record.id, resolved)
             opened, accepted = await self._open(msg)
-        record["stage_request_id"] = msg.request_id
-        record["size"] = f"{accepted.width}x{accepted.height}"
-        record["num_frames"] = accepted.num_frames
-        record["seconds"] = str(round(accepted.num_frames / max(1, resolved.fps)))
-        self.store.insert(record)
+        record.stage_request_id = msg.request_id
+        record.size = f"{accepted.width}x{accepted.height}"
+        record.num_frames = accepted.num_frames
+        record.seconds = str(round(accepted.num_frames / max(1, resolved.fps)))
+        self.ledger.insert(record)
         self.in_flight += 1  # a live job holds an admission slot until it ends
-        self.tasks[record["id"]] = asyncio.get_running_loop().create_task(
+        self.tasks[record.id] = asyncio.get_running_loop().create_task(
             self._run_video(record, opened))
         return record
 
-    async def _run_video(self, record: dict[str, Any], opened: tuple[Any, Any]) -> None:
+    async def _run_video(self, record: JobRecord, opened: Opened) -> None:
         try:
             async for reply in self._replies(opened):
-                if not self._exists(record):
+                if not self.ledger.refresh(record):
                     break
                 if isinstance(reply, GenerationProgress):
-                    self._progress(record, reply.progress)
+                    self.ledger.progress(record, reply.progress)
                 elif isinstance(reply, GenerationResult):
-                    self._complete(record, reply)
+                    self.ledger.complete(record, reply)
                 elif isinstance(reply, GenerationCancelled):
-                    self._set_status(record, "cancelled",
-                                     error={"message": "job cancelled", "code": "cancelled"})
+                    self.ledger.cancel(record, "job cancelled")
         except WorldserveError as exc:
-            self._fail(record, exc)
+            self.ledger.fail(record, exc)
         except Exception as exc:  # the relay must always leave the job terminal
-            log.exception("video job %s relay failed", record["id"])
-            self._fail(record, InternalError(str(exc)))
+            log.exception("video job %s relay failed", record.id)
+            self.ledger.fail(record, InternalError(str(exc)))
         finally:
             opened[0].cancel()
             self.in_flight -= 1
-            self.tasks.pop(record["id"], None)
+            self.tasks.pop(record.id, None)
 
-    def get_video(self, video_id: str) -> dict[str, Any]:
-        record = self.store.get(video_id, "video")
-        if record is None or _expired(record):
+    def get_video(self, video_id: str) -> JobRecord:
+        record = self.ledger.get(video_id, "video")
+        if record is None:
             raise NotFound("Video not found", param="video_id")
         return record
 
-    def list_videos(self, after: str | None, limit: int, descending: bool) -> tuple[list, bool]:
-        return self.store.page("video", after, limit, descending, now_s())
+    def list_videos(self, after: str | None, limit: int,
+                    descending: bool) -> tuple[list[JobRecord], bool]:
+        return self.ledger.page("video", after, limit, descending)
 
-    async def delete_video(self, video_id: str) -> dict[str, Any]:
+    async def delete_video(self, video_id: str) -> JobRecord:
         record = self.get_video(video_id)
-        if record["status"] in LIVE_STATUSES:
-            self._set_status(record, "cancelled", error={"message": "job deleted", "code": "cancelled"})
+        if record.status.is_live:
+            self.ledger.cancel(record, "job deleted")
+            self._cancel_on_stage(record)
             task = self.tasks.get(video_id)
-            with contextlib.suppress(StageUnavailable):
-                self.client().send_nowait(Cancel(request_id=new_request_id("cancel"),
-                                                 target_id=record["stage_request_id"]))
             if task is not None:
                 done, _ = await asyncio.wait({task}, timeout=self.config.video_cancel_timeout_s)
                 if not done:
                     log.warning("stage did not confirm cancelling %s in time; removing it", video_id)
-        self.remove(record)
+        self.ledger.remove(record)
         return record
 
-    # ------------------------------------------------------------------ record changes
+    def _cancel_on_stage(self, record: JobRecord) -> None:
+        with contextlib.suppress(StageUnavailable):
+            self.client().send_nowait(Cancel(request_id=new_request_id("cancel"),
+                                             target_id=record.stage_request_id or ""))
 
-    def _new_record(self, kind: str, resolved: ResolvedRequest, extra: dict[str, Any]) -> dict:
-        p = resolved.params
-        record = {"id": str(uuid.uuid4()), "_kind": kind, "status": "queued", "progress": 0,
-                  "created_at": now_s(), "completed_at": None, "expires_at": None, "error": None,
-                  "size": f"{p.width}x{p.height}", "num_outputs": len(p.seeds), "file_names": [],
-                  "revised_prompt": p.prompt, "output_format": resolved.output_format}
-        record.update(extra)
-        return record
+    # ------------------------------------------------------------------ files
 
-    def _exists(self, record: dict[str, Any]) -> bool:
-        current = self.store.get(record["id"])
-        if current is None:
-            return False
-        record.update(status=current["status"])
-        return True
+    def paths(self, record: JobRecord) -> list[Path]:
+        return self.ledger.paths(record)
 
-    def _set_status(self, record: dict[str, Any], status: str, **changes: Any) -> bool:
-        if status not in TRANSITIONS.get(record["status"], set()):
-            return False  # terminal states are final; a late reply changes nothing
-        record["status"] = status
-        record.update(changes)
-        if status in ("completed", "failed", "cancelled"):
-            record["completed_at"] = now_s()
-            if self.ttl_s > 0:
-                record["expires_at"] = record["completed_at"] + int(self.ttl_s)
-        self.store.save(record)
-        return True
+    def video_file(self, video_id: str, variant: str | None) -> Path:
+        """The file of a finished video job (`variant`: None, "video" or an output index)."""
+        record = self.get_video(video_id)
+        index = 0
+        if variant is not None and variant != "video":
+            if not variant.isdigit():
+                raise NotFound(f"Variant {variant} not available", param="variant")
+            index = int(variant)
+        if record.status in (JobStatus.FAILED, JobStatus.CANCELLED):
+            raise NotFound(f"Video generation {record.status.value}")
+        paths = self.paths(record)
+        if record.status != JobStatus.COMPLETED or not paths:
+            raise NotFound("Generation is still in-progress")
+        if index >= len(paths):
+            raise NotFound(f"Variant {variant} not available", param="variant")
+        if not paths[index].is_file():
+            raise NotFound("Video file is missing from the output directory")
+        return paths[index]
 
-    def _progress(self, record: dict[str, Any], progress: int) -> None:
-        progress = max(record["progress"], min(99, progress))
-        if record["status"] == "queued":
-            self._set_status(record, "in_progress", progress=progress)
-        elif record["status"] == "in_progress" and progress != record["progress"]:
-            record["progress"] = progress
-            self.store.save(record)
+    def image_file(self, image_id: str, variant: str | None) -> Path:
+        """The file of output `variant` (default 0) of an image request."""
+        record = self.ledger.get(image_id, "image")
+        if record is None:
+            raise NotFound("Image not found", param="image_id")
+        paths = self.paths(record)
+        index = 0
+        if variant is not None:
+            if not variant.isdigit() or int(variant) >= max(1, len(paths)):
+                raise NotFound(f"Image variant {variant} not found", param="variant")
+            index = int(variant)
+        if record.status in (JobStatus.FAILED, JobStatus.CANCELLED):
+            raise NotFound(f"Image generation {record.status.value}")
+        if index >= len(paths) or not paths[index].is_file():
+            raise NotFound("Image is still being generated")
+        return paths[index]
 
-    def _complete(self, record: dict[str, Any], result: GenerationResult) -> None:
-        changes = {"progress": 100, "file_names": list(result.file_names),
-                   "inference_time_s": result.inference_time_s,
-                   "peak_memory_mb": result.peak_memory_mb,
-                   "size": f"{result.width}x{result.height}"}
-        if not self._set_status(record, "completed", **changes):
-            self._delete_files(result.file_names)  # cancelled meanwhile: the files are orphans
-
-    def _fail(self, record: dict[str, Any], exc: WorldserveError) -> None:
-        code = _ERROR_CODES.get(exc.code, "generation_failed")
-        if not self.store.get(record["id"]):
-            return
-        self._set_status(record, "failed", error={"message": exc.message, "code": code})
-
-    # ------------------------------------------------------------------ files and retention
-
-    def paths(self, record: dict[str, Any]) -> list[Path]:
-        return [self.output_dir / name for name in record.get("file_names") or []]
-
-    def _delete_files(self, names: list[str]) -> int:
-        removed = 0
-        for name in names:
-            for path in (self.output_dir / name, self.output_dir / f".{name}.partial"):
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-                    removed += 1
-        return removed
-
-    def _partial_files(self, record: dict[str, Any]) -> list[str]:
-        return [p.name.removeprefix(".").removesuffix(".partial")
-                for p in self.output_dir.glob(f".{record['id']}*.partial")]
-
-    def remove(self, record: dict[str, Any]) -> int:
-        """Delete a record and every file it owns (outputs and partial outputs)."""
-        removed = self._delete_files(list(record.get("file_names") or []) + self._partial_files(record))
-        self.store.delete(record["id"])
-        return removed
-
-    def recover(self) -> None:
-        """Startup: live records of a previous run become failed (server_restart)."""
-        for record in self.store.with_status(LIVE_STATUSES):
-            self._delete_files(self._partial_files(record))
-            self._set_status(record, "failed", error={
-                "message": "server restarted before the job finished", "code": "server_restart"})
-        self.prune()
+    # ------------------------------------------------------------------ lifecycle
 
     def prune(self) -> dict[str, Any]:
-        """Remove expired records (and, past max_job_records, the oldest terminal ones)."""
-        removed_ids: list[str] = []
-        files = 0
-        victims = self.store.expired(now_s())
-        for record in victims:
-            files += self.remove(record)
-            removed_ids.append(record["id"])
-        if self.max_records > 0:
-            for record in self.store.oldest_terminal_over(self.max_records):
-                files += self.remove(record)
-                removed_ids.append(record["id"])
-        return {"object": "outputs.prune", "removed_records": len(removed_ids),
-                "removed_files": files, "ids": removed_ids}
+        return self.ledger.prune()
+
+    def start_sweeper(self) -> None:
+        self.ledger.start_sweeper()
 
     async def shutdown(self) -> None:
         """Orderly shutdown: live jobs become `cancelled` after the stage was asked to stop them."""
-        if self._sweeper is not None:
-            self._sweeper.cancel()
+        self.ledger.stop_sweeper()
         for video_id, task in list(self.tasks.items()):
-            record = self.store.get(video_id, "video")
-            if record is not None and record["status"] in LIVE_STATUSES:
-                with contextlib.suppress(StageUnavailable):
-                    self.client().send_nowait(Cancel(request_id=new_request_id("cancel"),
-                                                     target_id=record["stage_request_id"]))
-                self._set_status(record, "cancelled",
-                                 error={"message": "server shut down before the job finished",
-                                        "code": "cancelled"})
+            record = self.ledger.get(video_id, "video")
+            if record is not None and record.status.is_live:
+                self._cancel_on_stage(record)
+                self.ledger.cancel(record, "server shut down before the job finished")
             task.cancel()
         await asyncio.sleep(0.05)  # let the cancellations reach the stage before it stops
-
-    def start_sweeper(self) -> None:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # built outside an event loop (tests): no background sweeping
-        if self._sweeper is None:
-            self._sweeper = loop.create_task(self._sweep_forever())
-
-    async def _sweep_forever(self) -> None:
-        # Sweep at least as often as the TTL, so an expired output never lingers a full minute.
-        interval = min(SWEEP_INTERVAL_S, max(1.0, self.ttl_s)) if self.ttl_s else SWEEP_INTERVAL_S
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                report = self.prune()
-            except Exception:  # the sweeper keeps running; the next pass retries
-                log.exception("output sweep failed")
-                continue
-            if report["removed_records"]:
-                log.info("swept %d expired record(s)", report["removed_records"])
-
-
-def _expired(record: dict[str, Any]) -> bool:
-    expires = record.get("expires_at")
-    return expires is not None and expires <= now_s()
-
-
-def service_of(runtime: ServerRuntime) -> MediaService:
-    """The surface's service, created on first use (every native route module shares it)."""
-    service = runtime.services.get("media")
-    if service is None:
-        service = MediaService(runtime)
-        runtime.services["media"] = service
-        runtime.shutdown_hooks.append(service.shutdown)
-        service.start_sweeper()
-    return service

@@ -8,13 +8,11 @@ statements are tiny, so running them inline is cheaper than a thread hop).
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
-LIVE_STATUSES = ("queued", "in_progress")
-TERMINAL_STATUSES = ("completed", "failed", "cancelled")
+from worldserve.api.jobs.records import TERMINAL_STATUSES, JobRecord, JobStatus
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -47,34 +45,34 @@ class RecordStore:
 
     # ------------------------------------------------------------------ writes
 
-    def insert(self, record: dict[str, Any]) -> None:
+    def insert(self, record: JobRecord) -> None:
         self._seq += 1
-        record["_seq"] = self._seq
+        record.seq = self._seq
         self._db.execute(
             "INSERT INTO records (id, kind, status, created_at, seq, expires_at, data) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (record["id"], record["_kind"], record["status"], record["created_at"], self._seq,
-             record.get("expires_at"), json.dumps(record)))
+            (record.id, record.kind, record.status.value, record.created_at, self._seq,
+             record.expires_at, record.to_json().decode()))
 
-    def save(self, record: dict[str, Any]) -> None:
+    def save(self, record: JobRecord) -> None:
         """Write the whole record back (one atomic statement)."""
         self._db.execute(
             "UPDATE records SET status = ?, expires_at = ?, data = ? WHERE id = ?",
-            (record["status"], record.get("expires_at"), json.dumps(record), record["id"]))
+            (record.status.value, record.expires_at, record.to_json().decode(), record.id))
 
     def delete(self, record_id: str) -> bool:
         return self._db.execute("DELETE FROM records WHERE id = ?", (record_id,)).rowcount > 0
 
     # ------------------------------------------------------------------ reads
 
-    def get(self, record_id: str, kind: str | None = None) -> dict[str, Any] | None:
+    def get(self, record_id: str, kind: str | None = None) -> JobRecord | None:
         row = self._db.execute("SELECT kind, data FROM records WHERE id = ?", (record_id,)).fetchone()
         if row is None or (kind is not None and row[0] != kind):
             return None
-        return json.loads(row[1])
+        return JobRecord.from_json(row[1])
 
     def page(self, kind: str, after: str | None, limit: int, descending: bool,
-             now: int) -> tuple[list[dict[str, Any]], bool]:
+             now: int) -> tuple[list[JobRecord], bool]:
         """Records of `kind` ordered by (created_at, seq), starting after record `after`."""
         op, direction = ("<", "DESC") if descending else (">", "ASC")
         where, args = "kind = ? AND (expires_at IS NULL OR expires_at > ?)", [kind, now]
@@ -88,21 +86,21 @@ class RecordStore:
         rows = self._db.execute(
             f"SELECT data FROM records WHERE {where} ORDER BY created_at {direction}, seq {direction} "
             "LIMIT ?", (*args, limit + 1)).fetchall()
-        items = [json.loads(r[0]) for r in rows]
+        items = [JobRecord.from_json(r[0]) for r in rows]
         return items[:limit], len(items) > limit
 
-    def with_status(self, statuses: Iterable[str]) -> list[dict[str, Any]]:
-        statuses = list(statuses)
-        marks = ",".join("?" * len(statuses))
-        rows = self._db.execute(f"SELECT data FROM records WHERE status IN ({marks})", statuses)
-        return [json.loads(r[0]) for r in rows.fetchall()]
+    def with_status(self, statuses: Iterable[JobStatus]) -> list[JobRecord]:
+        values = [status.value for status in statuses]
+        marks = ",".join("?" * len(values))
+        rows = self._db.execute(f"SELECT data FROM records WHERE status IN ({marks})", values)
+        return [JobRecord.from_json(r[0]) for r in rows.fetchall()]
 
-    def expired(self, now: int) -> list[dict[str, Any]]:
+    def expired(self, now: int) -> list[JobRecord]:
         rows = self._db.execute("SELECT data FROM records WHERE expires_at IS NOT NULL "
                                 "AND expires_at <= ?", (now,)).fetchall()
-        return [json.loads(r[0]) for r in rows]
+        return [JobRecord.from_json(r[0]) for r in rows]
 
-    def oldest_terminal_over(self, max_records: int) -> list[dict[str, Any]]:
+    def oldest_terminal_over(self, max_records: int) -> list[JobRecord]:
         """Terminal records to drop so that at most `max_records` records remain."""
         total = self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
         excess = total - max_records
@@ -111,5 +109,5 @@ class RecordStore:
         marks = ",".join("?" * len(TERMINAL_STATUSES))
         rows = self._db.execute(
             f"SELECT data FROM records WHERE status IN ({marks}) ORDER BY created_at, seq LIMIT ?",
-            (*TERMINAL_STATUSES, excess)).fetchall()
-        return [json.loads(r[0]) for r in rows]
+            (*(status.value for status in TERMINAL_STATUSES), excess)).fetchall()
+        return [JobRecord.from_json(r[0]) for r in rows]

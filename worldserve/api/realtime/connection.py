@@ -25,15 +25,16 @@ from worldserve.api.realtime.admission import AdmissionRejected, Lease
 from worldserve.api.realtime.controls import SessionControls
 from worldserve.api.realtime.events import EventApplier, InvalidEvent, parse_event
 from worldserve.api.realtime.sender import (
-    ChunkOutput,
     ChunkSender,
     ClientGone,
+    GeneratedChunk,
     Pacer,
     SocketWriter,
 )
-from worldserve.api.realtime.service import EngineFacts, RealtimeService, SessionSettings
+from worldserve.api.realtime.service import RealtimeConnectionSettings, RealtimeService
 from worldserve.api.schemas.realtime import InitRequest
 from worldserve.errors import InternalError, InvalidRequest, StageUnavailable, WorldserveError
+from worldserve.ipc.capabilities import RealtimeCapabilities
 from worldserve.ipc.messages import RealtimeChunk, RealtimeChunkResult
 from worldserve.media.framing import ChunkEncoder, unpack
 from worldserve.media.policy import check_forbidden_fields, check_prompt_lengths
@@ -44,7 +45,7 @@ MAX_INVALID_INITS = 8
 WATCHDOG_POLL_S = 1.0
 
 
-class ConnectionState(enum.Enum):
+class RealtimeConnectionState(enum.Enum):
     ACCEPTED = "accepted"
     WAITING_WARM = "waiting_warm"
     AWAITING_INIT = "awaiting_init"
@@ -54,16 +55,15 @@ class ConnectionState(enum.Enum):
     CLOSED = "closed"
 
 
-_TRANSITIONS: dict[ConnectionState, frozenset[ConnectionState]] = {
-    ConnectionState.ACCEPTED: frozenset({ConnectionState.WAITING_WARM, ConnectionState.CLOSING}),
-    ConnectionState.WAITING_WARM: frozenset({ConnectionState.AWAITING_INIT,
-                                             ConnectionState.CLOSING}),
-    ConnectionState.AWAITING_INIT: frozenset({ConnectionState.ADMITTING,
-                                              ConnectionState.CLOSING}),
-    ConnectionState.ADMITTING: frozenset({ConnectionState.STREAMING, ConnectionState.CLOSING}),
-    ConnectionState.STREAMING: frozenset({ConnectionState.CLOSING}),
-    ConnectionState.CLOSING: frozenset({ConnectionState.CLOSED}),
-    ConnectionState.CLOSED: frozenset(),
+_S = RealtimeConnectionState
+_TRANSITIONS: dict[RealtimeConnectionState, frozenset[RealtimeConnectionState]] = {
+    _S.ACCEPTED: frozenset({_S.WAITING_WARM, _S.CLOSING}),
+    _S.WAITING_WARM: frozenset({_S.AWAITING_INIT, _S.CLOSING}),
+    _S.AWAITING_INIT: frozenset({_S.ADMITTING, _S.CLOSING}),
+    _S.ADMITTING: frozenset({_S.STREAMING, _S.CLOSING}),
+    _S.STREAMING: frozenset({_S.CLOSING}),
+    _S.CLOSING: frozenset({_S.CLOSED}),
+    _S.CLOSED: frozenset(),
 }
 
 
@@ -92,14 +92,14 @@ class RealtimeConnection:
         self.websocket = websocket
         self.service = service
         self.writer = SocketWriter(websocket)
-        self.state = ConnectionState.ACCEPTED
-        self.settings: SessionSettings | None = None
+        self.state = RealtimeConnectionState.ACCEPTED
+        self.settings: RealtimeConnectionSettings | None = None
         self.lease: Lease | None = None
         self.controls: SessionControls | None = None
         self.last_activity = time.monotonic()
         self.trace_id = websocket.query_params.get("trace_id") or f"trace-{uuid.uuid4().hex}"
 
-    def _enter(self, state: ConnectionState) -> None:
+    def _enter(self, state: RealtimeConnectionState) -> None:
         if state not in _TRANSITIONS[self.state]:
             raise RuntimeError(f"illegal realtime connection transition {self.state.value} -> "
                                f"{state.value}")
@@ -118,16 +118,16 @@ class RealtimeConnection:
             log.exception("realtime session %s failed", self._session_id())
             decision = GENERATION_ERROR
         finally:
-            if self.state != ConnectionState.CLOSING:
-                self._enter(ConnectionState.CLOSING)
+            if self.state != RealtimeConnectionState.CLOSING:
+                self._enter(RealtimeConnectionState.CLOSING)
             try:
                 await self._close(decision)
             finally:
                 await self._cleanup()
-                self._enter(ConnectionState.CLOSED)
+                self._enter(RealtimeConnectionState.CLOSED)
 
     async def _run(self) -> CloseDecision:
-        self._enter(ConnectionState.WAITING_WARM)
+        self._enter(RealtimeConnectionState.WAITING_WARM)
         try:
             await self.service.wait_ready()
             facts = self.service.facts()
@@ -139,11 +139,11 @@ class RealtimeConnection:
                 f"realtime video is not supported for pipeline {facts.pipeline}",
                 "unsupported_pipeline")
             return CloseDecision(1008, "realtime video is not supported")
-        self._enter(ConnectionState.AWAITING_INIT)
+        self._enter(RealtimeConnectionState.AWAITING_INIT)
         settings = await self._await_init(facts)
         if settings is None:
             return NO_VALID_INIT
-        self._enter(ConnectionState.ADMITTING)
+        self._enter(RealtimeConnectionState.ADMITTING)
         try:
             self.lease = await self.service.admission.acquire(settings.user, settings.kv_bytes)
         except AdmissionRejected as exc:
@@ -151,7 +151,7 @@ class RealtimeConnection:
             await self.writer.send_error(f"realtime admission rejected: {exc.reason}",
                                          "admission_rejected", exc.detail, **extra)
             return CloseDecision(1008, exc.reason)
-        self._enter(ConnectionState.STREAMING)
+        self._enter(RealtimeConnectionState.STREAMING)
         self.settings = settings
         log.info("realtime session %s started (user %s, %dx%d, %s)", settings.session_id,
                  settings.user, settings.width, settings.height, settings.encode.fmt)
@@ -198,7 +198,7 @@ class RealtimeConnection:
             return "bytes", message["bytes"]
         return "text", message.get("text") or ""
 
-    async def _await_init(self, facts: EngineFacts) -> SessionSettings | None:
+    async def _await_init(self, facts: RealtimeCapabilities) -> RealtimeConnectionSettings | None:
         deadline = time.monotonic() + self.service.config.init_timeout_s
         num_invalid = 0
         while num_invalid < MAX_INVALID_INITS:
@@ -221,7 +221,8 @@ class RealtimeConnection:
 
     # ------------------------------------------------------------------ streaming
 
-    async def _stream(self, settings: SessionSettings, facts: EngineFacts) -> CloseDecision:
+    async def _stream(self, settings: RealtimeConnectionSettings,
+                      facts: RealtimeCapabilities) -> CloseDecision:
         self.controls = SessionControls(facts.min_pulse_items, facts.max_script_frames)
         if settings.initial_script is not None:
             self.controls.camera.set_script(settings.initial_script, self.controls.tag(None))
@@ -241,8 +242,8 @@ class RealtimeConnection:
         first = next(t for t in tasks if t.done() and not t.cancelled())
         return first.result()
 
-    async def _generate_loop(self, settings: SessionSettings, facts: EngineFacts,
-                             sender: ChunkSender) -> CloseDecision:
+    async def _generate_loop(self, settings: RealtimeConnectionSettings,
+                             facts: RealtimeCapabilities, sender: ChunkSender) -> CloseDecision:
         """Chunk after chunk; chunk k+1 is requested while chunk k is written (one pending send)."""
         pending: asyncio.Task[Any] | None = None
         chunk_index = 0
@@ -270,8 +271,8 @@ class RealtimeConnection:
             if pending is not None and not pending.done():
                 pending.cancel()
 
-    async def _generate_chunk(self, settings: SessionSettings, facts: EngineFacts,
-                              chunk_index: int) -> ChunkOutput:
+    async def _generate_chunk(self, settings: RealtimeConnectionSettings,
+                              facts: RealtimeCapabilities, chunk_index: int) -> GeneratedChunk:
         assert self.controls is not None  # set by _stream before the loop starts
         started = time.perf_counter()
         controls = self.controls.next_chunk(facts.frames_in_chunk(chunk_index))
@@ -292,7 +293,7 @@ class RealtimeConnection:
                                                   timeout_s=self.service.config.chunk_timeout_s)
         if not isinstance(result, RealtimeChunkResult):
             raise InternalError(f"realtime stage answered {type(result).__name__} to a chunk")
-        return ChunkOutput(
+        return GeneratedChunk(
             request_id=request.request_id, chunk_index=chunk_index, event_id=controls.event_id,
             frames=_frames(result), started=started, prepare_ms=prepare_ms,
             forward_ms=result.forward_ms, gpu_queue_ms=result.queue_ms,

@@ -11,13 +11,8 @@ temporary file is written (nothing to delete at cleanup).
 from __future__ import annotations
 
 from worldserve.errors import InvalidRequest, PayloadTooLarge
-from worldserve.media.fetch import (
-    MediaPolicy,
-    decode_data_url,
-    fetch_remote,
-    is_remote_url,
-    load_media,
-)
+from worldserve.media.data_url import decode_data_url
+from worldserve.media.fetch import MediaPolicy, fetch_remote, is_remote_url, load_media
 from worldserve.media.images import check_image as check_decodable
 
 
@@ -33,14 +28,14 @@ def check_image(data: bytes, max_bytes: int) -> bytes:
 
 async def _load(value: str, policy: MediaPolicy) -> bytes:
     if value[:5].lower() == "data:":
-        return decode_data_url(value, policy.max_bytes)[1]
+        return decode_data_url(value, field="first_frame", max_bytes=policy.max_bytes)[1]
     if is_remote_url(value):
         if not policy.allowed_domains:
             raise InvalidRequest("URLs are refused because the server allows no media domains "
                                  "(--allowed-media-domain); send the image bytes")
         return await fetch_remote(value, policy)
     # a local path or file:// URL: only inside --allowed-local-media-path (refused without it)
-    return await load_media(value, policy)
+    return await load_media(value, policy, "first_frame")
 
 
 async def resolve_first_frame(value: bytes | str | None, policy: MediaPolicy) -> bytes | None:

@@ -92,7 +92,7 @@ class Pacer:
 
 
 @dataclass
-class ChunkOutput:
+class GeneratedChunk:
     """A generated chunk on its way to the client, with the timings measured so far."""
 
     request_id: str
@@ -117,7 +117,7 @@ class ChunkSender:
         self.trace_id = trace_id
         self.pacer = pacer
 
-    async def send(self, out: ChunkOutput) -> dict[str, Any]:
+    async def send(self, out: GeneratedChunk) -> dict[str, Any]:
         """Write every batch of the chunk and its stats; returns the stats map."""
         build_started = time.perf_counter()
         # Encoding is CPU work (zlib/zstd/Pillow release the GIL): keep the event loop free.
@@ -138,8 +138,8 @@ class ChunkSender:
         await self.writer.send_map(stats)
         return stats
 
-    def _stats(self, out: ChunkOutput, batches: list[EncodedBatch], build_s: float, pace_s: float,
-               header_s: float, raw_s: float, written: int) -> dict[str, Any]:
+    def _stats(self, out: GeneratedChunk, batches: list[EncodedBatch], build_s: float,
+               pace_s: float, header_s: float, raw_s: float, written: int) -> dict[str, Any]:
         stats: dict[str, Any] = {
             "type": "chunk_stats", "trace_id": self.trace_id, "session_id": self.session_id,
             "request_id": out.request_id, "chunk_index": out.chunk_index,

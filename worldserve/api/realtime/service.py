@@ -9,7 +9,6 @@ import asyncio
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from worldserve.api.realtime.admission import AdmissionManager
 from worldserve.api.realtime.inputs import resolve_first_frame
@@ -17,6 +16,7 @@ from worldserve.api.runtime import ServerRuntime
 from worldserve.api.schemas.realtime import InitRequest, parse_action_dsl, parse_size
 from worldserve.config import RealtimeStageConfig
 from worldserve.errors import InvalidRequest, WorldserveError
+from worldserve.ipc.capabilities import RealtimeCapabilities, capabilities_as
 from worldserve.ipc.client import StageClient, new_request_id
 from worldserve.ipc.messages import RealtimeRelease
 from worldserve.media.fetch import MediaPolicy
@@ -32,74 +32,7 @@ WORKER_ID = "realtime0"
 
 
 @dataclass(frozen=True)
-class EngineFacts:
-    """What the realtime engine declared in its capabilities (keys: notes/rt-engine.md)."""
-
-    pipeline: str
-    realtime_supported: bool
-    frames_per_chunk: int
-    first_chunk_frames: int
-    latent_frames_per_block: int
-    default_fps: int
-    default_width: int
-    default_height: int
-    size_multiple: int
-    max_width: int
-    max_height: int
-    max_inference_steps: int | None
-    default_sink_frames: int | None
-    default_window_frames: int | None
-    max_window_frames: int | None
-    camera_conditioning: bool
-    min_pulse_items: int
-    max_script_frames: int
-    supports_first_frame: bool
-    supports_guidance: bool
-    kv_bytes_per_token: int
-
-    @classmethod
-    def from_capabilities(cls, caps: dict[str, Any]) -> "EngineFacts":
-        frames = int(caps.get("frames_per_chunk", 12))
-
-        def optional(key: str) -> int | None:
-            return int(caps[key]) if caps.get(key) is not None else None
-
-        return cls(
-            pipeline=str(caps.get("pipeline", "unknown")),
-            realtime_supported=bool(caps.get("realtime_supported", False)),
-            frames_per_chunk=frames,
-            first_chunk_frames=int(caps.get("first_chunk_frames", frames)),
-            latent_frames_per_block=int(caps.get("latent_frames_per_block", 3)),
-            default_fps=int(caps.get("default_fps", 16)),
-            default_width=int(caps.get("default_width", 832)),
-            default_height=int(caps.get("default_height", 480)),
-            size_multiple=int(caps.get("size_multiple", 1)),
-            max_width=int(caps.get("max_width", 4096)),
-            max_height=int(caps.get("max_height", 4096)),
-            max_inference_steps=optional("max_inference_steps"),
-            default_sink_frames=optional("default_sink_frames"),
-            default_window_frames=optional("default_window_frames"),
-            max_window_frames=optional("max_window_frames"),
-            camera_conditioning=bool(caps.get("camera_conditioning", False)),
-            min_pulse_items=int(caps.get("min_pulse_items", 1)),
-            max_script_frames=int(caps.get("max_script_frames", 512)),
-            supports_first_frame=bool(caps.get("supports_first_frame", False)),
-            supports_guidance=bool(caps.get("supports_guidance", True)),
-            kv_bytes_per_token=int(caps.get("kv_bytes_per_token") or 0),
-        )
-
-    def frames_in_chunk(self, chunk_index: int) -> int:
-        return self.first_chunk_frames if chunk_index == 0 else self.frames_per_chunk
-
-    def kv_bytes(self, width: int, height: int, window_frames: int | None) -> int:
-        """Estimated KV cache of one session (spec §7.1): bytes per token x window x tokens."""
-        window = window_frames or self.default_window_frames or 0
-        tokens_per_frame = (width // max(1, self.size_multiple)) * (height // max(1, self.size_multiple))
-        return self.kv_bytes_per_token * window * tokens_per_frame
-
-
-@dataclass(frozen=True)
-class SessionSettings:
+class RealtimeConnectionSettings:
     """Everything a session needs, resolved from its init and the engine's facts."""
 
     session_id: str
@@ -142,9 +75,9 @@ class RealtimeService:
     def client(self) -> StageClient:
         return self.runtime.client(STAGE)
 
-    def facts(self) -> EngineFacts:
+    def facts(self) -> RealtimeCapabilities:
         info = self.client().info
-        return EngineFacts.from_capabilities(info.capabilities if info else {})
+        return capabilities_as(info.capabilities if info else None, RealtimeCapabilities)
 
     async def wait_ready(self, poll_s: float = 0.05) -> StageClient:
         """Wait until the realtime stage is warm (StageUnavailable when it is down)."""
@@ -154,8 +87,8 @@ class RealtimeService:
                 return client
             await asyncio.sleep(poll_s)
 
-    async def build_settings(self, init: InitRequest, facts: EngineFacts, *, trace_id: str,
-                             user: str) -> SessionSettings:
+    async def build_settings(self, init: InitRequest, facts: RealtimeCapabilities, *,
+                             trace_id: str, user: str) -> RealtimeConnectionSettings:
         """Engine-dependent checks of a schema-valid init; raises InvalidRequest."""
         width, height = parse_size(init.size) if init.size else (facts.default_width,
                                                                  facts.default_height)
@@ -167,7 +100,7 @@ class RealtimeService:
                                  "conditioned; remove first_frame", param="first_frame")
         first_frame = await resolve_first_frame(init.first_frame, self.media_policy)
         fmt = init.output_format
-        return SessionSettings(
+        return RealtimeConnectionSettings(
             session_id=new_session_id(), trace_id=trace_id, user=user, prompt=init.prompt,
             negative_prompt=init.negative_prompt, seed=init.seed, width=width, height=height,
             fps=init.fps or facts.default_fps, num_inference_steps=init.num_inference_steps,
@@ -199,7 +132,7 @@ class RealtimeService:
         return False
 
 
-def _check_size(width: int, height: int, facts: EngineFacts) -> None:
+def _check_size(width: int, height: int, facts: RealtimeCapabilities) -> None:
     multiple = facts.size_multiple
     if width > facts.max_width or height > facts.max_height:
         raise InvalidRequest(f"size: {width}x{height} exceeds the limit "
@@ -209,7 +142,7 @@ def _check_size(width: int, height: int, facts: EngineFacts) -> None:
                              "dimensions", param="size")
 
 
-def _check_model_limits(init: InitRequest, facts: EngineFacts) -> None:
+def _check_model_limits(init: InitRequest, facts: RealtimeCapabilities) -> None:
     sink, window = init.realtime_causal_sink_size, init.realtime_causal_kv_cache_num_frames
     if sink is not None or window is not None:  # an override is checked with the defaults
         sink = sink if sink is not None else (facts.default_sink_frames or 0)
@@ -232,7 +165,7 @@ def _check_model_limits(init: InitRequest, facts: EngineFacts) -> None:
                              f"use 1.0 (got {init.guidance_scale:g})", param="guidance_scale")
 
 
-def _initial_script(init: InitRequest, facts: EngineFacts) -> list[list[str]] | None:
+def _initial_script(init: InitRequest, facts: RealtimeCapabilities) -> list[list[str]] | None:
     inputs = init.condition_inputs
     if inputs is None or (inputs.camera_actions is None and inputs.action is None):
         return None

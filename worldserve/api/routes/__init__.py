@@ -1,4 +1,5 @@
-"""Route modules. Each exposes `router` (an APIRouter) and optionally `setup(runtime)`.
+"""Route modules. Each exposes `router` (an APIRouter) and optionally
+`setup(services: ApiServices) -> bool` (False: the surface is off, its routes stay out).
 
 `ROUTE_MODULES` is the order in which create_app includes them.
 """

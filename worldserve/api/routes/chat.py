@@ -5,26 +5,23 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from worldserve.api.runtime import ServerRuntime
+from worldserve.api.errors import OpenAIRoute
 from worldserve.api.schemas.chat import ChatCompletionRequest
-from worldserve.api.streaming.chat import ChatService, completion_body, sse_events
-from worldserve.api.streaming.errors import OpenAIRoute
+from worldserve.api.services import ApiServices, chat_service
+from worldserve.api.streaming.chat import completion_body, sse_events
 from worldserve.ipc.messages import ChatResult
 
 router = APIRouter(route_class=OpenAIRoute, tags=["chat"])
 
 
-def setup(runtime: ServerRuntime) -> bool:
-    if not runtime.config.stages.reasoner.enabled:
-        return False
-    runtime.services["chat"] = ChatService(runtime)
-    return True
+def setup(services: ApiServices) -> bool:
+    return services.chat is not None
 
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(request: Request,
                            body: ChatCompletionRequest) -> dict | StreamingResponse:
-    service: ChatService = request.app.state.runtime.services["chat"]
+    service = chat_service(request)
     client = service.client()
     chat = await service.build(body, client)
     replies = service.replies(chat, client)

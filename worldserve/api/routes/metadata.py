@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 
 import worldserve
 from worldserve.api.runtime import ServerRuntime
+from worldserve.ipc.capabilities import ReasonerCapabilities
 
 router = APIRouter(tags=["operations"])
 
@@ -18,9 +19,11 @@ def _profile(runtime: ServerRuntime, stage: str, default_backend: str) -> tuple[
     stage_config = getattr(runtime.config.stages, stage)
     info = client.info if client is not None else None
     name = info.model if info else (stage_config.served_model_name or stage)
-    caps = info.capabilities if info else {}
-    backend = caps.get("backend") or getattr(stage_config, "backend", default_backend)
-    dtype = caps.get("dtype") or stage_config.dtype
+    caps = info.capabilities if info else None
+    declared = caps if isinstance(caps, ReasonerCapabilities) else None
+    backend = (declared.backend if declared else None) or getattr(stage_config, "backend",
+                                                                  default_backend)
+    dtype = (declared.dtype if declared else None) or stage_config.dtype
     url = info.model_path if info else str(stage_config.model_path or "")
     return name, f"worldserve:{name}:{backend}:{dtype}", url
 

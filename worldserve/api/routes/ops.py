@@ -8,8 +8,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from worldserve.api.runtime import ServerRuntime
+from worldserve.ipc.capabilities import GenerationCapabilities, ReasonerCapabilities
 from worldserve.ipc.client import new_request_id
-from worldserve.ipc.messages import StageStats, StatsRequest
+from worldserve.ipc.messages import StageInfo, StageStats, StatsRequest
 
 router = APIRouter(tags=["operations"])
 
@@ -64,15 +65,19 @@ STAGE_CAPABILITIES = {"generation": ["images", "videos"], "reasoner": ["chat_com
 
 def model_capabilities(runtime: ServerRuntime, stage: str) -> list[str]:
     info = runtime.clients[stage].info
-    caps = info.capabilities if info is not None else {}
-    declared = caps.get("serves")
-    out = list(declared) if isinstance(declared, list) else list(STAGE_CAPABILITIES.get(stage, []))
-    if stage == "generation" and caps.get("actions"):
+    caps = info.capabilities if info is not None else None
+    out = list(STAGE_CAPABILITIES.get(stage, []))
+    if isinstance(caps, GenerationCapabilities) and caps.actions is not None:
         out.append("actions")
     enabled = runtime.config.stages.reasoner.streaming.enabled
-    if stage == "reasoner" and caps.get("streaming", False) and enabled:
+    if isinstance(caps, ReasonerCapabilities) and caps.streaming and enabled:
         out.insert(0, "streaming_reasoning")
     return out
+
+
+def max_model_len(info: StageInfo) -> int | None:
+    caps = info.capabilities
+    return caps.max_model_len if isinstance(caps, ReasonerCapabilities) else None
 
 
 @router.get("/v1/models")
@@ -89,7 +94,7 @@ async def models(request: Request) -> dict:
             "owned_by": "worldserve",
             "root": client.info.model_path,
             "stage": stage,
-            "max_model_len": client.info.capabilities.get("max_model_len"),
+            "max_model_len": max_model_len(client.info),
             "capabilities": model_capabilities(runtime, stage),
         })
     return {"object": "list", "data": data}

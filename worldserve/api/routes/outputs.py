@@ -6,17 +6,16 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
-from worldserve.api.jobs.service import service_of
-from worldserve.api.runtime import ServerRuntime
 from worldserve.api.security import require_admin
+from worldserve.api.services import ApiServices, media_service
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)])
 
 
-def setup(runtime: ServerRuntime) -> bool:
-    return "generation" in runtime.clients
+def setup(services: ApiServices) -> bool:
+    return services.media is not None
 
 
 @router.post("/outputs/prune")
 async def prune(request: Request) -> dict[str, Any]:
-    return service_of(request.app.state.runtime).prune()
+    return media_service(request).prune()

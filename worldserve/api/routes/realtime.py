@@ -5,21 +5,16 @@ from __future__ import annotations
 from fastapi import APIRouter, WebSocket
 
 from worldserve.api.realtime.connection import RealtimeConnection
-from worldserve.api.realtime.service import STAGE, RealtimeService
-from worldserve.api.runtime import ServerRuntime
+from worldserve.api.services import ApiServices, realtime_service
 
 router = APIRouter(tags=["realtime"])
 
 
-def setup(runtime: ServerRuntime) -> bool:
+def setup(services: ApiServices) -> bool:
     """Register the route only when the realtime stage is enabled."""
-    if STAGE not in runtime.clients:
-        return False
-    runtime.services["realtime"] = RealtimeService(runtime)
-    return True
+    return services.realtime is not None
 
 
 @router.websocket("/v1/realtime_video/generate")
 async def realtime_generate(websocket: WebSocket) -> None:
-    service: RealtimeService = websocket.app.state.runtime.services["realtime"]
-    await RealtimeConnection(websocket, service).run()
+    await RealtimeConnection(websocket, realtime_service(websocket)).run()

@@ -9,26 +9,20 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse
 
-from worldserve.api.runtime import ServerRuntime
+from worldserve.api.errors import NimRoute
 from worldserve.api.schemas.streaming import CreateSessionBody
+from worldserve.api.services import ApiServices, streaming_service
 from worldserve.api.streaming.connection import StreamingConnection
-from worldserve.api.streaming.errors import NimRoute
 from worldserve.api.streaming.images import read_frame
-from worldserve.api.streaming.service import StreamingService
 
 router = APIRouter(route_class=NimRoute, tags=["streaming"])
 
 
-def setup(runtime: ServerRuntime) -> bool:
-    reasoner = runtime.config.stages.reasoner
-    if not (reasoner.enabled and reasoner.streaming.enabled):
-        return False
-    runtime.services["streaming"] = StreamingService(runtime)
-    return True
+def setup(services: ApiServices) -> bool:
+    return services.streaming is not None
 
 
-def _service(request: Request | WebSocket) -> StreamingService:
-    return request.app.state.runtime.services["streaming"]
+_service = streaming_service
 
 
 @router.get("/v1/streaming/config")

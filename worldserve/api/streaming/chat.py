@@ -19,9 +19,9 @@ import msgspec
 
 from worldserve.api.runtime import ServerRuntime
 from worldserve.api.schemas.chat import ChatCompletionRequest, ChatMessageIn
-from worldserve.api.streaming.images import MAX_FRAME_BYTES, check_frame, decode_data_url
+from worldserve.api.streaming.images import check_frame
 from worldserve.api.streaming.params import schema_text
-from worldserve.api.streaming.service import reasoner_client
+from worldserve.api.streaming.service import reasoner_capabilities, reasoner_client
 from worldserve.errors import (
     InvalidRequest,
     NotFound,
@@ -39,7 +39,9 @@ from worldserve.ipc.messages import (
     ReasonerSampling,
     Reply,
 )
+from worldserve.media.data_url import decode_data_url
 from worldserve.media.fetch import fetch_remote, load_media
+from worldserve.media.frame_limits import MAX_FRAME_BYTES
 from worldserve.media.policy import MediaPolicy
 
 # Chat defaults differ from the per-frame streaming defaults: OpenAI-style neutral sampling.
@@ -69,7 +71,7 @@ class ChatService:
                               sampling=self._sampling(body, client), stream=body.stream)
 
     def _sampling(self, body: ChatCompletionRequest, client: StageClient) -> ReasonerSampling:
-        fields = {**client.info.capabilities.get("sampling", {}), **CHAT_DEFAULTS}
+        fields = {**msgspec.to_builtins(reasoner_capabilities(client).sampling), **CHAT_DEFAULTS}
         given = {
             "max_tokens": body.max_completion_tokens or body.max_tokens,
             "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
@@ -112,12 +114,12 @@ class ChatService:
 
     async def _image(self, url: str) -> bytes:
         if url.startswith("data:"):
-            data = decode_data_url(url)
+            data = decode_data_url(url, field="image_url", base64_only=True)[1]
         elif url.startswith(("http://", "https://")):
             data = await self._fetch(url)
         elif url[:5].lower() == "file:" or "://" not in url:
             # a local path: only inside --allowed-local-media-path (refused without it)
-            data = await load_media(url, self.media_policy)
+            data = await load_media(url, self.media_policy, "image_url")
         else:
             raise InvalidRequest(f"unsupported image URL scheme in {url[:40]!r}; send a data URL "
                                  "(data:image/jpeg;base64,...)", param="image_url")

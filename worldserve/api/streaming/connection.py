@@ -16,18 +16,24 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from worldserve.api.errors import validation_message
+from worldserve.api.errors import WS_CLOSE_NORMAL, validation_message, ws_error
 from worldserve.api.schemas.streaming import WsCreateMessage
-from worldserve.api.streaming.errors import WS_CLOSE_NORMAL, IdleTimeout, ws_close_code, ws_error
 from worldserve.api.streaming.images import check_frame, decode_b64_image, parse_json_object
 from worldserve.api.streaming.service import StreamingService
-from worldserve.api.streaming.sessions import Session, SessionState
-from worldserve.errors import InternalError, InvalidRequest, PayloadTooLarge, WorldserveError
+from worldserve.api.streaming.sessions import StreamSession, StreamSessionState
+from worldserve.errors import (
+    IdleTimeout,
+    InternalError,
+    InvalidRequest,
+    PayloadTooLarge,
+    WorldserveError,
+    ws_close_code,
+)
 
 log = logging.getLogger("worldserve.api.streaming")
 
 
-class ConnectionState(enum.Enum):
+class StreamConnectionState(enum.Enum):
     CONNECTING = "connecting"
     AWAITING_CREATE = "awaiting_create"
     ACTIVE = "active"
@@ -46,12 +52,12 @@ class StreamingConnection:
     def __init__(self, websocket: WebSocket, service: StreamingService) -> None:
         self.ws = websocket
         self.service = service
-        self.state = ConnectionState.CONNECTING
-        self.session: Session | None = None
+        self.state = StreamConnectionState.CONNECTING
+        self.session: StreamSession | None = None
 
     async def run(self) -> None:
         await self.ws.accept()
-        self.state = ConnectionState.AWAITING_CREATE
+        self.state = StreamConnectionState.AWAITING_CREATE
         try:
             await self._loop()
         except FatalError as fatal:
@@ -65,11 +71,11 @@ class StreamingConnection:
             await self._cleanup()
 
     async def _loop(self) -> None:
-        while self.state != ConnectionState.CLOSED:
+        while self.state != StreamConnectionState.CLOSED:
             message = await self._receive()
             if message["type"] == "websocket.disconnect":
                 raise WebSocketDisconnect(message.get("code", 1000))
-            if self.state == ConnectionState.AWAITING_CREATE:
+            if self.state == StreamConnectionState.AWAITING_CREATE:
                 await self._create(message)
             else:
                 await self._handle(message)
@@ -100,14 +106,14 @@ class StreamingConnection:
             try:
                 body = WsCreateMessage.model_validate(obj)
             except ValidationError as exc:
-                raise InvalidRequest(validation_message(exc)[0]) from None  # type: ignore[arg-type]
+                raise InvalidRequest(validation_message(exc)[0]) from None
             self.session = await self.service.create(body, "ws", body.frame_format)
         except WorldserveError as exc:
             raise FatalError(exc) from None
         reply = {"op": "created", **self.service.created_view(self.session),
                  "frame_format": self.session.frame_format}
         await self.ws.send_json(reply)
-        self.state = ConnectionState.ACTIVE
+        self.state = StreamConnectionState.ACTIVE
 
     async def _handle(self, message: dict[str, Any]) -> None:
         try:
@@ -148,18 +154,18 @@ class StreamingConnection:
         frames = await self.service.close(session)
         await self.ws.send_json({"op": "closed", "session_id": session.session_id,
                                  "frames": frames, "closed": True})
-        self.state = ConnectionState.CLOSED
+        self.state = StreamConnectionState.CLOSED
         await self.ws.close(WS_CLOSE_NORMAL)
 
-    def _session(self) -> Session:
+    def _session(self) -> StreamSession:
         if self.session is None:
             raise InternalError("no session on an active connection")
         return self.session
 
     async def _fail(self, error: WorldserveError) -> None:
-        if self.state == ConnectionState.CLOSED:
+        if self.state == StreamConnectionState.CLOSED:
             return
-        self.state = ConnectionState.CLOSED
+        self.state = StreamConnectionState.CLOSED
         try:
             await self.ws.send_json(ws_error(error, fatal=True))
             await self.ws.close(ws_close_code(error))
@@ -167,10 +173,10 @@ class StreamingConnection:
             pass  # the peer left first
 
     async def _cleanup(self) -> None:
-        self.state = ConnectionState.CLOSED
+        self.state = StreamConnectionState.CLOSED
         session = self.session
-        if session is not None and session.state not in (SessionState.CLOSED,
-                                                          SessionState.CLOSING):
+        if session is not None and session.state not in (StreamSessionState.CLOSED,
+                                                          StreamSessionState.CLOSING):
             try:
                 await self.service.close(session)
             except WorldserveError as exc:

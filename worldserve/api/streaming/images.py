@@ -18,9 +18,8 @@ from PIL import Image, UnidentifiedImageError
 from starlette.requests import Request
 
 from worldserve.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from worldserve.media.frame_limits import MAX_FRAME_BYTES, check_frame_pixels, frame_too_large
 
-MAX_FRAME_BYTES = 8 * 1024 * 1024
-MAX_FRAME_PIXELS = 4_194_304
 # base64 of 8 MiB plus a JSON envelope (spec section 5.2)
 MAX_JSON_FRAME_BYTES = 11_184_812 + 4096
 MAX_B64_CHARS = 4 * ((MAX_FRAME_BYTES + 2) // 3)
@@ -36,15 +35,10 @@ def sniff_format(data: bytes) -> str | None:
     return None
 
 
-def _too_large(num_bytes: int) -> PayloadTooLarge:
-    return PayloadTooLarge(f"frame is {num_bytes} bytes; the limit is {MAX_FRAME_BYTES} bytes "
-                           "(8 MiB); resize or re-encode")
-
-
 def check_frame(data: bytes) -> str:
     """Check size, type and pixel count of an encoded frame; return "JPEG" or "PNG"."""
     if len(data) > MAX_FRAME_BYTES:
-        raise _too_large(len(data))
+        raise frame_too_large(len(data))
     if not data:
         raise InvalidRequest("empty frame; send one JPEG or PNG image")
     fmt = sniff_format(data)
@@ -58,9 +52,7 @@ def check_frame(data: bytes) -> str:
         raise PayloadTooLarge(f"frame too large: {exc}") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         raise InvalidRequest(f"invalid {fmt} image: {exc}") from None
-    if width * height > MAX_FRAME_PIXELS:
-        raise PayloadTooLarge(f"frame is {width}x{height} = {width * height} pixels; the limit "
-                              f"is {MAX_FRAME_PIXELS} (4 MP); resize or re-encode")
+    check_frame_pixels(width, height)
     return fmt
 
 
@@ -71,7 +63,7 @@ def decode_b64_image(value: object, field: str = "image_b64") -> bytes:
     match = _DATA_URL.match(value)
     text = value[match.end():] if match else value
     if len(text) > MAX_B64_CHARS:
-        raise _too_large(len(text) * 3 // 4)
+        raise frame_too_large(len(text) * 3 // 4)
     try:
         data = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as exc:
@@ -79,14 +71,6 @@ def decode_b64_image(value: object, field: str = "image_b64") -> bytes:
     if not data:
         raise InvalidRequest(f"{field} is missing or empty; send the base64 of a JPEG or PNG file")
     return data
-
-
-def decode_data_url(url: str) -> bytes:
-    """`data:image/png;base64,...` -> bytes (only base64 data URLs)."""
-    if not _DATA_URL.match(url):
-        raise InvalidRequest("image data URLs must be base64: data:image/jpeg;base64,<data>",
-                             param="image_url")
-    return decode_b64_image(url, "image_url")
 
 
 def check_content_length(header: str | None, limit: int) -> None:

@@ -45,14 +45,14 @@ def _validate(schema: type[BaseModel], data: Any, section: str) -> BaseModel:
         raise _invalid(exc, section) from None
 
 
-def build_retention(supplied: dict[str, Any] | None, server_policy: dict[str, Any],
-                    library: dict[str, Any] | None = None) -> ReasonerRetention:
+def build_retention(supplied: dict[str, Any] | None, server_policy: ReasonerRetention,
+                    library: ReasonerRetention | None = None) -> ReasonerRetention:
     """Omitted -> the server policy; supplied -> `library` defaults (the engine's, fitted to
     the model; else ReasonerRetention's) plus the supplied fields."""
     if supplied is None:
-        return msgspec.convert(server_policy, ReasonerRetention)
+        return msgspec.structs.replace(server_policy)
     given = _validate(RetentionIn, supplied, "retention").model_dump(exclude_unset=True)
-    base = library if library is not None else msgspec.to_builtins(ReasonerRetention())
+    base = msgspec.to_builtins(library if library is not None else ReasonerRetention())
     retention = msgspec.convert({**base, **given}, ReasonerRetention)
     if retention.max_text_tokens is not None and \
             retention.max_text_tokens > retention.max_session_tokens:
@@ -101,8 +101,9 @@ def schema_text(value: dict[str, Any] | str, field: str = "sampling.guided_json"
     return json.dumps(value)
 
 
-def build_sampling(supplied: dict[str, Any] | None, defaults: dict[str, Any]) -> ReasonerSampling:
-    fields = dict(defaults)
+def build_sampling(supplied: dict[str, Any] | None,
+                   defaults: ReasonerSampling) -> ReasonerSampling:
+    fields = msgspec.to_builtins(defaults)
     if supplied is not None:
         sampling = _validate(SamplingIn, supplied, "sampling")
         given = sampling.model_dump(exclude_unset=True)

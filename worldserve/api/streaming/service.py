@@ -12,9 +12,10 @@ import time
 import uuid
 from typing import Any
 
+import msgspec
+
 from worldserve.api.runtime import ServerRuntime
 from worldserve.api.schemas.streaming import CreateSessionBody
-from worldserve.api.streaming.images import MAX_FRAME_BYTES, MAX_FRAME_PIXELS
 from worldserve.api.streaming.params import (
     SAMPLING_VIEW_FIELDS,
     build_retention,
@@ -22,7 +23,12 @@ from worldserve.api.streaming.params import (
     retention_view,
     sampling_view,
 )
-from worldserve.api.streaming.sessions import Session, SessionRegistry, SessionState, Transport
+from worldserve.api.streaming.sessions import (
+    SessionRegistry,
+    StreamSession,
+    StreamSessionState,
+    Transport,
+)
 from worldserve.errors import (
     Conflict,
     NotFound,
@@ -32,6 +38,7 @@ from worldserve.errors import (
     WorldserveError,
     http_status,
 )
+from worldserve.ipc.capabilities import ReasonerCapabilities, capabilities_as
 from worldserve.ipc.client import StageClient, new_request_id
 from worldserve.ipc.messages import (
     Cancel,
@@ -41,6 +48,7 @@ from worldserve.ipc.messages import (
     SessionCreated,
     SessionFrame,
 )
+from worldserve.media.frame_limits import MAX_FRAME_BYTES, MAX_FRAME_PIXELS
 
 log = logging.getLogger("worldserve.api.streaming")
 
@@ -60,11 +68,16 @@ def reasoner_client(runtime: ServerRuntime, feature: str) -> StageClient:
     if client.state != "ready" or client.info is None:
         raise StageUnavailable(f"the reasoning stage is not ready (state '{client.state}'); "
                                "retry later", stage=STAGE)
-    if not client.info.capabilities.get(feature, False):
-        backend = client.info.capabilities.get("backend", "this")
-        raise NotSupported(f"{feature} is unavailable: the '{backend}' reasoner backend does not "
-                           "support it")
+    caps = reasoner_capabilities(client)
+    if not (caps.streaming if feature == "streaming" else caps.chat):
+        raise NotSupported(f"{feature} is unavailable: the '{caps.backend}' reasoner backend does "
+                           "not support it")
     return client
+
+
+def reasoner_capabilities(client: StageClient) -> ReasonerCapabilities:
+    info = client.info
+    return capabilities_as(info.capabilities if info else None, ReasonerCapabilities)
 
 
 class StreamingService:
@@ -79,26 +92,28 @@ class StreamingService:
     # ------------------------------------------------------------------ views
 
     def config_view(self) -> dict[str, Any]:
-        info = self.client().info
-        caps = info.capabilities
+        client = self.client()
+        caps = reasoner_capabilities(client)
+        max_sessions = caps.max_sessions if caps.max_sessions is not None else \
+            self.config.max_sessions
         return {
-            "model": info.model,
-            "retention": caps["retention"],
-            "sampling": {k: caps["sampling"][k] for k in SAMPLING_VIEW_FIELDS},
+            "model": client.info.model,
+            "retention": msgspec.to_builtins(caps.retention),
+            "sampling": {k: getattr(caps.sampling, k) for k in SAMPLING_VIEW_FIELDS},
             "limits": {
-                "max_sessions": caps.get("max_sessions", self.config.max_sessions),
+                "max_sessions": max_sessions,
                 "max_frame_bytes": MAX_FRAME_BYTES, "max_frame_pixels": MAX_FRAME_PIXELS,
                 "idle_timeout_s": self.config.idle_timeout_s,
                 "rest_idle_timeout_s": self.config.rest_idle_timeout_s,
                 "frame_timeout_s": self.config.frame_timeout_s,
-                "image_budget": caps.get("image_budget"),
-                "encoder_capacity": caps.get("encoder_capacity"),
-                "max_model_len": caps.get("max_model_len"),
+                "image_budget": caps.image_budget,
+                "encoder_capacity": caps.encoder_capacity,
+                "max_model_len": caps.max_model_len,
             },
         }
 
     @staticmethod
-    def created_view(session: Session) -> dict[str, Any]:
+    def created_view(session: StreamSession) -> dict[str, Any]:
         return {"session_id": session.session_id, "model": session.model, "fps": session.fps,
                 "retention": retention_view(session.retention),
                 "sampling": sampling_view(session.sampling)}
@@ -111,16 +126,15 @@ class StreamingService:
     # ------------------------------------------------------------------ lifecycle
 
     async def create(self, body: CreateSessionBody, transport: Transport,
-                     frame_format: str | None = None) -> Session:
+                     frame_format: str | None = None) -> StreamSession:
         """Validation order of spec section 4.4; admission (400/503) is the stage's."""
         client = self.client()
         info = client.info
         if body.model is not None and body.model != info.model:
             raise NotFound(f"unknown model '{body.model}'", param="model")
-        caps = info.capabilities
-        retention = build_retention(body.retention, caps["retention"],
-                                    caps.get("library_retention"))
-        sampling = build_sampling(body.sampling, caps["sampling"])
+        caps = reasoner_capabilities(client)
+        retention = build_retention(body.retention, caps.retention, caps.library_retention)
+        sampling = build_sampling(body.sampling, caps.sampling)
         await self.registry.reap_expired()
         request = CreateSession(request_id=new_request_id("create"),
                                 session_id=f"sess-{uuid.uuid4()}", system_prompt=body.system_prompt,
@@ -134,24 +148,24 @@ class StreamingService:
         assert isinstance(reply, SessionCreated)  # the stage protocol, not client input
         idle_s = (self.config.idle_timeout_s if transport == "ws"
                   else self.config.rest_idle_timeout_s)
-        session = Session(session_id=reply.session_id, transport=transport, model=info.model,
+        session = StreamSession(session_id=reply.session_id, transport=transport, model=info.model,
                           fps=body.fps, retention=reply.retention, sampling=reply.sampling,
                           idle_timeout_s=idle_s, frame_format=frame_format)
         self.registry.add(session)
         return session
 
-    async def frame(self, session: Session, image: bytes) -> FrameResult:
+    async def frame(self, session: StreamSession, image: bytes) -> FrameResult:
         """Run one checked frame; 409 when busy or dead, 504 (session dead) on timeout."""
-        if session.state == SessionState.DEAD:
+        if session.state == StreamSessionState.DEAD:
             raise Conflict(UNUSABLE)
-        if session.state == SessionState.BUSY:
+        if session.state == StreamSessionState.BUSY:
             raise Conflict(BUSY)
-        if session.state != SessionState.IDLE:
+        if session.state != StreamSessionState.IDLE:
             raise Conflict(CLOSED)
         client = self.client()
         request = SessionFrame(request_id=new_request_id("frame"), session_id=session.session_id,
                                image=image, received_at=time.time())
-        session.move(SessionState.BUSY)  # a busy session is never reaped
+        session.move(StreamSessionState.BUSY)  # a busy session is never reaped
         session.inflight_request_id = request.request_id
         task = asyncio.ensure_future(self._run_frame(client, session, request))
         session.inflight = task
@@ -160,7 +174,7 @@ class StreamingService:
             raise Conflict(CLOSED)
         return task.result()
 
-    async def _run_frame(self, client: StageClient, session: Session,
+    async def _run_frame(self, client: StageClient, session: StreamSession,
                          request: SessionFrame) -> FrameResult:
         timeout_s = self.config.frame_timeout_s
         try:
@@ -175,31 +189,31 @@ class StreamingService:
         except WorldserveError as exc:
             if http_status(exc) >= 500:
                 await self._kill(session)
-            elif session.state == SessionState.BUSY:
-                session.move(SessionState.IDLE)  # a 4xx frame leaves the session unchanged
+            elif session.state == StreamSessionState.BUSY:
+                session.move(StreamSessionState.IDLE)  # a 4xx frame leaves the session unchanged
             raise
         finally:
             session.inflight = None
         assert isinstance(reply, FrameResult)
         session.num_frames += 1
         session.touch()  # an answered frame refreshes the idle clock
-        if session.state == SessionState.BUSY:  # else a delete is waiting for this frame
-            session.move(SessionState.IDLE)
+        if session.state == StreamSessionState.BUSY:  # else a delete is waiting for this frame
+            session.move(StreamSessionState.IDLE)
         return reply
 
-    async def _kill(self, session: Session) -> None:
+    async def _kill(self, session: StreamSession) -> None:
         """Fail closed: the session answers 409 until deleted or expired (idle from now)."""
-        if session.state == SessionState.BUSY:
-            session.move(SessionState.DEAD)
+        if session.state == StreamSessionState.BUSY:
+            session.move(StreamSessionState.DEAD)
             session.touch()
         await self._release(session)
 
-    async def close(self, session: Session, wait_s: float = CLOSE_WAIT_S) -> int:
+    async def close(self, session: StreamSession, wait_s: float = CLOSE_WAIT_S) -> int:
         """Delete a session (waiting up to `wait_s` for its frame in flight, then aborting it);
         return the number of replies sent."""
-        if session.state in (SessionState.CLOSING, SessionState.CLOSED):
+        if session.state in (StreamSessionState.CLOSING, StreamSessionState.CLOSED):
             raise NotFound(f"session '{session.session_id}' not found; it was already closed")
-        session.move(SessionState.CLOSING)
+        session.move(StreamSessionState.CLOSING)
         task = session.inflight
         if task is not None:
             done, _ = await asyncio.wait({task}, timeout=wait_s)
@@ -208,11 +222,11 @@ class StreamingService:
                 self._send(Cancel(request_id=new_request_id("cancel"),
                                   target_id=session.inflight_request_id or ""))
         self.registry.remove(session)
-        session.move(SessionState.CLOSED)
+        session.move(StreamSessionState.CLOSED)
         await self._release(session)
         return session.num_frames
 
-    async def _release(self, session: Session) -> None:
+    async def _release(self, session: StreamSession) -> None:
         """Tell the stage to drop the session's cache (once; a down stage has dropped it)."""
         if session.released:
             return

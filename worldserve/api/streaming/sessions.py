@@ -21,7 +21,7 @@ log = logging.getLogger("worldserve.api.streaming")
 Transport = Literal["rest", "ws"]
 
 
-class SessionState(enum.Enum):
+class StreamSessionState(enum.Enum):
     IDLE = "idle"        # live, waiting for a frame
     BUSY = "busy"        # one frame in flight
     DEAD = "dead"        # frame timeout or engine failure: released, answers 409 until deleted
@@ -29,17 +29,18 @@ class SessionState(enum.Enum):
     CLOSED = "closed"    # deleted, expired or disconnected: gone from the registry
 
 
-_TRANSITIONS: dict[SessionState, set[SessionState]] = {
-    SessionState.IDLE: {SessionState.BUSY, SessionState.CLOSING, SessionState.CLOSED},
-    SessionState.BUSY: {SessionState.IDLE, SessionState.DEAD, SessionState.CLOSING},
-    SessionState.DEAD: {SessionState.CLOSING, SessionState.CLOSED},
-    SessionState.CLOSING: {SessionState.CLOSED},
-    SessionState.CLOSED: set(),
+_S = StreamSessionState
+_TRANSITIONS: dict[StreamSessionState, set[StreamSessionState]] = {
+    _S.IDLE: {_S.BUSY, _S.CLOSING, _S.CLOSED},
+    _S.BUSY: {_S.IDLE, _S.DEAD, _S.CLOSING},
+    _S.DEAD: {_S.CLOSING, _S.CLOSED},
+    _S.CLOSING: {_S.CLOSED},
+    _S.CLOSED: set(),
 }
 
 
 @dataclass
-class Session:
+class StreamSession:
     session_id: str
     transport: Transport
     model: str
@@ -48,7 +49,7 @@ class Session:
     sampling: ReasonerSampling
     idle_timeout_s: float
     frame_format: str | None = None
-    state: SessionState = SessionState.IDLE
+    state: StreamSessionState = StreamSessionState.IDLE
     num_frames: int = 0
     last_active: float = field(default_factory=time.monotonic)
     inflight: asyncio.Task | None = None
@@ -57,7 +58,7 @@ class Session:
     expired: asyncio.Event = field(default_factory=asyncio.Event)
     released: bool = False  # the stage has been told to drop the session's cache
 
-    def move(self, new: SessionState) -> None:
+    def move(self, new: StreamSessionState) -> None:
         if new not in _TRANSITIONS[self.state]:
             raise InternalError(f"session {self.session_id}: illegal transition "
                                 f"{self.state.value} -> {new.value}")
@@ -68,18 +69,18 @@ class Session:
 
     def is_expired(self, now: float) -> bool:
         """Idle past its timeout; a session with a frame in flight is never expired."""
-        return (self.state in (SessionState.IDLE, SessionState.DEAD)
+        return (self.state in (StreamSessionState.IDLE, StreamSessionState.DEAD)
                 and now - self.last_active > self.idle_timeout_s)
 
 
-ReleaseFn = Callable[[Session], Awaitable[None]]
+ReleaseFn = Callable[[StreamSession], Awaitable[None]]
 
 
 class SessionRegistry:
     """Live sessions by id (REST and WebSocket), expired by a reaper every `interval_s`."""
 
     def __init__(self, release: ReleaseFn, interval_s: float) -> None:
-        self._sessions: dict[str, Session] = {}
+        self._sessions: dict[str, StreamSession] = {}
         self._release = release
         self._interval_s = interval_s
         self._reaper: asyncio.Task | None = None
@@ -87,15 +88,15 @@ class SessionRegistry:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def add(self, session: Session) -> None:
+    def add(self, session: StreamSession) -> None:
         self._sessions[session.session_id] = session
         if self._reaper is None or self._reaper.done():
             self._reaper = asyncio.get_running_loop().create_task(self._reap_forever())
 
-    def remove(self, session: Session) -> None:
+    def remove(self, session: StreamSession) -> None:
         self._sessions.pop(session.session_id, None)
 
-    async def lookup(self, session_id: str) -> Session:
+    async def lookup(self, session_id: str) -> StreamSession:
         """The live session, or 404 (an idle one past its timeout is expired on the spot)."""
         session = self._sessions.get(session_id)
         if session is not None and session.is_expired(time.monotonic()):
@@ -113,10 +114,10 @@ class SessionRegistry:
             await self._expire(session)
         return len(expired)
 
-    async def _expire(self, session: Session) -> None:
+    async def _expire(self, session: StreamSession) -> None:
         log.info("session %s expired after %.0f s idle", session.session_id, session.idle_timeout_s)
         self.remove(session)
-        session.move(SessionState.CLOSED)
+        session.move(StreamSessionState.CLOSED)
         session.expired.set()
         await self._release(session)
 

@@ -38,6 +38,11 @@ from worldserve.engines.generation.scheduler import (
 from worldserve.engines.generation.warmup import WarmupPlan
 from worldserve.enhancer_config import load_enhancer_config
 from worldserve.errors import InternalError, InvalidRequest, WorldserveError
+from worldserve.ipc.capabilities import (
+    ActionHeadCapabilities,
+    GenerationCapabilities,
+    GenerationDefaults,
+)
 from worldserve.ipc.messages import (
     ErrorReply,
     GenerateActions,
@@ -87,18 +92,18 @@ class GenerationEngine:
 
     # ------------------------------------------------------------------ protocol
 
-    def capabilities(self) -> dict[str, Any]:
-        return {
-            "pipeline": type(self.pipe).__name__,
-            "defaults": self.defaults.as_dict(),
-            "size_multiple": self.runner.size_multiple,
-            "temporal_stride": self.runner.temporal_stride,
-            "max_batch_size": self.config.max_batch_size,
-            "image_conditioning": True,
-            "max_input_images": 4,
-            "output_dir": str(self.output_dir),
-            "actions": self.actions.metadata() if self.actions else None,
-        }
+    def capabilities(self) -> GenerationCapabilities:
+        return GenerationCapabilities(
+            pipeline=type(self.pipe).__name__,
+            defaults=GenerationDefaults(**self.defaults.as_dict()),
+            size_multiple=self.runner.size_multiple,
+            temporal_stride=self.runner.temporal_stride,
+            max_batch_size=self.config.max_batch_size,
+            image_conditioning=True,
+            max_input_images=4,
+            output_dir=str(self.output_dir),
+            actions=ActionHeadCapabilities(**self.actions.metadata()) if self.actions else None,
+        )
 
     def state(self) -> EngineState:
         return "warming" if self.warmup.blocking and not self.warmup.done else "ready"

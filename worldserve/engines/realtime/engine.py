@@ -18,6 +18,7 @@ from worldserve.engines.realtime.contract import RealtimeRunner, WorldSession
 from worldserve.engines.realtime.scheduler import PendingChunk, RoundRobinQueue
 from worldserve.engines.realtime.session import SessionTable
 from worldserve.errors import InvalidRequest, NotFound, WorldserveError
+from worldserve.ipc.capabilities import RealtimeCapabilities
 from worldserve.ipc.messages import (
     ErrorReply,
     RealtimeChunk,
@@ -62,36 +63,36 @@ class RealtimeEngine:
 
     # ------------------------------------------------------------------ facts
 
-    def capabilities(self) -> dict[str, Any]:
+    def capabilities(self) -> RealtimeCapabilities:
         mc, dit = self.model.config, self.model.dit.cfg
-        return {
-            "pipeline": mc.pipeline,
-            "realtime_supported": True,
-            "frames_per_chunk": self.runner.chunk_frames(1, self.frames_per_block),
-            "first_chunk_frames": self.runner.chunk_frames(0, self.frames_per_block),
-            "latent_frames_per_block": self.frames_per_block,
-            "temporal_upsampling": self.runner.upsampling,
-            "default_fps": mc.default_fps,
-            "default_width": mc.default_width,
-            "default_height": mc.default_height,
-            "default_num_inference_steps": self.default_steps,
-            "max_inference_steps": self.cfg.max_inference_steps,
-            "default_sink_frames": self.default_sink,
-            "default_window_frames": self.default_window,
-            "max_window_frames": dit.max_rope_frames,
-            "camera_conditioning": True,
-            "camera_keys": "wasdijkl",
-            "supports_first_frame": False,
-            "supports_guidance": False,
-            "max_script_frames": mc.max_script_frames,
-            "min_pulse_items": mc.min_pulse_items,
-            "max_width": self.cfg.max_width,
-            "max_height": self.cfg.max_height,
-            "size_multiple": self.model.spatial_factor,
+        return RealtimeCapabilities(
+            pipeline=mc.pipeline,
+            realtime_supported=True,
+            frames_per_chunk=self.runner.chunk_frames(1, self.frames_per_block),
+            first_chunk_frames=self.runner.chunk_frames(0, self.frames_per_block),
+            latent_frames_per_block=self.frames_per_block,
+            temporal_upsampling=self.runner.upsampling,
+            default_fps=mc.default_fps,
+            default_width=mc.default_width,
+            default_height=mc.default_height,
+            default_num_inference_steps=self.default_steps,
+            max_inference_steps=self.cfg.max_inference_steps,
+            default_sink_frames=self.default_sink,
+            default_window_frames=self.default_window,
+            max_window_frames=dit.max_rope_frames,
+            camera_conditioning=True,
+            camera_keys="wasdijkl",
+            supports_first_frame=False,
+            supports_guidance=False,
+            max_script_frames=mc.max_script_frames,
+            min_pulse_items=mc.min_pulse_items,
+            max_width=self.cfg.max_width,
+            max_height=self.cfg.max_height,
+            size_multiple=self.model.spatial_factor,
             # KV estimate for admission (spec 7.1): bytes = kv_bytes_per_token x window x
             # (width / size_multiple) x (height / size_multiple).
-            "kv_bytes_per_token": 2 * dit.num_layers * dit.dim * self.model.dtype.itemsize,
-        }
+            kv_bytes_per_token=2 * dit.num_layers * dit.dim * self.model.dtype.itemsize,
+        )
 
     def state(self) -> EngineState:
         return "ready"

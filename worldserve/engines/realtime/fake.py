@@ -29,6 +29,7 @@ import numpy as np
 
 from worldserve.config import RealtimeStageConfig, ServerConfig
 from worldserve.errors import InvalidRequest, NotFound
+from worldserve.ipc.capabilities import RealtimeCapabilities
 from worldserve.ipc.messages import (
     ErrorReply,
     RealtimeChunk,
@@ -114,34 +115,34 @@ class FakeRealtimeEngine:
         self._sessions: collections.OrderedDict[str, FakeSessionState] = collections.OrderedDict()
         self._queue: collections.deque[tuple[RealtimeChunk, ReplyFn, float]] = collections.deque()
 
-    def capabilities(self) -> dict[str, Any]:
-        """Same keys as the causal engine (see notes/rt-engine.md)."""
-        return {
-            "pipeline": "FakeRealtimePipeline",
-            "realtime_supported": self.realtime_supported,
-            "frames_per_chunk": self.frames_per_chunk,
-            "first_chunk_frames": self.frames_per_chunk,
-            "latent_frames_per_block": LATENT_FRAMES_PER_CHUNK,
-            "temporal_upsampling": 4,
-            "default_fps": DEFAULTS["fps"],
-            "default_width": DEFAULTS["width"],
-            "default_height": DEFAULTS["height"],
-            "default_num_inference_steps": DEFAULTS["steps"],
-            "max_inference_steps": 50,
-            "default_sink_frames": DEFAULTS["sink"],
-            "default_window_frames": DEFAULTS["window"],
-            "max_window_frames": 64,
-            "camera_conditioning": self.camera,
-            "camera_keys": "wasdijkl",
-            "supports_first_frame": True,
-            "supports_guidance": True,
-            "max_script_frames": 512,
-            "min_pulse_items": self.min_pulse_items,
-            "max_width": 4096,
-            "max_height": 4096,
-            "size_multiple": 16,
-            "kv_bytes_per_token": 0,
-        }
+    def capabilities(self) -> RealtimeCapabilities:
+        """Same fields as the causal engine (see notes/rt-engine.md)."""
+        return RealtimeCapabilities(
+            pipeline="FakeRealtimePipeline",
+            realtime_supported=self.realtime_supported,
+            frames_per_chunk=self.frames_per_chunk,
+            first_chunk_frames=self.frames_per_chunk,
+            latent_frames_per_block=LATENT_FRAMES_PER_CHUNK,
+            temporal_upsampling=4,
+            default_fps=DEFAULTS["fps"],
+            default_width=DEFAULTS["width"],
+            default_height=DEFAULTS["height"],
+            default_num_inference_steps=DEFAULTS["steps"],
+            max_inference_steps=50,
+            default_sink_frames=DEFAULTS["sink"],
+            default_window_frames=DEFAULTS["window"],
+            max_window_frames=64,
+            camera_conditioning=self.camera,
+            camera_keys="wasdijkl",
+            supports_first_frame=True,
+            supports_guidance=True,
+            max_script_frames=512,
+            min_pulse_items=self.min_pulse_items,
+            max_width=4096,
+            max_height=4096,
+            size_multiple=16,
+            kv_bytes_per_token=0,
+        )
 
     def state(self) -> EngineState:
         return "ready"

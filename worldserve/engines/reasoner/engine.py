@@ -23,6 +23,7 @@ from worldserve.engines.reasoner.prompt import PromptBuilder
 from worldserve.engines.reasoner.scheduler import JobPhase, ReasonerBatch, ReasonerScheduler
 from worldserve.engines.reasoner.session import KVSession, KVSessionState
 from worldserve.errors import Conflict, InvalidRequest, NotFound, NotSupported
+from worldserve.ipc.capabilities import ReasonerCapabilities
 from worldserve.ipc.messages import (
     ChatCompletion,
     ChatMessage,
@@ -115,47 +116,23 @@ class ReasonerEngine:
 
     # ------------------------------------------------------------------ facts
 
-    def capabilities(self) -> dict[str, Any]:
-        import msgspec
-
-        cfg, s = self.config, self.config.streaming
-        retention = msgspec.to_builtins(self.default_retention)
-        sampling = msgspec.to_builtins(self.default_sampling)
-        return {
-            # keys the api reads (notes/rsn-api.md), then engine facts for diagnostics
-            "backend": "hf",
-            "streaming": s.enabled,
-            "chat": True,
-            "retention": retention,
-            "sampling": sampling,
-            "max_sessions": self.limits.max_sessions,
-            "image_budget": self.limits.image_budget,
-            "encoder_capacity": self.limits.encoder_capacity,
-            "architecture": type(self.model).__name__,
-            "dtype": cfg.dtype,
-            "served_model_name": self.model_name,
-            "model_path": self.model_path,
-            "max_model_len": self.model_limits.max_model_len,
-            "max_position_embeddings": self.model_limits.max_position_embeddings,
-            "default_retention": retention,
-            "library_retention": msgspec.to_builtins(
-                admission.library_retention(self.model_limits)),
-            "default_sampling": sampling,
-            "limits": {
-                "max_sessions": self.limits.max_sessions,
-                "max_frame_bytes": 8_388_608, "max_frame_pixels": 4_194_304,
-                "idle_timeout_s": s.idle_timeout_s,
-                "rest_idle_timeout_s": s.rest_idle_timeout_s,
-                "frame_timeout_s": s.frame_timeout_s,
-                "image_budget": self.limits.image_budget,
-                "encoder_capacity": self.limits.encoder_capacity,
-                "max_model_len": self.model_limits.max_model_len,
-            },
-            "streaming_enabled": s.enabled,
-            "spec_method": s.spec_method,
-            "spec_num_tokens": s.spec_num_tokens,
-            "guided_decoding_backend": "llguidance",
-        }
+    def capabilities(self) -> ReasonerCapabilities:
+        s = self.config.streaming
+        return ReasonerCapabilities(
+            backend="hf", streaming=s.enabled, chat=True,
+            retention=self.default_retention,
+            library_retention=admission.library_retention(self.model_limits),
+            sampling=self.default_sampling,
+            max_sessions=self.limits.max_sessions,
+            image_budget=self.limits.image_budget,
+            encoder_capacity=self.limits.encoder_capacity,
+            architecture=type(self.model).__name__,
+            dtype=self.config.dtype,
+            max_model_len=self.model_limits.max_model_len,
+            max_position_embeddings=self.model_limits.max_position_embeddings,
+            spec_method=s.spec_method, spec_num_tokens=s.spec_num_tokens,
+            guided_decoding_backend="llguidance",
+        )
 
     def state(self) -> EngineState:
         return "ready"

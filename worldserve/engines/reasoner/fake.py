@@ -25,6 +25,7 @@ from worldserve.config import ReasonerStageConfig, ServerConfig
 from worldserve.engines.common import unsupported
 from worldserve.engines.reasoner import admission
 from worldserve.errors import InternalError, InvalidRequest, NotFound
+from worldserve.ipc.capabilities import ReasonerCapabilities
 from worldserve.ipc.messages import (
     ChatCompletion,
     ChatDelta,
@@ -147,24 +148,20 @@ class FakeReasonerEngine:
 
     # ------------------------------------------------------------------ facts
 
-    def capabilities(self) -> dict[str, Any]:
-        """The keys of the hf engine's capabilities that the api reads."""
-        retention = admission.server_retention(self.model_limits, self.streaming)
-        return {
-            "backend": "fake",
-            "dtype": self.config.dtype,
-            "streaming": self.config.fake_streaming,
-            "chat": True,
-            "max_model_len": self.model_limits.max_model_len,
-            "max_position_embeddings": self.model_limits.max_position_embeddings,
-            "retention": msgspec.to_builtins(retention),
-            "library_retention": msgspec.to_builtins(
-                admission.library_retention(self.model_limits)),
-            "sampling": msgspec.to_builtins(ReasonerSampling()),
-            "max_sessions": self.limits.max_sessions,
-            "image_budget": self.limits.image_budget,
-            "encoder_capacity": self.limits.encoder_capacity,
-        }
+    def capabilities(self) -> ReasonerCapabilities:
+        """The fields of the hf engine's capabilities that the api reads."""
+        return ReasonerCapabilities(
+            backend="fake", dtype=self.config.dtype, streaming=self.config.fake_streaming,
+            chat=True,
+            max_model_len=self.model_limits.max_model_len,
+            max_position_embeddings=self.model_limits.max_position_embeddings,
+            retention=admission.server_retention(self.model_limits, self.streaming),
+            library_retention=admission.library_retention(self.model_limits),
+            sampling=ReasonerSampling(),
+            max_sessions=self.limits.max_sessions,
+            image_budget=self.limits.image_budget,
+            encoder_capacity=self.limits.encoder_capacity,
+        )
 
     def state(self) -> EngineState:
         return "ready"

@@ -1,0 +1,189 @@
+"""`JobLedger`: job records and their files: status changes, retention, restart recovery.
+
+Every status change goes through `move()`, which refuses illegal transitions (terminal states
+are final, so a late stage reply changes nothing) and stamps completion and expiry. Retention
+(spec native-media.md §9): restart recovery, TTL and max-records pruning, a sweeper, and file
+deletion with the record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from worldserve.api.jobs.params import ResolvedRequest
+from worldserve.api.jobs.records import (
+    LIVE_STATUSES,
+    JobError,
+    JobKind,
+    JobRecord,
+    JobStatus,
+)
+from worldserve.api.jobs.store import RecordStore
+from worldserve.errors import WorldserveError
+from worldserve.ipc.messages import GenerationResult
+
+log = logging.getLogger("worldserve.jobs")
+
+SWEEP_INTERVAL_S = 60.0
+RECORDS_FILE = Path(".worldserve") / "records.sqlite3"
+# Stage error codes a job shows as they are; anything else is `generation_failed`.
+_PUBLIC_ERROR_CODES = ("invalid_request", "stage_unavailable", "timeout")
+
+
+def now_s() -> int:
+    return int(time.time())
+
+
+class JobLedger:
+    def __init__(self, output_dir: Path, ttl_s: float, max_records: int) -> None:
+        self.output_dir = output_dir
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.store = RecordStore(output_dir / RECORDS_FILE)
+        self.ttl_s = ttl_s
+        self.max_records = max_records
+        self._sweeper: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ records
+
+    def new(self, kind: JobKind, resolved: ResolvedRequest, **fields: Any) -> JobRecord:
+        p = resolved.params
+        return JobRecord(id=str(uuid.uuid4()), kind=kind, created_at=now_s(),
+                         size=f"{p.width}x{p.height}", num_outputs=len(p.seeds),
+                         revised_prompt=p.prompt, output_format=resolved.output_format, **fields)
+
+    def insert(self, record: JobRecord) -> None:
+        self.store.insert(record)
+
+    def page(self, kind: JobKind, after: str | None, limit: int,
+             descending: bool) -> tuple[list[JobRecord], bool]:
+        """Unexpired records of `kind` after record `after`; True when more follow."""
+        return self.store.page(kind, after, limit, descending, now_s())
+
+    def get(self, record_id: str, kind: JobKind) -> JobRecord | None:
+        """The live (unexpired) record of `kind`, or None."""
+        record = self.store.get(record_id, kind)
+        if record is None or (record.expires_at is not None and record.expires_at <= now_s()):
+            return None
+        return record
+
+    def refresh(self, record: JobRecord) -> bool:
+        """Reload the stored status (a delete may have moved it); False once it is gone."""
+        current = self.store.get(record.id)
+        if current is None:
+            return False
+        record.status = current.status
+        return True
+
+    def move(self, record: JobRecord, status: JobStatus, **changes: Any) -> bool:
+        if not record.status.can_move_to(status):
+            return False
+        record.status = status
+        for name, value in changes.items():
+            setattr(record, name, value)
+        if not status.is_live:
+            record.completed_at = now_s()
+            if self.ttl_s > 0:
+                record.expires_at = record.completed_at + int(self.ttl_s)
+        self.store.save(record)
+        return True
+
+    def cancel(self, record: JobRecord, message: str) -> bool:
+        return self.move(record, JobStatus.CANCELLED, error=JobError(message, "cancelled"))
+
+    def progress(self, record: JobRecord, progress: int) -> None:
+        progress = max(record.progress, min(99, progress))
+        if record.status == JobStatus.QUEUED:
+            self.move(record, JobStatus.IN_PROGRESS, progress=progress)
+        elif record.status == JobStatus.IN_PROGRESS and progress != record.progress:
+            record.progress = progress
+            self.store.save(record)
+
+    def complete(self, record: JobRecord, result: GenerationResult) -> None:
+        moved = self.move(record, JobStatus.COMPLETED, progress=100,
+                          file_names=list(result.file_names),
+                          inference_time_s=result.inference_time_s,
+                          peak_memory_mb=result.peak_memory_mb,
+                          size=f"{result.width}x{result.height}")
+        if not moved:
+            self._delete_files(result.file_names)  # cancelled meanwhile: the files are orphans
+
+    def fail(self, record: JobRecord, exc: WorldserveError) -> None:
+        code = exc.code if exc.code in _PUBLIC_ERROR_CODES else "generation_failed"
+        if self.store.get(record.id) is not None:
+            self.move(record, JobStatus.FAILED, error=JobError(exc.message, code))
+
+    # ------------------------------------------------------------------ files
+
+    def paths(self, record: JobRecord) -> list[Path]:
+        return [self.output_dir / name for name in record.file_names]
+
+    def _delete_files(self, names: list[str]) -> int:
+        removed = 0
+        for name in names:
+            for path in (self.output_dir / name, self.output_dir / f".{name}.partial"):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    removed += 1
+        return removed
+
+    def _partial_files(self, record: JobRecord) -> list[str]:
+        return [p.name.removeprefix(".").removesuffix(".partial")
+                for p in self.output_dir.glob(f".{record.id}*.partial")]
+
+    def remove(self, record: JobRecord) -> int:
+        """Delete a record and every file it owns (outputs and partial outputs)."""
+        removed = self._delete_files(record.file_names + self._partial_files(record))
+        self.store.delete(record.id)
+        return removed
+
+    # ------------------------------------------------------------------ retention
+
+    def recover(self) -> None:
+        """Startup: live records of a previous run become failed (server_restart)."""
+        for record in self.store.with_status(LIVE_STATUSES):
+            self._delete_files(self._partial_files(record))
+            self.move(record, JobStatus.FAILED, error=JobError(
+                "server restarted before the job finished", "server_restart"))
+        self.prune()
+
+    def prune(self) -> dict[str, Any]:
+        """Remove expired records (and, past max_job_records, the oldest terminal ones)."""
+        removed_ids: list[str] = []
+        files = 0
+        for record in self.store.expired(now_s()):
+            files += self.remove(record)
+            removed_ids.append(record.id)
+        # counted after the expired ones are gone
+        over = self.store.oldest_terminal_over(self.max_records) if self.max_records > 0 else []
+        for record in over:
+            files += self.remove(record)
+            removed_ids.append(record.id)
+        return {"object": "outputs.prune", "removed_records": len(removed_ids),
+                "removed_files": files, "ids": removed_ids}
+
+    def start_sweeper(self) -> None:
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+
+    def stop_sweeper(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+
+    async def _sweep_forever(self) -> None:
+        # Sweep at least as often as the TTL, so an expired output never lingers a full minute.
+        interval = min(SWEEP_INTERVAL_S, max(1.0, self.ttl_s)) if self.ttl_s else SWEEP_INTERVAL_S
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                report = self.prune()
+            except Exception:  # the sweeper keeps running; the next pass retries
+                log.exception("output sweep failed")
+                continue
+            if report["removed_records"]:
+                log.info("swept %d expired record(s)", report["removed_records"])

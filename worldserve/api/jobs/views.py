@@ -1,0 +1,80 @@
+"""Public response objects built from job records (spec native-media.md §3.1, §4.2).
+
+`url`/`urls` are absolute: `base_url` is `--public-url` when set, else the request's own
+scheme and host (X-Forwarded-Proto/Host count only from a proxy that `--forwarded-allow-ips`
+trusts; see api/middleware.py), so clients that GET `url` verbatim work behind a proxy too.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from starlette.requests import HTTPConnection
+
+from worldserve.api.jobs.records import JobRecord, JobStatus
+from worldserve.config import ServerConfig
+
+
+def public_base_url(connection: HTTPConnection, config: ServerConfig) -> str:
+    """`scheme://host[:port][/root]` without a trailing slash."""
+    if config.public_url:
+        return config.public_url
+    return str(connection.base_url).rstrip("/")
+
+
+def _error(record: JobRecord) -> dict[str, Any] | None:
+    return msgspec.to_builtins(record.error) if record.error is not None else None
+
+
+def job_object(record: JobRecord, paths: list[Path], *, base_url: str,
+               hide_paths: bool) -> dict[str, Any]:
+    """The public video job object (spec §4.2)."""
+    completed = record.status == JobStatus.COMPLETED
+    url = f"{base_url}/v1/videos/{record.id}/content"
+    return {
+        "id": record.id, "object": "video", "model": record.model or "sora-2",
+        "status": record.status.value, "progress": record.progress,
+        "created_at": record.created_at, "size": record.size,
+        "seconds": record.seconds, "quality": "standard",
+        "url": url if completed else None,
+        "urls": [f"{url}?variant={i}" for i in range(len(paths))]
+        if completed and len(paths) > 1 else None,
+        "remixed_from_video_id": None, "completed_at": record.completed_at,
+        "expires_at": record.expires_at, "error": _error(record),
+        "file_path": str(paths[0]) if completed and paths and not hide_paths else None,
+        "file_paths": [str(p) for p in paths] if completed and not hide_paths else None,
+        "num_outputs": record.num_outputs,
+        "peak_memory_mb": record.peak_memory_mb,
+        "inference_time_s": record.inference_time_s,
+        "revised_prompt": record.revised_prompt, "action": None,
+    }
+
+
+def job_list(records: list[JobRecord], paths_of: Any, has_more: bool, *, base_url: str,
+             hide_paths: bool) -> dict[str, Any]:
+    data = [job_object(r, paths_of(r), base_url=base_url, hide_paths=hide_paths) for r in records]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": has_more}
+
+
+def image_response(record: JobRecord, paths: list[Path], *, base_url: str,
+                   hide_paths: bool) -> dict[str, Any]:
+    """The OpenAI images response (spec §3.1): `b64_json` or an absolute `url` per output."""
+    data = []
+    for i, path in enumerate(paths):
+        item = {"b64_json": None, "url": None, "revised_prompt": record.revised_prompt,
+                "file_path": None if hide_paths else str(path)}
+        if record.response_format == "b64_json":
+            item["b64_json"] = base64.b64encode(path.read_bytes()).decode()
+        else:
+            variant = f"?variant={i}" if len(paths) > 1 else ""
+            item["url"] = f"{base_url}/v1/images/{record.id}/content{variant}"
+        data.append(item)
+    return {"id": record.id, "created": record.created_at or int(time.time()), "data": data,
+            "peak_memory_mb": record.peak_memory_mb,
+            "inference_time_s": record.inference_time_s,
+            "usage": {"image_count": len(paths)}}
