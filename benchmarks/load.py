@@ -77,17 +77,25 @@ class Stats:
         out = {}
         for route, values in sorted(self.latency_ms.items()):
             ordered = sorted(values)
-            out[route] = {"requests": len(values), "rps": round(len(values) / duration_s, 2),
-                          "p50_ms": round(statistics.median(ordered), 1),
-                          "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 1),
-                          "by_status": dict(self.status[route])}
+            out[route] = {
+                "requests": len(values),
+                "rps": round(len(values) / duration_s, 2),
+                "p50_ms": round(statistics.median(ordered), 1),
+                "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 1),
+                "by_status": dict(self.status[route]),
+            }
         return out
 
 
 async def image(http: httpx.AsyncClient, stats: Stats, rng: random.Random) -> None:
     started = time.perf_counter()
-    body = {"prompt": "a red car", "size": "64x64", "num_inference_steps": 2,
-            "seed": rng.randrange(1000), "response_format": "b64_json"}
+    body = {
+        "prompt": "a red car",
+        "size": "64x64",
+        "num_inference_steps": 2,
+        "seed": rng.randrange(1000),
+        "response_format": "b64_json",
+    }
     try:
         status = (await http.post("/v1/images/generations", json=body)).status_code
     except httpx.HTTPError as exc:
@@ -97,8 +105,13 @@ async def image(http: httpx.AsyncClient, stats: Stats, rng: random.Random) -> No
 
 async def video(http: httpx.AsyncClient, stats: Stats, rng: random.Random) -> None:
     started = time.perf_counter()
-    body = {"prompt": "a red car", "size": "64x64", "num_frames": 5, "num_inference_steps": 2,
-            "seed": rng.randrange(1000)}
+    body = {
+        "prompt": "a red car",
+        "size": "64x64",
+        "num_frames": 5,
+        "num_inference_steps": 2,
+        "seed": rng.randrange(1000),
+    }
     try:
         response = await http.post("/v1/videos", json=body)
         status: int | str = response.status_code
@@ -115,8 +128,11 @@ async def reasoning(ws_url: str, stats: Stats, rng: random.Random) -> None:
     status: int | str = "ok"
     try:
         async with websockets.connect(ws_url + "/v1/streaming/ws", max_size=None) as ws:
-            await ws.send(json.dumps({"op": "create", "system_prompt": "describe",
-                                      "sampling": {"max_tokens": 4}}))
+            await ws.send(
+                json.dumps(
+                    {"op": "create", "system_prompt": "describe", "sampling": {"max_tokens": 4}}
+                )
+            )
             reply = json.loads(await ws.recv())
             if reply["op"] != "created":
                 status = reply.get("code", "error")
@@ -125,8 +141,11 @@ async def reasoning(ws_url: str, stats: Stats, rng: random.Random) -> None:
                     frame_started = time.perf_counter()
                     await ws.send(jpeg(rng.randrange(1000)))
                     answer = json.loads(await ws.recv())
-                    stats.record("WS /v1/streaming/ws frame", frame_started,
-                                 "ok" if answer["op"] == "frame" else answer.get("code"))
+                    stats.record(
+                        "WS /v1/streaming/ws frame",
+                        frame_started,
+                        "ok" if answer["op"] == "frame" else answer.get("code"),
+                    )
                 await ws.send(json.dumps({"op": "delete"}))
                 await ws.recv()
     except (OSError, websockets.WebSocketException) as exc:
@@ -137,12 +156,16 @@ async def reasoning(ws_url: str, stats: Stats, rng: random.Random) -> None:
 async def realtime(ws_url: str, stats: Stats, rng: random.Random) -> None:
     """One realtime session: init with max_chunks 2, read until the server closes."""
     started = time.perf_counter()
-    init = {"type": "init", "prompt": "a corridor", "max_chunks": 2, "size": "64x64",
-            "seed": rng.randrange(1000)}
+    init = {
+        "type": "init",
+        "prompt": "a corridor",
+        "max_chunks": 2,
+        "size": "64x64",
+        "seed": rng.randrange(1000),
+    }
     status: int | str = "ok"
     try:
-        async with websockets.connect(ws_url + "/v1/realtime_video/generate",
-                                      max_size=None) as ws:
+        async with websockets.connect(ws_url + "/v1/realtime_video/generate", max_size=None) as ws:
             await ws.send(msgpack.packb(init))
             try:
                 while True:
@@ -162,8 +185,14 @@ async def realtime(ws_url: str, stats: Stats, rng: random.Random) -> None:
     stats.record("WS /v1/realtime_video/generate session", started, status)
 
 
-async def client(index: int, args: argparse.Namespace, server: ServerProcess,
-                 http: httpx.AsyncClient, stats: Stats, stop_at: float) -> None:
+async def client(
+    index: int,
+    args: argparse.Namespace,
+    server: ServerProcess,
+    http: httpx.AsyncClient,
+    stats: Stats,
+    stop_at: float,
+) -> None:
     rng = random.Random(index)
     kinds = ["image", "video", "reasoning"] + (["realtime"] if args.realtime else [])
     weights = [3, 2, 3] + ([2] if args.realtime else [])
@@ -206,13 +235,16 @@ def process_rss(server: ServerProcess) -> dict[str, float]:
 async def run(args: argparse.Namespace, server: ServerProcess) -> dict[str, Any]:
     stats = Stats()
     limits = httpx.Limits(max_connections=args.clients, max_keepalive_connections=args.clients)
-    async with httpx.AsyncClient(base_url=server.base_url, timeout=args.request_timeout,
-                                 limits=limits) as http:
+    async with httpx.AsyncClient(
+        base_url=server.base_url, timeout=args.request_timeout, limits=limits
+    ) as http:
         rss_start = process_rss(server)
         started = time.monotonic()
         stop_at = started + args.duration
-        tasks = [asyncio.create_task(client(i, args, server, http, stats, stop_at))
-                 for i in range(args.clients)]
+        tasks = [
+            asyncio.create_task(client(i, args, server, http, stats, stop_at))
+            for i in range(args.clients)
+        ]
         done, pending = await asyncio.wait(tasks, timeout=args.duration + args.grace)
         for task in pending:  # requests still running past the grace period
             task.cancel()
@@ -226,15 +258,21 @@ async def run(args: argparse.Namespace, server: ServerProcess) -> dict[str, Any]
         statuses.update(counter)
     terminal = sum(n for s, n in jobs.items() if s in TERMINAL)
     return {
-        "clients": args.clients, "duration_s": round(elapsed, 1),
-        "reasoner_backend": args.reasoner_backend, "realtime": args.realtime,
+        "clients": args.clients,
+        "duration_s": round(elapsed, 1),
+        "reasoner_backend": args.reasoner_backend,
+        "realtime": args.realtime,
         "routes": stats.report(elapsed),
         "total_requests": sum(statuses.values()),
         "server_errors_500": statuses.get("500", 0),
         "client_tasks_cut_at_grace": len(pending),
-        "video_jobs_accepted": len(stats.video_ids), "video_jobs_terminal": terminal,
-        "video_jobs_by_status": dict(jobs), "nothing_lost": terminal == len(stats.video_ids),
-        "health_after": health, "rss_mb_start": rss_start, "rss_mb_end": rss_end,
+        "video_jobs_accepted": len(stats.video_ids),
+        "video_jobs_terminal": terminal,
+        "video_jobs_by_status": dict(jobs),
+        "nothing_lost": terminal == len(stats.video_ids),
+        "health_after": health,
+        "rss_mb_start": rss_start,
+        "rss_mb_end": rss_end,
     }
 
 
@@ -247,21 +285,30 @@ def main() -> None:
     parser.add_argument("--job-timeout", type=float, default=180.0)
     parser.add_argument("--request-timeout", type=float, default=120.0)
     parser.add_argument("--reasoner-backend", choices=["fake", "hf"], default="fake")
-    parser.add_argument("--realtime", action=argparse.BooleanOptionalAction, default=HAS_REALTIME,
-                        help="realtime sessions (fake backend); default: when the route exists")
+    parser.add_argument(
+        "--realtime",
+        action=argparse.BooleanOptionalAction,
+        default=HAS_REALTIME,
+        help="realtime sessions (fake backend); default: when the route exists",
+    )
     args = parser.parse_args()
     root = envs.dev_models_dir()
-    subprocess.run([sys.executable, "-m", "worldserve", "dev-models", "build", str(root)],
-                   check=True)
+    subprocess.run(
+        [sys.executable, "-m", "worldserve", "dev-models", "build", str(root)], check=True
+    )
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         stages: dict[str, Any] = {
             "generation": {"model_path": str(root / "generation")},
-            "reasoner": {"backend": args.reasoner_backend,
-                         "model_path": str(root / "reasoner") if args.reasoner_backend == "hf"
-                         else str(workdir)},
+            "reasoner": {
+                "backend": args.reasoner_backend,
+                "model_path": str(root / "reasoner")
+                if args.reasoner_backend == "hf"
+                else str(workdir),
+            },
             "realtime": {"enabled": True, "backend": "fake", "model_path": str(workdir)}
-            if args.realtime else {"enabled": False},
+            if args.realtime
+            else {"enabled": False},
         }
         server = ServerProcess(workdir, {"stages": stages})
         try:

@@ -1,4 +1,4 @@
-"""Relay cost: api -> stage -> api round trips over the real ZeroMQ socket, beside an in-process call.
+"""Relay cost: api -> stage -> api round trips over real ZeroMQ, beside an in-process call.
 
 Starts one real generation stage process (dev checkpoint) through the Supervisor and sends
 `Echo` messages (handled by the stage loop, no model work). The in-process baseline runs the
@@ -74,9 +74,17 @@ async def inprocess_ms(payload: bytes, n: int) -> list[float]:
 
 async def main(n_1k: int, n_1m: int) -> dict[str, float]:
     root = envs.dev_models_dir()
-    subprocess.run([sys.executable, "-m", "worldserve", "dev-models", "build", str(root)], check=True)
-    config = build_config({"stages": {"reasoner": {"enabled": False},
-                                      "generation": {"model_path": str(root / "generation")}}})
+    subprocess.run(
+        [sys.executable, "-m", "worldserve", "dev-models", "build", str(root)], check=True
+    )
+    config = build_config(
+        {
+            "stages": {
+                "reasoner": {"enabled": False},
+                "generation": {"model_path": str(root / "generation")},
+            }
+        }
+    )
     supervisor = Supervisor(config)
     await supervisor.start()
     client = supervisor.clients["generation"]
@@ -92,7 +100,8 @@ async def main(n_1k: int, n_1m: int) -> dict[str, float]:
             result[f"relay_msgs_per_s_{label}"] = round(await throughput(client, payload, n), 1)
             result[f"inproc_p50_ms_{label}"] = round(statistics.median(base), 4)
             result[f"relay_over_inproc_p50_{label}"] = round(
-                statistics.median(relay) / max(statistics.median(base), 1e-9), 1)
+                statistics.median(relay) / max(statistics.median(base), 1e-9), 1
+            )
     finally:
         await supervisor.stop()
     return result

@@ -22,8 +22,11 @@ def dev_models_dir() -> Path:
     from worldserve import envs
 
     root = envs.dev_models_dir()
-    subprocess.run([sys.executable, "-m", "worldserve", "dev-models", "build", str(root)],
-                   check=True, env=base_env())
+    subprocess.run(
+        [sys.executable, "-m", "worldserve", "dev-models", "build", str(root)],
+        check=True,
+        env=base_env(),
+    )
     return root
 
 
@@ -32,8 +35,12 @@ def server_factory(tmp_path: Path, dev_models_dir: Path) -> Iterator:
     """`start(config=None, args=None, env=None, wait=True)` -> a running ServerProcess."""
     servers: list[ServerProcess] = []
 
-    def start(config: dict | None = None, args: list[str] | None = None,
-              env: dict[str, str] | None = None, wait: bool = True) -> ServerProcess:
+    def start(
+        config: dict | None = None,
+        args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        wait: bool = True,
+    ) -> ServerProcess:
         server = ServerProcess(tmp_path, config, args, env)
         servers.append(server)
         if wait:
@@ -46,7 +53,9 @@ def server_factory(tmp_path: Path, dev_models_dir: Path) -> Iterator:
 
 
 @pytest.fixture(scope="module")
-def live_server(tmp_path_factory: pytest.TempPathFactory, dev_models_dir: Path) -> Iterator[ServerProcess]:
+def live_server(
+    tmp_path_factory: pytest.TempPathFactory, dev_models_dir: Path
+) -> Iterator[ServerProcess]:
     """One default server shared by a test module."""
     server = ServerProcess(tmp_path_factory.mktemp("live"))
     server.wait_healthy()

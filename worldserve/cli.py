@@ -1,4 +1,4 @@
-"""The `worldserve` command: serve | stream | realtime | dev-models (and the clients beside them)."""
+"""The `worldserve` command: serve | stream | realtime | dev-models (and the clients beside)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,12 @@ from worldserve import envs
 from worldserve.clients.streaming import stream_command
 from worldserve.config import ConfigError, ServerConfig, load_config
 
-app = typer.Typer(help="worldserve: serve world foundation models (images, videos, actions, "
-                       "realtime worlds, live video reasoning).", no_args_is_help=True,
-                  pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="worldserve: serve world foundation models (images, videos, actions, "
+    "realtime worlds, live video reasoning).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
 dev_models_app = typer.Typer(help="Tiny built-in development checkpoints.", no_args_is_help=True)
 app.add_typer(dev_models_app, name="dev-models")
 
@@ -30,7 +33,7 @@ def _usage_error(message: str) -> typer.Exit:
 
 
 def _model_overrides(model_path: Path | None) -> dict[str, Any]:
-    """`--model-path DIR`: a dev-models style folder (per-stage subfolders) or a generation model."""
+    """`--model-path DIR`: a dev-models folder (per-stage subfolders) or a generation model."""
     if model_path is None:
         return {}
     subdirs = [name for name in DEV_STAGE_DIRS if (model_path / name).is_dir()]
@@ -42,15 +45,20 @@ def _model_overrides(model_path: Path | None) -> dict[str, Any]:
 def _fill_dev_model_paths(config: ServerConfig) -> ServerConfig:
     """Stages without a model path serve the dev checkpoints (built on first use); `fake`
     backends need none."""
-    missing = [n for n, s in config.stages.enabled().items()
-               if s.model_path is None and getattr(s, "backend", None) != "fake"]
+    missing = [
+        n
+        for n, s in config.stages.enabled().items()
+        if s.model_path is None and getattr(s, "backend", None) != "fake"
+    ]
     if not missing:
         return config
     root = envs.dev_models_dir()
     if not all((root / name / "worldserve_dev.json").is_file() for name in missing):
         typer.echo(f"worldserve: building dev checkpoints in {root} (first run only)", err=True)
         # A child process: the api process never imports torch.
-        done = subprocess.run([sys.executable, "-m", "worldserve", "dev-models", "build", str(root)])
+        done = subprocess.run(
+            [sys.executable, "-m", "worldserve", "dev-models", "build", str(root)]
+        )
         if done.returncode != 0:
             typer.echo("worldserve: building the dev checkpoints failed", err=True)
             raise typer.Exit(code=1)
@@ -74,44 +82,63 @@ def _admin_key(admin_key_file: Path | None) -> str | None:
 
 @app.command()
 def serve(
-    model_path: Optional[Path] = typer.Option(None, help="Model directory (HF layout). A folder "
-                                              "with generation/ and reasoner/ subfolders sets "
-                                              "both stages. Default: the dev checkpoints."),
+    model_path: Optional[Path] = typer.Option(
+        None,
+        help="Model directory (HF layout). A folder "
+        "with generation/ and reasoner/ subfolders sets "
+        "both stages. Default: the dev checkpoints.",
+    ),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML configuration file."),
     host: Optional[str] = typer.Option(None, help="Bind address [default: 127.0.0.1]."),
     port: Optional[int] = typer.Option(None, help="Port [default: 8000]."),
-    output_dir: Optional[Path] = typer.Option(None, help="Where generated media go "
-                                              "[default: outputs]."),
+    output_dir: Optional[Path] = typer.Option(
+        None, help="Where generated media go [default: outputs]."
+    ),
     allowed_local_media_path: Optional[Path] = typer.Option(
-        None, help="Local media paths in requests must resolve inside this directory."),
+        None, help="Local media paths in requests must resolve inside this directory."
+    ),
     allowed_media_domain: Optional[list[str]] = typer.Option(
-        None, help="Allowed remote media host (repeatable, comma-separated allowed)."),
+        None, help="Allowed remote media host (repeatable, comma-separated allowed)."
+    ),
     log_level: Optional[str] = typer.Option(None, help="debug | info | warning | error."),
     admin_key_file: Optional[Path] = typer.Option(
-        None, help="File holding the admin bearer key (else $WORLDSERVE_ADMIN_KEY)."),
+        None, help="File holding the admin bearer key (else $WORLDSERVE_ADMIN_KEY)."
+    ),
     output_ttl: Optional[float] = typer.Option(
-        None, help="Delete generated outputs and their records this many seconds after they "
-                   "finish [default: 0 = never]."),
+        None,
+        help="Delete generated outputs and their records this many seconds after they "
+        "finish [default: 0 = never].",
+    ),
     max_job_records: Optional[int] = typer.Option(
-        None, help="Keep at most this many image/video records; the oldest finished ones go "
-                   "first [default: 0 = unlimited]."),
+        None,
+        help="Keep at most this many image/video records; the oldest finished ones go "
+        "first [default: 0 = unlimited].",
+    ),
     max_upload_bytes: Optional[int] = typer.Option(
-        None, help="Largest accepted upload per file, in bytes."),
+        None, help="Largest accepted upload per file, in bytes."
+    ),
     public_url: Optional[str] = typer.Option(
-        None, help="Base of the absolute URLs in responses [default: the request's host]."),
+        None, help="Base of the absolute URLs in responses [default: the request's host]."
+    ),
     forwarded_allow_ips: Optional[str] = typer.Option(
-        None, help="Proxies trusted for X-Forwarded-Proto/For/Host [default: 127.0.0.1]."),
+        None, help="Proxies trusted for X-Forwarded-Proto/For/Host [default: 127.0.0.1]."
+    ),
 ) -> None:
     """Start the api process and its stage processes."""
     overrides: dict[str, Any] = {
-        "host": host, "port": port, "log_level": log_level,
+        "host": host,
+        "port": port,
+        "log_level": log_level,
         "stages.generation.output_dir": str(output_dir) if output_dir else None,
         "allowed_local_media_path": str(allowed_local_media_path)
-        if allowed_local_media_path else None,
+        if allowed_local_media_path
+        else None,
         "allowed_media_domains": allowed_media_domain or None,
-        "output_ttl_s": output_ttl, "max_job_records": max_job_records,
+        "output_ttl_s": output_ttl,
+        "max_job_records": max_job_records,
         "max_upload_bytes": max_upload_bytes,
-        "public_url": public_url, "forwarded_allow_ips": forwarded_allow_ips,
+        "public_url": public_url,
+        "forwarded_allow_ips": forwarded_allow_ips,
         **_model_overrides(model_path),
     }
     try:
@@ -119,11 +146,13 @@ def serve(
     except ConfigError as exc:
         raise _usage_error(str(exc))
     if cfg.allowed_local_media_path is not None and not cfg.allowed_local_media_path.is_dir():
-        raise _usage_error(f"--allowed-local-media-path {cfg.allowed_local_media_path} "
-                           "is not a directory")
+        raise _usage_error(
+            f"--allowed-local-media-path {cfg.allowed_local_media_path} is not a directory"
+        )
     key = _admin_key(admin_key_file)
-    logging.basicConfig(level=cfg.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     cfg = _fill_dev_model_paths(cfg)
     try:
         code = asyncio.run(_serve(cfg, key))
@@ -152,16 +181,26 @@ def realtime(
     fps: Optional[int] = typer.Option(None, min=1, help="Frame rate (default: the model's)."),
 ) -> None:
     """Explore a world over the realtime WebSocket; decode every chunk, write an MP4."""
-    from worldserve.clients.realtime import RealtimeClientOptions, main as run_client
+    from worldserve.clients.realtime import RealtimeClientOptions
+    from worldserve.clients.realtime import main as run_client
     from worldserve.media.framing import OUTPUT_FORMATS
 
     if encoding not in OUTPUT_FORMATS:
         raise _usage_error(f"--encoding {encoding!r}: expected one of {', '.join(OUTPUT_FORMATS)}")
     if first_frame is not None and not first_frame.is_file():
         raise _usage_error(f"--first-frame {first_frame} is not a file")
-    opts = RealtimeClientOptions(url=url, prompt=prompt, first_frame=first_frame, actions=actions,
-                                 max_chunks=max_chunks, encoding=encoding, out=out, size=size,
-                                 seed=seed, fps=fps)
+    opts = RealtimeClientOptions(
+        url=url,
+        prompt=prompt,
+        first_frame=first_frame,
+        actions=actions,
+        max_chunks=max_chunks,
+        encoding=encoding,
+        out=out,
+        size=size,
+        seed=seed,
+        fps=fps,
+    )
     raise typer.Exit(code=run_client(opts))
 
 
@@ -170,8 +209,9 @@ app.command("stream")(stream_command)
 
 @dev_models_app.command("build")
 def dev_models_build(
-    directory: Optional[Path] = typer.Argument(None, help="Target folder [default: "
-                                               "~/.cache/worldserve/dev-models/<version>]."),
+    directory: Optional[Path] = typer.Argument(
+        None, help="Target folder [default: ~/.cache/worldserve/dev-models/<version>]."
+    ),
     force: bool = typer.Option(False, help="Rebuild even when present."),
 ) -> None:
     """Build the tiny development checkpoints (deterministic, offline)."""

@@ -41,7 +41,7 @@ def stage_start_timeout_s() -> float | None:
 
 
 def enable_streaming() -> bool | None:
-    """WORLDSERVE_ENABLE_STREAMING: overrides stages.reasoner.streaming.enabled (1/0, true/false)."""
+    """WORLDSERVE_ENABLE_STREAMING: overrides stages.reasoner.streaming.enabled (1/0, true/false)"""
     raw = os.environ.get("WORLDSERVE_ENABLE_STREAMING")
     if raw is None or raw.strip() == "":
         return None
@@ -55,6 +55,6 @@ def torch_num_threads() -> int | None:
 
 
 def server_url() -> str | None:
-    """WORLDSERVE_URL: base URL that clients (`worldserve stream`) talk to (unset: their default)."""
+    """WORLDSERVE_URL: base URL that clients (`worldserve stream`) use (unset: their default)."""
     value = os.environ.get("WORLDSERVE_URL", "").strip()
     return value or None

@@ -19,9 +19,16 @@ from tests.support.server import REPO_ROOT, ServerProcess
 
 CHROMIUM = Path(os.environ.get("WORLDSERVE_E2E_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--use-fake-ui-for-media-stream",
+    "--use-fake-device-for-media-stream",
 ]
 ARTIFACTS = REPO_ROOT / "test-artifacts"
 VIEWPORT = {"width": 1280, "height": 860}
@@ -58,9 +65,12 @@ def playground_config(workdir: Path) -> dict[str, Any]:
     stage off; its tab then reports the surface as not offered and its tests skip."""
     stages: dict[str, Any] = {}
     if _has_module("worldserve.engines.reasoner.fake"):
-        stages["reasoner"] = {"backend": "fake", "model_path": str(workdir),
-                              "fake_delay_ms": REASONING_DELAY_MS,
-                              "streaming": {"max_sessions": MAX_REASONING_SESSIONS}}
+        stages["reasoner"] = {
+            "backend": "fake",
+            "model_path": str(workdir),
+            "fake_delay_ms": REASONING_DELAY_MS,
+            "streaming": {"max_sessions": MAX_REASONING_SESSIONS},
+        }
     else:
         stages["reasoner"] = {"enabled": False}
     if _has_module("worldserve.engines.realtime.fake"):
@@ -69,8 +79,9 @@ def playground_config(workdir: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def playground(tmp_path_factory: pytest.TempPathFactory,
-               dev_models_dir: Path) -> Iterator[ServerProcess]:
+def playground(
+    tmp_path_factory: pytest.TempPathFactory, dev_models_dir: Path
+) -> Iterator[ServerProcess]:
     if not CHROMIUM.exists():  # skip before paying for a server no browser can visit
         pytest.skip(f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium)")
     workdir = tmp_path_factory.mktemp("playground")
@@ -104,7 +115,10 @@ def page(browser: Any) -> Iterator[Any]:
     page = context.new_page()
     errors = PageErrors()
     page.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
-    page.on("console", lambda msg: errors.append(f"console: {msg.text}") if msg.type == "error" else None)
+    page.on(
+        "console",
+        lambda msg: errors.append(f"console: {msg.text}") if msg.type == "error" else None,
+    )
     page.errors = errors
     yield page
     context.close()

@@ -21,8 +21,10 @@ def test_image_appears_with_its_curl(page, playground) -> None:
 
     image = page.locator("#images-output")
     image.wait_for(state="visible", timeout=60_000)
-    size = page.evaluate("() => { const i = document.querySelector('#images-output');"
-                         " return [i.naturalWidth, i.naturalHeight, i.complete]; }")
+    size = page.evaluate(
+        "() => { const i = document.querySelector('#images-output');"
+        " return [i.naturalWidth, i.naturalHeight, i.complete]; }"
+    )
     assert size == [64, 64, True]
     image_id = image.get_attribute("data-image-id")
     content = httpx.get(f"{playground.base_url}/v1/images/{image_id}/content", timeout=10)
@@ -43,7 +45,8 @@ def test_video_job_progress_player_and_delete(page, playground) -> None:
         window.progressSeen = [];
         const bar = document.querySelector('#videos-progress');
         new MutationObserver(() => window.progressSeen.push(bar.value))
-            .observe(document.querySelector('#videos-status'), {childList: true, characterData: true, subtree: true});
+            .observe(document.querySelector('#videos-status'),
+                     {childList: true, characterData: true, subtree: true});
     }""")
     form = page.locator("#videos-form")
     form.locator("textarea[name=prompt]").fill("waves on a beach")
@@ -59,8 +62,9 @@ def test_video_job_progress_player_and_delete(page, playground) -> None:
     assert seen[-1] == 100 and seen == sorted(seen), seen
     duration = page.wait_for_function(
         "() => { const v = document.querySelector('#videos-player');"
-        " return !v.hidden && v.readyState >= 1 && isFinite(v.duration) && v.duration > 0 && v.duration; }",
-        timeout=30_000).json_value()
+        " return !v.hidden && v.readyState >= 1 && isFinite(v.duration) && v.duration > 0 && v.duration; }",  # noqa: E501
+        timeout=30_000,
+    ).json_value()
     assert 0.5 < duration < 3  # 9 frames at 8 fps
     job_id = page.evaluate("JSON.parse(document.querySelector('#videos-job').textContent).id")
     screenshot(page, "videos")

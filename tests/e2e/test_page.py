@@ -11,21 +11,33 @@ import pytest
 from tests.e2e.conftest import _has_module, open_tab, screenshot
 from tests.support.server import ServerProcess
 
-TAB_SURFACES = {"images": "image generation", "videos": "video generation",
-                "reasoning": "live video reasoning", "realtime": "realtime world exploration"}
+TAB_SURFACES = {
+    "images": "image generation",
+    "videos": "video generation",
+    "reasoning": "live video reasoning",
+    "realtime": "realtime world exploration",
+}
 
 
 @pytest.fixture(scope="module")
-def reasoner_only(tmp_path_factory: pytest.TempPathFactory, dev_models_dir: Path,
-                  browser: Any) -> Iterator[ServerProcess]:
+def reasoner_only(
+    tmp_path_factory: pytest.TempPathFactory, dev_models_dir: Path, browser: Any
+) -> Iterator[ServerProcess]:
     """A server with only the reasoner stage: images, videos and realtime are not offered."""
     workdir = tmp_path_factory.mktemp("reasoner-only")
     reasoner: dict[str, Any] = {}
     if _has_module("worldserve.engines.reasoner.fake"):
         reasoner = {"backend": "fake", "model_path": str(workdir)}
-    server = ServerProcess(workdir, {"stages": {"generation": {"enabled": False},
-                                                 "realtime": {"enabled": False},
-                                                 "reasoner": reasoner}})
+    server = ServerProcess(
+        workdir,
+        {
+            "stages": {
+                "generation": {"enabled": False},
+                "realtime": {"enabled": False},
+                "reasoner": reasoner,
+            }
+        },
+    )
     try:
         server.wait_healthy(timeout_s=120)
     except BaseException:
@@ -66,44 +78,96 @@ def test_a_404_route_is_reported_as_not_offered(page, reasoner_only) -> None:
     assert "/v1/images/generations" in said[1]["detail"]
 
 
-@pytest.mark.parametrize("error, words", [
-    ({"status": 413, "message": "frame is 9000000 bytes; the limit is 8388608"}, "Frame too large"),
-    ({"status": 503, "code": "stage_unavailable", "message": "stage 'realtime' is unavailable"},
-     "is unavailable (stage not running"),
-    ({"code": "admission_rejected", "message": "realtime admission rejected: CAPACITY_EXHAUSTED",
-      "retryAfterS": 2.5}, "Capacity reached"),
-    ({"status": 409, "message": "session busy: a frame is already being processed"}, "previous frame"),
-    ({"status": 400, "message": "unknown retention field 'foo'"}, "refused the request"),
-    ({"code": "connect_failed", "closeCode": 1006, "message": "WebSocket could not be opened"},
-     "Could not open"),
-])
-def test_error_wording_keeps_the_server_message(page, reasoner_only, error: dict, words: str) -> None:
+@pytest.mark.parametrize(
+    "error, words",
+    [
+        (
+            {"status": 413, "message": "frame is 9000000 bytes; the limit is 8388608"},
+            "Frame too large",
+        ),
+        (
+            {
+                "status": 503,
+                "code": "stage_unavailable",
+                "message": "stage 'realtime' is unavailable",
+            },
+            "is unavailable (stage not running",
+        ),
+        (
+            {
+                "code": "admission_rejected",
+                "message": "realtime admission rejected: CAPACITY_EXHAUSTED",
+                "retryAfterS": 2.5,
+            },
+            "Capacity reached",
+        ),
+        (
+            {"status": 409, "message": "session busy: a frame is already being processed"},
+            "previous frame",
+        ),
+        ({"status": 400, "message": "unknown retention field 'foo'"}, "refused the request"),
+        (
+            {
+                "code": "connect_failed",
+                "closeCode": 1006,
+                "message": "WebSocket could not be opened",
+            },
+            "Could not open",
+        ),
+    ],
+)
+def test_error_wording_keeps_the_server_message(
+    page, reasoner_only, error: dict, words: str
+) -> None:
     open_tab(page, reasoner_only, "images")
-    said = page.evaluate("""async (error) => {
+    said = page.evaluate(
+        """async (error) => {
         const { PlaygroundError, explain } = await import('/web/errors.js');
         return explain(new PlaygroundError('realtime', error));
-    }""", error)
+    }""",
+        error,
+    )
     assert words in said["title"]
     assert said["detail"].startswith(error["message"])  # never swallowed
 
 
 def test_msgpack_codec_matches_python(page, reasoner_only) -> None:
     open_tab(page, reasoner_only, "images")
-    sample = {"type": "event", "kind": "camera_actions", "event_id": 70000, "neg": -129,
-              "big": 2**40, "f": 0.25, "ok": True, "none": None, "s": "é" * 40,
-              "payload": {"mode": "state", "transitions": [{"actions": ["w", "d"], "client_ts_ms": 12.5}]},
-              "list": list(range(20))}
-    packed = page.evaluate("""async (value) => {
+    sample = {
+        "type": "event",
+        "kind": "camera_actions",
+        "event_id": 70000,
+        "neg": -129,
+        "big": 2**40,
+        "f": 0.25,
+        "ok": True,
+        "none": None,
+        "s": "é" * 40,
+        "payload": {
+            "mode": "state",
+            "transitions": [{"actions": ["w", "d"], "client_ts_ms": 12.5}],
+        },
+        "list": list(range(20)),
+    }
+    packed = page.evaluate(
+        """async (value) => {
         const m = await import('/web/msgpack.js');
         return Array.from(m.encode(value));
-    }""", sample)
+    }""",
+        sample,
+    )
     assert msgpack.unpackb(bytes(packed), raw=False) == sample
-    wire = msgpack.packb({**sample, "payload_bytes": b"\x00\x01" * 40000, "wide": list(range(70000))},
-                         use_bin_type=True)
-    decoded = page.evaluate("""async (bytes) => {
+    wire = msgpack.packb(
+        {**sample, "payload_bytes": b"\x00\x01" * 40000, "wide": list(range(70000))},
+        use_bin_type=True,
+    )
+    decoded = page.evaluate(
+        """async (bytes) => {
         const m = await import('/web/msgpack.js');
         const v = m.decode(new Uint8Array(bytes));
         return [v.kind, v.big, v.neg, v.s.length, v.payload_bytes.length, v.payload_bytes[1],
                 v.wide.length, v.wide[69999], v.payload.transitions[0].actions];
-    }""", list(wire))
+    }""",
+        list(wire),
+    )
     assert decoded == ["camera_actions", 2**40, -129, 40, 80000, 1, 70000, 69999, ["w", "d"]]

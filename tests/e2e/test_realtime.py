@@ -29,15 +29,17 @@ def start_session(page, encoding: str) -> None:
     form.locator("select[name=encoding]").select_option(encoding)
     form.locator("select[name=size]").select_option(f"{WIDTH}x{HEIGHT}")
     page.locator("#realtime-start").click()
-    page.wait_for_function("() => Number(document.querySelector('#tab-realtime').dataset.chunks) >= 1",
-                           timeout=20_000)
+    page.wait_for_function(
+        "() => Number(document.querySelector('#tab-realtime').dataset.chunks) >= 1", timeout=20_000
+    )
     page.wait_for_function(f"() => ({PIXEL_JS})() !== null")
 
 
 def green_moved(page, baseline: int, tolerance: int) -> None:
     page.wait_for_function(
-        f"() => {{ const p = ({PIXEL_JS})(); return p && Math.abs(p[1] - {baseline}) > {tolerance + 8}; }}",
-        timeout=15_000)
+        f"() => {{ const p = ({PIXEL_JS})(); return p && Math.abs(p[1] - {baseline}) > {tolerance + 8}; }}",  # noqa: E501
+        timeout=15_000,
+    )
 
 
 @pytest.mark.parametrize("encoding", ["raw", "jpeg", "delta-gzip", "webp"])
@@ -86,7 +88,9 @@ def test_prompt_switch_and_chunk_stats(page, playground) -> None:
     assert raw_frame <= per_frame < raw_frame + 512, bytes_text  # payload plus msgpack headers
     assert "application/x-raw-rgb" in bytes_text
     assert " ms total" in page.locator("#realtime-chunk").inner_text()
-    page.wait_for_function("() => parseFloat(document.querySelector('#realtime-fps').textContent) > 1")
+    page.wait_for_function(
+        "() => parseFloat(document.querySelector('#realtime-fps').textContent) > 1"
+    )
     page.locator("#realtime-stop").click()
     assert page.errors == []
 
@@ -100,7 +104,10 @@ def test_refused_init_is_shown_and_ends_the_session(page, playground) -> None:
     page.locator("#realtime-start").click()
     error = page.locator("#realtime-form .error")
     error.wait_for(state="visible", timeout=15_000)
-    assert error.locator("strong").inner_text() == "The server refused the request: check the settings."
+    assert (
+        error.locator("strong").inner_text()
+        == "The server refused the request: check the settings."
+    )
     assert "invalid generate request" in error.locator(".detail").inner_text()
     page.wait_for_selector("#tab-realtime[data-state=stopped]")
     assert page.locator("#realtime-start").is_enabled()

@@ -17,7 +17,9 @@ from tests.support.server import ServerProcess
 def held_session(server: ServerProcess) -> Iterator[dict[str, Any]]:
     """A streaming session opened from Python (binary frames), deleted on exit."""
     with connect(f"{server.ws_url}/v1/streaming/ws", open_timeout=10) as ws:
-        ws.send(json.dumps({"op": "create", "frame_format": "binary", "system_prompt": "Describe."}))
+        ws.send(
+            json.dumps({"op": "create", "frame_format": "binary", "system_prompt": "Describe."})
+        )
         created = json.loads(ws.recv(timeout=10))
         yield created
         if created.get("op") == "created":
@@ -38,8 +40,9 @@ def test_replies_for_the_camera_and_stop_deletes_the_session(page, playground) -
     form.locator("input[name=width]").fill("320")
     page.locator("#reasoning-start").click()
 
-    page.wait_for_function("() => Number(document.querySelector('#reasoning-count').textContent) >= 4",
-                           timeout=30_000)
+    page.wait_for_function(
+        "() => Number(document.querySelector('#reasoning-count').textContent) >= 4", timeout=30_000
+    )
     assert page.locator("#reasoning-text").inner_text().strip() != ""
     latency = page.locator("#reasoning-latency").inner_text()
     assert "ms round trip" in latency and "server" in latency
@@ -60,7 +63,10 @@ def test_replies_for_the_camera_and_stop_deletes_the_session(page, playground) -
     page.wait_for_selector("#tab-reasoning[data-state=closed]", timeout=15_000)
     frames = int(page.locator("#tab-reasoning").get_attribute("data-closed-frames"))
     assert frames >= 4
-    assert f"{session_id} — closed after {frames} frames" == page.locator("#reasoning-session").inner_text()
+    assert (
+        f"{session_id} — closed after {frames} frames"
+        == page.locator("#reasoning-session").inner_text()
+    )
     # Server side: the slot is free again (max_sessions is 1), with the page still open.
     assert reasoner_sessions(playground) == 0
     with held_session(playground) as created:
@@ -91,7 +97,9 @@ def test_reasoning_latency_includes_the_engine_time(page, playground) -> None:
     require_surface(playground, "streaming")
     open_tab(page, playground, "reasoning")
     page.locator("#reasoning-start").click()
-    page.wait_for_function("() => Number(document.querySelector('#reasoning-count').textContent) >= 1")
+    page.wait_for_function(
+        "() => Number(document.querySelector('#reasoning-count').textContent) >= 1"
+    )
     text = page.locator("#reasoning-latency").inner_text()
     server_ms = int(text.split("server ")[1].split(" ms")[0])
     round_trip_ms = int(text.split(" · ")[1].split(" ms")[0])
@@ -110,7 +118,7 @@ def write_test_video(path, num_frames: int = 40, fps: int = 10) -> None:
         stream.width, stream.height, stream.pix_fmt = 160, 120, "yuv420p"
         for i in range(num_frames):
             rgb = np.zeros((120, 160, 3), np.uint8)
-            rgb[:, (i * 4) % 160:(i * 4) % 160 + 16] = (255, 200, 0)
+            rgb[:, (i * 4) % 160 : (i * 4) % 160 + 16] = (255, 200, 0)
             container.mux(stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")))
         container.mux(stream.encode())
 
@@ -125,8 +133,12 @@ def test_replies_for_a_local_video_file(page, playground, tmp_path) -> None:
     form.locator("input[name=file]").set_input_files(str(video_path))
     form.locator("input[name=fps]").fill("8")
     page.locator("#reasoning-start").click()
-    page.wait_for_function("() => Number(document.querySelector('#reasoning-count').textContent) >= 3")
-    size = page.locator("#reasoning-video").evaluate("v => [v.videoWidth, v.videoHeight, v.srcObject === null]")
+    page.wait_for_function(
+        "() => Number(document.querySelector('#reasoning-count').textContent) >= 3"
+    )
+    size = page.locator("#reasoning-video").evaluate(
+        "v => [v.videoWidth, v.videoHeight, v.srcObject === null]"
+    )
     assert size == [160, 120, True]
     page.locator("#reasoning-stop").click()
     page.wait_for_selector("#tab-reasoning[data-state=closed]", timeout=15_000)

@@ -17,6 +17,7 @@ from worldserve.clients.stream_common import (
     StreamError,
 )
 
+
 def sample_step(source_fps: float | None, fps: float) -> int:
     """Keep every `step`-th decoded frame: max(1, round(source_fps / fps)), halves to even."""
     rate = source_fps if source_fps and source_fps > 0 else DEFAULT_SOURCE_FPS

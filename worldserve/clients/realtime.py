@@ -41,9 +41,12 @@ class RealtimeClientOptions:
     fps: int | None = None
 
     def init_message(self) -> dict[str, Any]:
-        init: dict[str, Any] = {"type": "init", "prompt": self.prompt,
-                                "max_chunks": self.max_chunks,
-                                "realtime_output_format": self.encoding}
+        init: dict[str, Any] = {
+            "type": "init",
+            "prompt": self.prompt,
+            "max_chunks": self.max_chunks,
+            "realtime_output_format": self.encoding,
+        }
         if self.first_frame is not None:
             init["first_frame"] = self.first_frame.read_bytes()
         if self.actions:
@@ -81,8 +84,9 @@ class Mp4Writer:
             self._stream.width, self._stream.height = width, height
             self._stream.pix_fmt = "yuv420p"
         for frame in frames:
-            video = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame[:height, :width]),
-                                               format="rgb24")
+            video = av.VideoFrame.from_ndarray(
+                np.ascontiguousarray(frame[:height, :width]), format="rgb24"
+            )
             for packet in self._stream.encode(video):
                 self._container.mux(packet)
 
@@ -96,23 +100,28 @@ class Mp4Writer:
 def websocket_url(url: str) -> str:
     """Accepts ws(s):// or http(s):// base URLs, with or without the endpoint path."""
     if url.startswith("http"):
-        url = "ws" + url[len("http"):]
+        url = "ws" + url[len("http") :]
     return url if url.rstrip("/").endswith(ENDPOINT) else url.rstrip("/") + ENDPOINT
 
 
 def format_stats(stats: dict[str, Any]) -> str:
-    line = (f"chunk {stats.get('chunk_index')}: {stats.get('num_frames')} frames, "
-            f"forward {stats.get('scheduler_forward_ms')} ms, queue {stats.get('gpu_queue_ms')} ms, "
-            f"encode {stats.get('raw_payload_build_ms')} ms, write {stats.get('ws_write_ms')} ms, "
-            f"{stats.get('ws_payload_bytes')} B on the wire ({stats.get('raw_bytes')} raw)")
+    line = (
+        f"chunk {stats.get('chunk_index')}: {stats.get('num_frames')} frames, "
+        f"forward {stats.get('scheduler_forward_ms')} ms, queue {stats.get('gpu_queue_ms')} ms, "
+        f"encode {stats.get('raw_payload_build_ms')} ms, write {stats.get('ws_write_ms')} ms, "
+        f"{stats.get('ws_payload_bytes')} B on the wire ({stats.get('raw_bytes')} raw)"
+    )
     if stats.get("event_id") is not None:
         line += f", event {stats['event_id']}"
     return line
 
 
-async def receive_session(ws: Any, on_frames: Callable[[dict[str, Any], np.ndarray], None],
-                          on_stats: Callable[[dict[str, Any]], None],
-                          outcome: SessionOutcome) -> None:
+async def receive_session(
+    ws: Any,
+    on_frames: Callable[[dict[str, Any], np.ndarray], None],
+    on_stats: Callable[[dict[str, Any]], None],
+    outcome: SessionOutcome,
+) -> None:
     """Decode until the server closes; fills `outcome` (spec §10 decode loop)."""
     decoder = FrameDecoder()
     pending: dict[str, Any] | None = None
@@ -148,16 +157,20 @@ async def receive_session(ws: Any, on_frames: Callable[[dict[str, Any], np.ndarr
         outcome.close_reason = ws.close_reason or ""
 
 
-async def run_session(opts: RealtimeClientOptions,
-                      print_line: Callable[[str], None] = print) -> SessionOutcome:
+async def run_session(
+    opts: RealtimeClientOptions, print_line: Callable[[str], None] = print
+) -> SessionOutcome:
     outcome = SessionOutcome()
     writer = Mp4Writer(opts.out, opts.fps or DEFAULT_FPS) if opts.out else None
     try:
         async with websockets.connect(websocket_url(opts.url), max_size=None) as ws:
             await ws.send(pack(opts.init_message()))
             await receive_session(
-                ws, lambda header, frames: writer.write(frames) if writer else None,
-                lambda stats: print_line(format_stats(stats)), outcome)
+                ws,
+                lambda header, frames: writer.write(frames) if writer else None,
+                lambda stats: print_line(format_stats(stats)),
+                outcome,
+            )
     except (OSError, websockets.InvalidHandshake, websockets.InvalidURI) as exc:
         print_line(f"error: cannot connect to {opts.url}: {exc}")
         return outcome
@@ -173,9 +186,11 @@ async def run_session(opts: RealtimeClientOptions,
         outcome.exit_code = EXIT_INVALID
     elif outcome.close_code == 1000:
         outcome.exit_code = EXIT_OK
-    print_line(f"closed {outcome.close_code} {outcome.close_reason!r}: "
-               f"{len(outcome.chunk_stats)} chunks, {outcome.num_frames} frames"
-               + (f" -> {opts.out}" if opts.out and outcome.num_frames else ""))
+    print_line(
+        f"closed {outcome.close_code} {outcome.close_reason!r}: "
+        f"{len(outcome.chunk_stats)} chunks, {outcome.num_frames} frames"
+        + (f" -> {opts.out}" if opts.out and outcome.num_frames else "")
+    )
     return outcome
 
 

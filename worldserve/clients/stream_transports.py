@@ -23,6 +23,7 @@ from worldserve.clients.stream_common import (
     StreamOptions,
 )
 
+
 @dataclass(frozen=True)
 class FrameError:
     """A failed frame: `fatal` ends the stream."""

@@ -22,7 +22,6 @@ import httpx
 import typer
 
 from worldserve import envs
-
 from worldserve.clients.frames import (  # noqa: F401  (re-exported)
     encode_jpeg,
     fit_within_pixels,
@@ -54,8 +53,8 @@ from worldserve.clients.stream_transports import (  # noqa: F401  (re-exported)
     websocket_url,
 )
 
-
 # --- pre-flight ------------------------------------------------------------------------------
+
 
 def _get_json(client: httpx.Client, path: str) -> tuple[int, Any]:
     try:
@@ -71,8 +70,10 @@ def _get_json(client: httpx.Client, path: str) -> tuple[int, Any]:
 def _check_streaming_config(client: httpx.Client) -> dict:
     status, body = _get_json(client, "/v1/streaming/config")
     if status in (404, 501):
-        raise StreamError(f"streaming is unavailable at {client.base_url} "
-                          f"(GET /v1/streaming/config answered {status})")
+        raise StreamError(
+            f"streaming is unavailable at {client.base_url} "
+            f"(GET /v1/streaming/config answered {status})"
+        )
     if not 200 <= status < 300:
         raise StreamError(f"GET /v1/streaming/config failed: HTTP {status}: {body}")
     if not isinstance(body, dict) or not isinstance(body.get("model"), str) or not body["model"]:
@@ -87,15 +88,20 @@ def _check_standalone(client: httpx.Client) -> None:
     status, meta = _get_json(client, "/v1/metadata")
     if not 200 <= status < 300 or not isinstance(meta, dict):
         raise StreamError(f"GET /v1/metadata failed: HTTP {status}: {meta}")
-    if (meta.get("model_type") != "reasoner"
-            or meta.get("inference_endpoint") != "/v1/chat/completions"):
-        raise StreamError(f"{client.base_url} is not a streaming reasoner: model_type "
-                          f"{meta.get('model_type')!r}, inference_endpoint "
-                          f"{meta.get('inference_endpoint')!r}")
+    if (
+        meta.get("model_type") != "reasoner"
+        or meta.get("inference_endpoint") != "/v1/chat/completions"
+    ):
+        raise StreamError(
+            f"{client.base_url} is not a streaming reasoner: model_type "
+            f"{meta.get('model_type')!r}, inference_endpoint "
+            f"{meta.get('inference_endpoint')!r}"
+        )
     profile = meta.get("selectedModelProfileId")
     if not isinstance(profile, str) or not profile:
-        raise StreamError("/v1/metadata has no selectedModelProfileId; "
-                          "verify the selected Reasoner profile")
+        raise StreamError(
+            "/v1/metadata has no selectedModelProfileId; verify the selected Reasoner profile"
+        )
 
 
 def _check_dynamo(client: httpx.Client) -> list[str]:
@@ -116,17 +122,24 @@ def preflight(opts: StreamOptions, err: TextIO) -> dict:
             model_ids = _check_dynamo(client)
             config = _check_streaming_config(client)
             if config["model"] not in model_ids:
-                print(f"warning: streaming model {config['model']!r} is not listed by "
-                      f"/v1/models ({model_ids})", file=err)
+                print(
+                    f"warning: streaming model {config['model']!r} is not listed by "
+                    f"/v1/models ({model_ids})",
+                    file=err,
+                )
             return config
         _check_standalone(client)
         return _check_streaming_config(client)
 
 
 def session_body(opts: StreamOptions, model: str) -> dict:
-    body: dict[str, Any] = {"model": model, "system_prompt": opts.system_prompt,
-                            "question": opts.question, "fps": opts.fps,
-                            "sampling": {"max_tokens": opts.max_tokens}}
+    body: dict[str, Any] = {
+        "model": model,
+        "system_prompt": opts.system_prompt,
+        "question": opts.question,
+        "fps": opts.fps,
+        "sampling": {"max_tokens": opts.max_tokens},
+    }
     if opts.max_video_segments is not None:
         body["retention"] = {"max_video_segments": opts.max_video_segments}
     return body
@@ -135,7 +148,7 @@ def session_body(opts: StreamOptions, model: str) -> dict:
 # --- printer ---------------------------------------------------------------------------------
 
 # C0/C1 control characters (ESC, BEL, CR...) from a reply must not drive the user's terminal.
-_CONTROL_TO_ESCAPE = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7f, 0xa0))}
+_CONTROL_TO_ESCAPE = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
 
 
 def printable(text: str) -> str:
@@ -177,12 +190,17 @@ class Printer:
         if self.opts.quiet and index % 10 != 0:
             return
         if self.opts.json_output:
-            print(json.dumps({k: v for k, v in reply.items() if k != "op"}), file=self.out,
-                  flush=True)
+            print(
+                json.dumps({k: v for k, v in reply.items() if k != "op"}), file=self.out, flush=True
+            )
             return
         timing = f"  ({latency_s:.2f}s)" if latency_s is not None else ""
         self._clear_progress()
-        print(f"frame {index:>4}: {printable(str(reply.get('text', '')))}{timing}", file=self.out, flush=True)
+        print(
+            f"frame {index:>4}: {printable(str(reply.get('text', '')))}{timing}",
+            file=self.out,
+            flush=True,
+        )
 
     def error(self, error: FrameError | str) -> None:
         self._clear_progress()
@@ -206,15 +224,16 @@ class Printer:
         parts = [f"{len(self.latencies_s)} frames"]
         if self.latencies_s:
             mean_s = sum(self.latencies_s) / len(self.latencies_s)
-            parts.append(f"mean latency {mean_s:.2f}s, "
-                         f"p95 {percentile(self.latencies_s, 0.95):.2f}s")
+            parts.append(
+                f"mean latency {mean_s:.2f}s, p95 {percentile(self.latencies_s, 0.95):.2f}s"
+            )
         if self.reports_eviction:
-            parts.append(f"evicted segments {self.num_evicted}, "
-                         f"re-prefills {self.num_reprefills}")
+            parts.append(f"evicted segments {self.num_evicted}, re-prefills {self.num_reprefills}")
         self.status("summary: " + "; ".join(parts))
 
 
 # --- main ------------------------------------------------------------------------------------
+
 
 def stream_frames(transport: Transport, frames: Iterator[bytes], printer: Printer) -> None:
     """Send each frame, wait for its reply, print it; a fatal error raises StreamError."""
@@ -224,8 +243,9 @@ def stream_frames(transport: Transport, frames: Iterator[bytes], printer: Printe
         printer.sent(num_sent)
         if isinstance(result, FrameError):
             if result.fatal:
-                raise StreamError(f"[error {result.code}] {result.message}"
-                                  if result.code else result.message)
+                raise StreamError(
+                    f"[error {result.code}] {result.message}" if result.code else result.message
+                )
             printer.error(result)
             continue
         printer.reply(result, time.perf_counter() - started)
@@ -249,8 +269,9 @@ def run(opts: StreamOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr)
     code = EXIT_OK
     try:
         config = preflight(opts, err)
-        frames = iter_frames(opts.video, opts.fps, opts.max_frames, opts.loop,
-                             opts.input_format, opts.realtime)
+        frames = iter_frames(
+            opts.video, opts.fps, opts.max_frames, opts.loop, opts.input_format, opts.realtime
+        )
         first = next(frames)  # decode errors surface before a session exists
         transport = make_transport(opts)
         if opts.transport == "websocket":
@@ -276,18 +297,35 @@ def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
 
 
 def stream_command(
-    video: str = typer.Option(..., "--video", help="Video file, any FFmpeg input (e.g. an "
-                              "rtsp:// URL), or a camera device with --input-format v4l2."),
-    url: Optional[str] = typer.Option(None, "--url", help="Server base URL (default: "
-                                      "$WORLDSERVE_URL, else http://localhost:8000)."),
-    transport: Optional[str] = typer.Option(None, "--transport", help="websocket | rest "
-                                            "(default: websocket; rest with --backend dynamo)."),
-    backend: str = typer.Option("standalone", "--backend", help="standalone | dynamo "
-                                "(selects the pre-flight; dynamo is REST only)."),
-    frame_format: Optional[str] = typer.Option(None, "--frame-format", help="binary | base64 "
-                                               "(default: binary for websocket, base64 for rest)."),
-    input_format: Optional[str] = typer.Option(None, "--input-format",
-                                               help="FFmpeg input format, e.g. v4l2."),
+    video: str = typer.Option(
+        ...,
+        "--video",
+        help="Video file, any FFmpeg input (e.g. an "
+        "rtsp:// URL), or a camera device with --input-format v4l2.",
+    ),
+    url: Optional[str] = typer.Option(
+        None,
+        "--url",
+        help="Server base URL (default: $WORLDSERVE_URL, else http://localhost:8000).",
+    ),
+    transport: Optional[str] = typer.Option(
+        None,
+        "--transport",
+        help="websocket | rest (default: websocket; rest with --backend dynamo).",
+    ),
+    backend: str = typer.Option(
+        "standalone",
+        "--backend",
+        help="standalone | dynamo (selects the pre-flight; dynamo is REST only).",
+    ),
+    frame_format: Optional[str] = typer.Option(
+        None,
+        "--frame-format",
+        help="binary | base64 (default: binary for websocket, base64 for rest).",
+    ),
+    input_format: Optional[str] = typer.Option(
+        None, "--input-format", help="FFmpeg input format, e.g. v4l2."
+    ),
     fps: float = typer.Option(1.0, "--fps", help="Sampling rate in frames per second (> 0)."),
     max_frames: int = typer.Option(30, "--max-frames", help="Stop after this many frames."),
     loop: bool = typer.Option(False, "--loop", help="Replay the video until --max-frames."),
@@ -295,8 +333,9 @@ def stream_command(
     quiet: bool = typer.Option(False, "--quiet", help="Print every tenth reply only."),
     json_output: bool = typer.Option(False, "--json", help="One JSON object per reply."),
     max_tokens: int = typer.Option(48, "--max-tokens", help="Reply length bound per frame."),
-    max_video_segments: Optional[int] = typer.Option(None, "--max-video-segments",
-                                                     help="Retained frame window."),
+    max_video_segments: Optional[int] = typer.Option(
+        None, "--max-video-segments", help="Retained frame window."
+    ),
     question: str = typer.Option(DEFAULT_QUESTION, "--question", help="Sent with frame 0."),
     system_prompt: str = typer.Option(DEFAULT_SYSTEM_PROMPT, "--system-prompt"),
 ) -> None:
@@ -316,17 +355,23 @@ def stream_command(
 
 def build_options(flags: dict[str, Any]) -> StreamOptions:
     """Fill in the defaults that depend on other flags; check the choice flags."""
-    choices = {"transport": ("websocket", "rest"), "backend": ("standalone", "dynamo"),
-               "frame_format": ("binary", "base64")}
+    choices = {
+        "transport": ("websocket", "rest"),
+        "backend": ("standalone", "dynamo"),
+        "frame_format": ("binary", "base64"),
+    }
     for name, allowed in choices.items():
         if flags[name] is not None and flags[name] not in allowed:
-            raise UsageError(f"--{name.replace('_', '-')} must be one of "
-                             f"{', '.join(allowed)}, got {flags[name]!r}")
+            raise UsageError(
+                f"--{name.replace('_', '-')} must be one of "
+                f"{', '.join(allowed)}, got {flags[name]!r}"
+            )
     transport = flags["transport"] or ("rest" if flags["backend"] == "dynamo" else "websocket")
     frame_format = flags["frame_format"] or ("binary" if transport == "websocket" else "base64")
     url = (flags["url"] or envs.server_url() or "http://localhost:8000").rstrip("/")
-    return StreamOptions(**{**flags, "url": url, "transport": transport,
-                            "frame_format": frame_format})
+    return StreamOptions(
+        **{**flags, "url": url, "transport": transport, "frame_format": frame_format}
+    )
 
 
 def main() -> None:

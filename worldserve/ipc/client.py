@@ -87,7 +87,9 @@ class ReplyStream:
     def cancel(self) -> None:
         """Stop waiting and ask the stage to cancel the request (idempotent)."""
         if not self._done:
-            self._client.send_nowait(Cancel(request_id=new_request_id("cancel"), target_id=self.request_id))
+            self._client.send_nowait(
+                Cancel(request_id=new_request_id("cancel"), target_id=self.request_id)
+            )
             self._finish()
 
     def _finish(self) -> None:
@@ -126,8 +128,9 @@ class StageClient:
     async def handshake(self, timeout_s: float) -> StageInfo:
         """Wait until the stage has loaded its models and answered `Hello`."""
         self.start()
-        reply = await self.call(Hello(request_id=new_request_id("hello"), client_id=self.client_id),
-                                timeout_s=timeout_s)
+        reply = await self.call(
+            Hello(request_id=new_request_id("hello"), client_id=self.client_id), timeout_s=timeout_s
+        )
         assert isinstance(reply, StageInfo)  # the stage protocol guarantees it; not client input
         self.info = reply
         self.state = reply.state
@@ -179,7 +182,9 @@ class StageClient:
             async with asyncio.timeout(timeout_s):
                 return await fut
         except TimeoutError:
-            self.send_nowait(Cancel(request_id=new_request_id("cancel"), target_id=request.request_id))
+            self.send_nowait(
+                Cancel(request_id=new_request_id("cancel"), target_id=request.request_id)
+            )
             raise RequestTimeout(
                 f"stage '{self.stage}' did not answer within {timeout_s:g} s"
             ) from None

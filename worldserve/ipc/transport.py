@@ -42,7 +42,7 @@ class StageServer:
         self._poller.register(self._sock, zmq.POLLIN)
 
     def receive(self, timeout_ms: float) -> list[tuple[bytes, Message | None]]:
-        """Every message waiting (after at most `timeout_ms`); undecodable ones come back as None."""
+        """Every message waiting (after at most `timeout_ms`); undecodable ones come back None."""
         out: list[tuple[bytes, Message | None]] = []
         if not self._poller.poll(timeout_ms):
             return out

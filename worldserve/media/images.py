@@ -12,19 +12,27 @@ from worldserve.errors import InvalidRequest
 
 IMAGE_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
 EXTENSIONS = {"png": "png", "jpeg": "jpg", "webp": "webp"}
-CONTENT_TYPES = {"png": "image/png", "jpg": "image/jpeg", "jpeg": "image/jpeg", "webp": "image/webp"}
+CONTENT_TYPES = {
+    "png": "image/png",
+    "jpg": "image/jpeg",
+    "jpeg": "image/jpeg",
+    "webp": "image/webp",
+}
 # Refuse decompression bombs before decoding pixels (Pillow's own limit is ~89 Mpx).
 # 4096 x 4096: a conditioning image is resized to the model's size anyway, and a small file that
 # declares more pixels than this (a decompression bomb) is refused from its header alone.
 MAX_INPUT_PIXELS = 4096 * 4096
-_DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^;,]*)*?);base64,(?P<data>.*)$",
-                       re.DOTALL)
+_DATA_URL = re.compile(
+    r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^;,]*)*?);base64,(?P<data>.*)$", re.DOTALL
+)
 
 
 def encode_image(frame: np.ndarray, output_format: str, quality: int = 75) -> bytes:
     """uint8 (H, W, 3) -> file bytes. PNG ignores `quality`."""
     if output_format not in IMAGE_FORMATS:
-        raise InvalidRequest(f"output_format={output_format} is not supported", param="output_format")
+        raise InvalidRequest(
+            f"output_format={output_format} is not supported", param="output_format"
+        )
     buf = io.BytesIO()
     img = Image.fromarray(frame, mode="RGB")
     if output_format == "png":
@@ -42,14 +50,16 @@ def check_image(data: bytes, field: str = "image") -> tuple[int, int]:
         with Image.open(io.BytesIO(data)) as img:
             width, height = img.size
             if width * height > MAX_INPUT_PIXELS:
-                raise InvalidRequest(f"{field}: image of {width}x{height} pixels is too large",
-                                     param=field)
+                raise InvalidRequest(
+                    f"{field}: image of {width}x{height} pixels is too large", param=field
+                )
             img.load()  # decodes every pixel: catches truncated files
     except InvalidRequest:
         raise
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise InvalidRequest(f"Failed to process image source: {field} is not a readable image "
-                             f"({exc})", param=field) from None
+        raise InvalidRequest(
+            f"Failed to process image source: {field} is not a readable image ({exc})", param=field
+        ) from None
     return width, height
 
 

@@ -30,15 +30,37 @@ from worldserve.errors import InvalidRequest
 if TYPE_CHECKING:
     from worldserve.config import ServerConfig
 
-FORBIDDEN_FIELDS = frozenset({
-    "output_path", "perf_dump_path", "model_path", "input_save_path", "prompt_file_path",
-    "upscaling_model_path", "frame_interpolation_model_path", "lora_path", "vae_path",
-    "transformer_weights_path", "component_paths",
-})
-MEDIA_FIELDS = frozenset({
-    "input_reference", "reference_url", "image", "images", "image_path", "image_url", "url",
-    "video", "video_path", "video_url", "first_frame", "intrinsics_path",
-})
+FORBIDDEN_FIELDS = frozenset(
+    {
+        "output_path",
+        "perf_dump_path",
+        "model_path",
+        "input_save_path",
+        "prompt_file_path",
+        "upscaling_model_path",
+        "frame_interpolation_model_path",
+        "lora_path",
+        "vae_path",
+        "transformer_weights_path",
+        "component_paths",
+    }
+)
+MEDIA_FIELDS = frozenset(
+    {
+        "input_reference",
+        "reference_url",
+        "image",
+        "images",
+        "image_path",
+        "image_url",
+        "url",
+        "video",
+        "video_path",
+        "video_url",
+        "first_frame",
+        "intrinsics_path",
+    }
+)
 PROMPT_FIELDS = ("prompt", "negative_prompt", "task", "system_prompt", "question")
 MAX_SCAN_DEPTH = 32
 # Longest accepted prompt (characters). Text encoders of the served models read at most a few
@@ -89,8 +111,9 @@ def check_forbidden_fields(payload: Any, depth: int = 0) -> None:
 
 def check_prompt_length(value: Any, field: str = "prompt") -> None:
     if isinstance(value, str) and len(value) > MAX_PROMPT_CHARS:
-        raise InvalidRequest(f"{field} has {len(value)} characters; the limit is "
-                             f"{MAX_PROMPT_CHARS}", param=field)
+        raise InvalidRequest(
+            f"{field} has {len(value)} characters; the limit is {MAX_PROMPT_CHARS}", param=field
+        )
 
 
 def check_prompt_lengths(payload: dict[str, Any]) -> None:
@@ -110,13 +133,15 @@ def check_upload_name(name: str | None, field: str = "image") -> None:
     if "/" in name:
         raise InvalidRequest("upload file name must not contain '/'", param=field)
     if "\\" in name or "\x00" in name or ".." in name or name == ".":
-        raise InvalidRequest(f"upload file name {name!r} is not allowed (no '\\\\', NUL, '.' or "
-                             "'..')", param=field)
+        raise InvalidRequest(
+            f"upload file name {name!r} is not allowed (no '\\\\', NUL, '.' or '..')", param=field
+        )
 
 
 def check_request_id(value: Any, field: str) -> None:
-    if isinstance(value, str) and ("/" in value or "\\" in value or "\x00" in value
-                                   or ".." in value or value == "."):
+    if isinstance(value, str) and (
+        "/" in value or "\\" in value or "\x00" in value or ".." in value or value == "."
+    ):
         raise InvalidRequest(f"{field} must not contain '/', '\\\\', '..' or NUL", param=field)
 
 
@@ -176,30 +201,36 @@ class MediaPolicy:
     @classmethod
     def from_config(cls, config: ServerConfig) -> "MediaPolicy":
         local = config.allowed_local_media_path
-        return cls(allowed_local_dir=local.resolve() if local else None,
-                   allowed_domains=tuple(d.lower().rstrip(".") for d in config.allowed_media_domains),
-                   max_bytes=config.max_upload_bytes)
+        return cls(
+            allowed_local_dir=local.resolve() if local else None,
+            allowed_domains=tuple(d.lower().rstrip(".") for d in config.allowed_media_domains),
+            max_bytes=config.max_upload_bytes,
+        )
 
     def explicitly_listed(self, host: str) -> bool:
         return host.lower().rstrip(".") in self.allowed_domains
 
     def check_host(self, host: str, field: str | None = None) -> None:
         if self.allowed_domains and not domain_allowed(host, self.allowed_domains):
-            raise InvalidRequest(f"media host {host!r} is not in the allowed media domains",
-                                 param=field)
+            raise InvalidRequest(
+                f"media host {host!r} is not in the allowed media domains", param=field
+            )
 
     def local_path(self, ref: str, field: str | None = None, must_exist: bool = True) -> Path:
         """A plain path or `file://` URL that resolves inside the allowed directory."""
         if self.allowed_local_dir is None:
-            raise InvalidRequest("local media paths are not accepted on this server; send an "
-                                 "upload or a data URL (operators: --allowed-local-media-path DIR)",
-                                 param=field)
+            raise InvalidRequest(
+                "local media paths are not accepted on this server; send an "
+                "upload or a data URL (operators: --allowed-local-media-path DIR)",
+                param=field,
+            )
         raw = ref
         if ref[:5].lower() == "file:":
             parts = urlsplit(ref)
             if parts.netloc not in ("", "localhost"):
-                raise InvalidRequest(f"file URL host must be empty or localhost, got "
-                                     f"{parts.netloc!r}", param=field)
+                raise InvalidRequest(
+                    f"file URL host must be empty or localhost, got {parts.netloc!r}", param=field
+                )
             raw = unquote(parts.path)
         if "\0" in raw:
             raise InvalidRequest("local media path contains a NUL byte", param=field)

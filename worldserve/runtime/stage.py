@@ -121,7 +121,9 @@ class StageLoop:
             reply(ErrorReply(request_id=request.request_id, code=exc.code, message=exc.message))
         except Exception as exc:  # one bad request must not take the stage down
             log.exception("request %s failed", request.request_id)
-            reply(ErrorReply(request_id=request.request_id, code="internal_error", message=str(exc)))
+            reply(
+                ErrorReply(request_id=request.request_id, code="internal_error", message=str(exc))
+            )
 
     def _schedule_echo(self, peer: bytes, msg: Echo) -> None:
         due = time.monotonic() + max(0.0, msg.delay_ms) / 1000

@@ -104,7 +104,9 @@ class Supervisor:
         config_file.write_text(self.config.model_dump_json())
         for name, stage_config in self.config.stages.enabled().items():
             address = self._address(name, stage_config)
-            self.stages[name] = StageProcess(name, stage_config, address, StageClient(name, address))
+            self.stages[name] = StageProcess(
+                name, stage_config, address, StageClient(name, address)
+            )
         try:
             for stage in self.stages.values():
                 await self._spawn(stage, config_file)
@@ -120,9 +122,18 @@ class Supervisor:
         package_root = str(Path(worldserve.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
         stage.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "worldserve.runtime.stage",
-            "--stage", stage.name, "--config", str(config_file), "--address", stage.address,
-            stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=env,
+            sys.executable,
+            "-m",
+            "worldserve.runtime.stage",
+            "--stage",
+            stage.name,
+            "--config",
+            str(config_file),
+            "--address",
+            stage.address,
+            stdin=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
         )
         stage.tasks.append(asyncio.get_running_loop().create_task(self._forward_stderr(stage)))
         log.info("started stage %s (pid %d) on %s", stage.name, stage.proc.pid, stage.address)
@@ -147,7 +158,9 @@ class Supervisor:
         if exited in done:
             stage.exit_reason = describe_exit(exited.result())
             await asyncio.sleep(0.1)  # let the stderr forwarder catch the last lines
-            raise StageStartError(f"stage '{stage.name}' failed to start: {stage.failure_message()}")
+            raise StageStartError(
+                f"stage '{stage.name}' failed to start: {stage.failure_message()}"
+            )
         exited.cancel()
         raise StageStartError(
             f"stage '{stage.name}' did not become ready within {timeout_s:g} s "

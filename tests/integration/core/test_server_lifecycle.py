@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import os
 import shutil
 import signal
@@ -42,17 +41,27 @@ def wait_until(predicate, timeout_s: float, step_s: float = 0.05) -> bool:
     return predicate()
 
 
-def run_cli(*args: str, timeout_s: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "worldserve", *args], capture_output=True,
-                          text=True, timeout=timeout_s, env=base_env(), cwd=cwd)
+def run_cli(
+    *args: str, timeout_s: float = 120, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "worldserve", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=base_env(),
+        cwd=cwd,
+    )
 
 
 def test_ops_routes_and_light_api_process(live_server: ServerProcess) -> None:
     url = live_server.base_url
     health = httpx.get(f"{url}/health").json()
-    assert health == {"status": "ok", "running": True,
-                      "stages": {"generation": "ready", "reasoner": "ready",
-                                 "realtime": "ready"}}
+    assert health == {
+        "status": "ok",
+        "running": True,
+        "stages": {"generation": "ready", "reasoner": "ready", "realtime": "ready"},
+    }
     assert httpx.get(f"{url}/v1/health/live").status_code == 200
     assert httpx.get(f"{url}/v1/health/ready").status_code == 200
     models = httpx.get(f"{url}/v1/models").json()
@@ -85,14 +94,20 @@ def test_echo_relay_and_bad_echo_input(live_server: ServerProcess) -> None:
     assert httpx.post(url, json={"payload_bytes": -1}).status_code == 422
     assert httpx.post(url, json={"payload_bytes": "lots"}).status_code == 422
     assert httpx.post(url, json={"nope": 1}).status_code == 422
-    assert httpx.post(url, content=b"{not json", headers={"content-type": "application/json"}).status_code == 422
+    assert (
+        httpx.post(
+            url, content=b"{not json", headers={"content-type": "application/json"}
+        ).status_code
+        == 422
+    )
     missing = httpx.post(f"{live_server.base_url}/admin/stages/nosuch/echo", json={})
     assert missing.status_code == 503 and "not enabled" in missing.json()["error"]["message"]
 
 
 def test_admin_key_from_environment(server_factory) -> None:
-    server = server_factory(config={"stages": {"reasoner": {"enabled": False}}},
-                            env={"WORLDSERVE_ADMIN_KEY": "s3cret"})
+    server = server_factory(
+        config={"stages": {"reasoner": {"enabled": False}}}, env={"WORLDSERVE_ADMIN_KEY": "s3cret"}
+    )
     url = f"{server.base_url}/admin/server_info"
     assert httpx.get(url).status_code == 401
     assert httpx.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 403
@@ -150,13 +165,17 @@ def test_two_servers_do_not_collide(server_factory) -> None:
     config = {"stages": {"reasoner": {"enabled": False}}}
     first, second = server_factory(config=config), server_factory(config=config)
     for server in (first, second):
-        assert httpx.post(f"{server.base_url}/admin/stages/generation/echo", json={}).status_code == 200
+        assert (
+            httpx.post(f"{server.base_url}/admin/stages/generation/echo", json={}).status_code
+            == 200
+        )
     assert first.stage_pids() != second.stage_pids()
 
 
 def test_tcp_stage_sockets_on_loopback(server_factory) -> None:
-    server = server_factory(config={"stages": {"reasoner": {"enabled": False},
-                                               "generation": {"ipc": "tcp"}}})
+    server = server_factory(
+        config={"stages": {"reasoner": {"enabled": False}, "generation": {"ipc": "tcp"}}}
+    )
     assert httpx.post(f"{server.base_url}/admin/stages/generation/echo", json={}).status_code == 200
 
 
@@ -168,7 +187,9 @@ def corrupt_model(tmp_path: Path, dev_models_dir: Path) -> Path:
     return target
 
 
-def test_stage_start_failures_exit_1_with_the_stage_message(tmp_path: Path, corrupt_model: Path) -> None:
+def test_stage_start_failures_exit_1_with_the_stage_message(
+    tmp_path: Path, corrupt_model: Path
+) -> None:
     config = tmp_path / "c.yaml"
     config.write_text(f"stages:\n  reasoner:\n    model_path: {corrupt_model}\n")
     done = run_cli("serve", "--port", "0", "--config", str(config), cwd=tmp_path)
@@ -183,23 +204,31 @@ def test_stage_start_failures_exit_1_with_the_stage_message(tmp_path: Path, corr
     assert "does not exist" in done.stderr and "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--port", "banana"], "Invalid value for '--port'"),
-    (["--log-level", "loud"], "log_level"),
-    (["--no-such-flag"], "No such option"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--port", "banana"], "Invalid value for '--port'"),
+        (["--log-level", "loud"], "log_level"),
+        (["--no-such-flag"], "No such option"),
+    ],
+)
 def test_bad_flags_are_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
     done = run_cli("serve", *args, cwd=tmp_path)
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("yaml_text, message", [
-    ("stages: {generation: {server_args_overrides: {host: 0.0.0.0}}}",
-     "stages.generation.server_args_overrides"),
-    ("stages: {generation: {bogus: 1}}", "stages.generation.bogus"),
-    ("port: [", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "yaml_text, message",
+    [
+        (
+            "stages: {generation: {server_args_overrides: {host: 0.0.0.0}}}",
+            "stages.generation.server_args_overrides",
+        ),
+        ("stages: {generation: {bogus: 1}}", "stages.generation.bogus"),
+        ("port: [", "not valid YAML"),
+    ],
+)
 def test_bad_config_files_are_usage_errors(tmp_path: Path, yaml_text: str, message: str) -> None:
     config = tmp_path / "c.yaml"
     config.write_text(yaml_text)
@@ -211,7 +240,15 @@ def test_bad_config_files_are_usage_errors(tmp_path: Path, yaml_text: str, messa
 
 def test_help_documents_the_flags() -> None:
     done = run_cli("serve", "--help")
-    for flag in ("--model-path", "--config", "--host", "--port", "--output-dir",
-                 "--allowed-local-media-path", "--allowed-media-domain", "--log-level",
-                 "--admin-key-file"):
+    for flag in (
+        "--model-path",
+        "--config",
+        "--host",
+        "--port",
+        "--output-dir",
+        "--allowed-local-media-path",
+        "--allowed-media-domain",
+        "--log-level",
+        "--admin-key-file",
+    ):
         assert flag in done.stdout

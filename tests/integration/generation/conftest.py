@@ -18,12 +18,21 @@ def gen_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def gen_config(model_dir: Path, **generation: Any) -> dict[str, Any]:
-    return {"stages": {"reasoner": {"enabled": False},
-                       "generation": {"model_path": str(model_dir), **generation}}}
+    return {
+        "stages": {
+            "reasoner": {"enabled": False},
+            "generation": {"model_path": str(model_dir), **generation},
+        }
+    }
 
 
-def start_server(workdir: Path, model_dir: Path, args: list[str] | None = None,
-                 wait: bool = True, **generation: Any) -> ServerProcess:
+def start_server(
+    workdir: Path,
+    model_dir: Path,
+    args: list[str] | None = None,
+    wait: bool = True,
+    **generation: Any,
+) -> ServerProcess:
     server = ServerProcess(workdir, gen_config(model_dir, **generation), args)
     if wait:
         server.wait_healthy()
@@ -31,7 +40,9 @@ def start_server(workdir: Path, model_dir: Path, args: list[str] | None = None,
 
 
 @pytest.fixture(scope="module")
-def gen_server(tmp_path_factory: pytest.TempPathFactory, gen_model_dir: Path) -> Iterator[ServerProcess]:
+def gen_server(
+    tmp_path_factory: pytest.TempPathFactory, gen_model_dir: Path
+) -> Iterator[ServerProcess]:
     server = start_server(tmp_path_factory.mktemp("gen"), gen_model_dir)
     yield server
     server.stop()

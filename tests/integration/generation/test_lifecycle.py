@@ -12,7 +12,6 @@ import threading
 import time
 
 import httpx
-import pytest
 
 from tests.integration.generation.conftest import start_server
 

@@ -16,7 +16,6 @@ import zlib
 from typing import Callable
 
 import httpx
-import msgpack
 import pytest
 from PIL import Image
 
@@ -30,9 +29,15 @@ EDIT = {"prompt": "x", "size": "64x64", "num_inference_steps": "1"}
 
 def bomb_png(side: int = 20000) -> bytes:
     """A 20000x20000 1-bit grayscale PNG of zeros: a few tens of KB that claim 400 Mpx."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
-        return (struct.pack(">I", len(data)) + kind + data
-                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+        return (
+            struct.pack(">I", len(data))
+            + kind
+            + data
+            + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+        )
+
     row = b"\0" * (1 + (side + 7) // 8)
     compressor = zlib.compressobj(9)
     raw = b"".join(compressor.compress(row) for _ in range(side)) + compressor.flush()
@@ -76,19 +81,37 @@ def js(path: str, body: Callable[[str], dict]) -> Send:
 
 
 def chat_image(data: bytes, mime: str = "image/png") -> Callable[[str], dict]:
-    return lambda m: {"model": m, "max_tokens": 2, "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": data_url(data, mime)}}]}]}
+    return lambda m: {
+        "model": m,
+        "max_tokens": 2,
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "image_url", "image_url": {"url": data_url(data, mime)}}],
+            }
+        ],
+    }
 
 
 def edit_upload(data: bytes, name: str = "a.png", kind: str = "image/png") -> Send:
-    return lambda http, m: http.post("/v1/images/edits", data=EDIT,
-                                     files={"image": (name, data, kind)})
+    return lambda http, m: http.post(
+        "/v1/images/edits", data=EDIT, files={"image": (name, data, kind)}
+    )
 
 
 def action_b64(data: bytes) -> Send:
-    return lambda http, m: http.post("/v1/actions/generations", json={"input": {
-        "task": "x", "observation": {"images": {"cam": {"b64_json": base64.b64encode(data).decode()}},
-                                     "state": [0.0] * 8}}})
+    return lambda http, m: http.post(
+        "/v1/actions/generations",
+        json={
+            "input": {
+                "task": "x",
+                "observation": {
+                    "images": {"cam": {"b64_json": base64.b64encode(data).decode()}},
+                    "state": [0.0] * 8,
+                },
+            }
+        },
+    )
 
 
 def session(http: httpx.Client) -> str:
@@ -101,71 +124,144 @@ def frame(data: bytes, kind: str) -> Send:
     def send(http: httpx.Client, m: str) -> httpx.Response:
         sid = session(http)
         try:
-            return http.post(f"/v1/streaming/sessions/{sid}/frame", content=data,
-                             headers={"content-type": kind})
+            return http.post(
+                f"/v1/streaming/sessions/{sid}/frame", content=data, headers={"content-type": kind}
+            )
         finally:
             http.delete(f"/v1/streaming/sessions/{sid}")
+
     return send
 
 
-JSON_ROUTES = ["/v1/images/generations", "/v1/videos", "/v1/actions/generations",
-               "/v1/streaming/sessions", "/v1/chat/completions"]
+JSON_ROUTES = [
+    "/v1/images/generations",
+    "/v1/videos",
+    "/v1/actions/generations",
+    "/v1/streaming/sessions",
+    "/v1/chat/completions",
+]
 
 CASES: list[tuple[str, Send, int]] = [
     # decompression bombs: a small file that declares 400 Mpx
     ("bomb-edit-upload", edit_upload(BOMB), 400),
-    ("bomb-video-reference", js("/v1/videos", lambda m: {"prompt": "x",
-                                                         "input_reference": data_url(BOMB)}), 400),
+    (
+        "bomb-video-reference",
+        js("/v1/videos", lambda m: {"prompt": "x", "input_reference": data_url(BOMB)}),
+        400,
+    ),
     ("bomb-action-image", action_b64(BOMB), 400),
     ("bomb-chat-image", js("/v1/chat/completions", chat_image(BOMB)), 413),
     ("bomb-streaming-frame", frame(BOMB, "image/png"), 413),
     # truncated and fake images
     ("truncated-jpeg-edit", edit_upload(TRUNCATED_JPEG, "a.jpg", "image/jpeg"), 400),
-    ("truncated-jpeg-video", js("/v1/videos", lambda m: {
-        "prompt": "x", "input_reference": data_url(TRUNCATED_JPEG, "image/jpeg")}), 400),
+    (
+        "truncated-jpeg-video",
+        js(
+            "/v1/videos",
+            lambda m: {"prompt": "x", "input_reference": data_url(TRUNCATED_JPEG, "image/jpeg")},
+        ),
+        400,
+    ),
     ("truncated-jpeg-action", action_b64(TRUNCATED_JPEG), 400),
     ("text-as-png-edit", edit_upload(NOT_AN_IMAGE), 400),
     ("text-as-png-chat", js("/v1/chat/completions", chat_image(NOT_AN_IMAGE)), 400),
     ("text-as-jpeg-frame", frame(NOT_AN_IMAGE, "image/jpeg"), 400),
-    ("text-as-png-video", js("/v1/videos", lambda m: {"prompt": "x",
-                                                      "input_reference": data_url(NOT_AN_IMAGE)}),
-     400),
+    (
+        "text-as-png-video",
+        js("/v1/videos", lambda m: {"prompt": "x", "input_reference": data_url(NOT_AN_IMAGE)}),
+        400,
+    ),
     # 1 MB prompts (limit: 65536 characters)
     ("long-prompt-image", js("/v1/images/generations", lambda m: {"prompt": BIG_PROMPT}), 400),
     ("long-prompt-video", js("/v1/videos", lambda m: {"prompt": BIG_PROMPT}), 400),
-    ("long-negative-prompt", js("/v1/videos", lambda m: {"prompt": "x",
-                                                         "negative_prompt": BIG_PROMPT}), 400),
-    ("long-prompt-in-extras", js("/v1/images/generations", lambda m: {
-        "extra_body": json.dumps({"prompt": BIG_PROMPT})}), 400),
-    ("long-prompt-edit", lambda http, m: http.post("/v1/images/edits", data={
-        **EDIT, "prompt": BIG_PROMPT}, files={"image": ("a.png", PNG, "image/png")}), 400),
-    ("long-task-action", js("/v1/actions/generations", lambda m: {"input": {"task": BIG_PROMPT}}),
-     400),
-    ("long-system-prompt", js("/v1/streaming/sessions", lambda m: {"system_prompt": BIG_PROMPT}),
-     400),
-    ("long-chat-text", js("/v1/chat/completions", lambda m: {
-        "model": m, "messages": [{"role": "user", "content": BIG_PROMPT}]}), 400),
+    (
+        "long-negative-prompt",
+        js("/v1/videos", lambda m: {"prompt": "x", "negative_prompt": BIG_PROMPT}),
+        400,
+    ),
+    (
+        "long-prompt-in-extras",
+        js("/v1/images/generations", lambda m: {"extra_body": json.dumps({"prompt": BIG_PROMPT})}),
+        400,
+    ),
+    (
+        "long-prompt-edit",
+        lambda http, m: http.post(
+            "/v1/images/edits",
+            data={**EDIT, "prompt": BIG_PROMPT},
+            files={"image": ("a.png", PNG, "image/png")},
+        ),
+        400,
+    ),
+    (
+        "long-task-action",
+        js("/v1/actions/generations", lambda m: {"input": {"task": BIG_PROMPT}}),
+        400,
+    ),
+    (
+        "long-system-prompt",
+        js("/v1/streaming/sessions", lambda m: {"system_prompt": BIG_PROMPT}),
+        400,
+    ),
+    (
+        "long-chat-text",
+        js(
+            "/v1/chat/completions",
+            lambda m: {"model": m, "messages": [{"role": "user", "content": BIG_PROMPT}]},
+        ),
+        400,
+    ),
     # 10,000 levels of nesting and invalid UTF-8 on every JSON route
     *[(f"deep-array{p.replace('/', '-')}", raw(p, deep_json()), 400) for p in JSON_ROUTES],
     *[(f"deep-object{p.replace('/', '-')}", raw(p, deep_object()), 400) for p in JSON_ROUTES],
-    *[(f"bad-utf8{p.replace('/', '-')}", raw(p, b'{"prompt": "\xff\xfe\xc3"}'), 400)
-      for p in JSON_ROUTES],
-    ("deep-in-extra-params", js("/v1/videos", lambda m: {"prompt": "x",
-                                                         "extra_params": deep_json(900).decode()}),
-     400),
-    ("deep-guided-json", js("/v1/streaming/sessions", lambda m: {
-        "system_prompt": "x", "sampling": {"guided_json": deep_object(5000).decode()}}), 400),
-    ("deep-chat-guided-json", js("/v1/chat/completions", lambda m: {
-        "model": m, "messages": [{"role": "user", "content": "x"}],
-        "guided_json": deep_object(5000).decode()}), 400),
-    ("deep-msgpack-action", raw("/v1/actions/generations",
-                                b"\x91" * 5000 + b"\xc0", "application/msgpack"), 400),
+    *[
+        (f"bad-utf8{p.replace('/', '-')}", raw(p, b'{"prompt": "\xff\xfe\xc3"}'), 400)
+        for p in JSON_ROUTES
+    ],
+    (
+        "deep-in-extra-params",
+        js("/v1/videos", lambda m: {"prompt": "x", "extra_params": deep_json(900).decode()}),
+        400,
+    ),
+    (
+        "deep-guided-json",
+        js(
+            "/v1/streaming/sessions",
+            lambda m: {
+                "system_prompt": "x",
+                "sampling": {"guided_json": deep_object(5000).decode()},
+            },
+        ),
+        400,
+    ),
+    (
+        "deep-chat-guided-json",
+        js(
+            "/v1/chat/completions",
+            lambda m: {
+                "model": m,
+                "messages": [{"role": "user", "content": "x"}],
+                "guided_json": deep_object(5000).decode(),
+            },
+        ),
+        400,
+    ),
+    (
+        "deep-msgpack-action",
+        raw("/v1/actions/generations", b"\x91" * 5000 + b"\xc0", "application/msgpack"),
+        400,
+    ),
     ("deep-json-frame", frame(deep_json(), "application/json"), 400),
     ("bad-utf8-frame", frame(b'{"image_b64": "\xff\xfe"}', "application/json"), 400),
-    ("bad-utf8-multipart", raw("/v1/images/edits",
-                               b"--b\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\n"
-                               b"\xff\xfe\r\n--b--\r\n", "multipart/form-data; boundary=b"),
-     422),  # the prompt decodes with replacement characters; the image is what is missing
+    (
+        "bad-utf8-multipart",
+        raw(
+            "/v1/images/edits",
+            b'--b\r\nContent-Disposition: form-data; name="prompt"\r\n\r\n\xff\xfe\r\n--b--\r\n',
+            "multipart/form-data; boundary=b",
+        ),
+        422,
+    ),  # the prompt decodes with replacement characters; the image is what is missing
 ]
 
 
@@ -175,8 +271,9 @@ def chat_model(strict: ServerProcess) -> str:
 
 
 @pytest.mark.parametrize("case,send,status", CASES, ids=[c[0] for c in CASES])
-def test_hostile_body(strict: ServerProcess, chat_model: str, case: str, send: Send,
-                      status: int) -> None:
+def test_hostile_body(
+    strict: ServerProcess, chat_model: str, case: str, send: Send, status: int
+) -> None:
     with httpx.Client(base_url=strict.base_url, timeout=60) as http:
         response = send(http, chat_model)
     assert response.status_code == status, (case, response.text[:500])
@@ -195,8 +292,9 @@ def _raw_post(server: ServerProcess, path: str, declared: int | None, total: int
     head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
     head += f"Content-Length: {declared}\r\n" if declared else "Transfer-Encoding: chunked\r\n"
     prefix = b'{"prompt": "x", "input_reference": "data:image/png;base64,'
-    sock.sendall((head + "\r\n").encode()
-                 + (prefix if declared else b"%x\r\n%s\r\n" % (len(prefix), prefix)))
+    sock.sendall(
+        (head + "\r\n").encode() + (prefix if declared else b"%x\r\n%s\r\n" % (len(prefix), prefix))
+    )
     block = b"A" * MB
     sent = 0
     try:

@@ -29,8 +29,9 @@ def pack(obj: Any) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
-async def first_reply(url: str, messages: list[bytes | str], timeout_s: float = 30) -> tuple[
-        dict[str, Any] | None, int | None]:
+async def first_reply(
+    url: str, messages: list[bytes | str], timeout_s: float = 30
+) -> tuple[dict[str, Any] | None, int | None]:
     """Send the messages; return the first msgpack map the server sends and the close code
     (None while the socket is still open after that map)."""
     async with websockets.connect(url + ENDPOINT, max_size=None) as ws:
@@ -44,40 +45,94 @@ async def first_reply(url: str, messages: list[bytes | str], timeout_s: float = 
 
 
 def init_with(**fields: Any) -> Callable[[dict[str, Any]], bytes]:
-    return lambda ctx: pack({**INIT, **{k: (v(ctx) if callable(v) else v) for k, v in fields.items()}})
+    return lambda ctx: pack(
+        {**INIT, **{k: (v(ctx) if callable(v) else v) for k, v in fields.items()}}
+    )
 
 
 # (case, server, init builder, outcome): "chunk" = the session starts (a frame batch header
 # arrives first), "invalid" = error `invalid generate request` and the server keeps waiting.
 CASES: list[tuple[str, str, Callable[[dict[str, Any]], bytes], str]] = [
     ("first-frame-bytes", "strict", init_with(first_frame=PNG), "chunk"),
-    ("first-frame-data-url", "strict",
-     init_with(first_frame="data:image/png;base64," + base64.b64encode(PNG).decode()), "chunk"),
-    ("first-frame-listed-origin", "strict", init_with(first_frame=lambda c: c["origin"] + "/img.png"),
-     "chunk"),
-    ("first-frame-local-inside", "strict",
-     init_with(first_frame=lambda c: str(c["media"] / "ok.png")), "chunk"),
-    ("first-frame-traversal", "strict",
-     init_with(first_frame=lambda c: str(c["media"] / ".." / "secret.png")), "invalid"),
-    ("first-frame-symlink-escape", "strict",
-     init_with(first_frame=lambda c: str(c["media"] / "escape.png")), "invalid"),
-    ("first-frame-file-url-outside", "strict", init_with(first_frame="file:///etc/passwd"),
-     "invalid"),
-    ("first-frame-redirect-unlisted", "strict",
-     init_with(first_frame=lambda c: c["origin"] + "/to-localhost"), "invalid"),
+    (
+        "first-frame-data-url",
+        "strict",
+        init_with(first_frame="data:image/png;base64," + base64.b64encode(PNG).decode()),
+        "chunk",
+    ),
+    (
+        "first-frame-listed-origin",
+        "strict",
+        init_with(first_frame=lambda c: c["origin"] + "/img.png"),
+        "chunk",
+    ),
+    (
+        "first-frame-local-inside",
+        "strict",
+        init_with(first_frame=lambda c: str(c["media"] / "ok.png")),
+        "chunk",
+    ),
+    (
+        "first-frame-traversal",
+        "strict",
+        init_with(first_frame=lambda c: str(c["media"] / ".." / "secret.png")),
+        "invalid",
+    ),
+    (
+        "first-frame-symlink-escape",
+        "strict",
+        init_with(first_frame=lambda c: str(c["media"] / "escape.png")),
+        "invalid",
+    ),
+    (
+        "first-frame-file-url-outside",
+        "strict",
+        init_with(first_frame="file:///etc/passwd"),
+        "invalid",
+    ),
+    (
+        "first-frame-redirect-unlisted",
+        "strict",
+        init_with(first_frame=lambda c: c["origin"] + "/to-localhost"),
+        "invalid",
+    ),
     ("first-frame-bomb", "strict", init_with(first_frame=BOMB), "invalid"),
-    ("first-frame-not-an-image", "strict", init_with(first_frame=b"GIF89a but not really"),
-     "invalid"),
-    ("first-frame-local-bare", "bare", init_with(first_frame=lambda c: str(c["media"] / "ok.png")),
-     "invalid"),
-    ("first-frame-loopback-bare", "bare",
-     init_with(first_frame=lambda c: c["origin"] + "/img.png"), "invalid"),
-    ("forbidden-nested", "strict",
-     init_with(condition_inputs={"extra": {"deep": [{"lora_path": "/x"}]}}), "invalid"),
-    ("forbidden-in-json-string", "strict",
-     init_with(extra_params=json.dumps({"output_path": "/tmp/x"})), "invalid"),
-    ("intrinsics-path", "strict",
-     init_with(condition_inputs={"intrinsics_path": "/etc/passwd"}), "invalid"),
+    (
+        "first-frame-not-an-image",
+        "strict",
+        init_with(first_frame=b"GIF89a but not really"),
+        "invalid",
+    ),
+    (
+        "first-frame-local-bare",
+        "bare",
+        init_with(first_frame=lambda c: str(c["media"] / "ok.png")),
+        "invalid",
+    ),
+    (
+        "first-frame-loopback-bare",
+        "bare",
+        init_with(first_frame=lambda c: c["origin"] + "/img.png"),
+        "invalid",
+    ),
+    (
+        "forbidden-nested",
+        "strict",
+        init_with(condition_inputs={"extra": {"deep": [{"lora_path": "/x"}]}}),
+        "invalid",
+    ),
+    (
+        "forbidden-in-json-string",
+        "strict",
+        init_with(extra_params=json.dumps({"output_path": "/tmp/x"})),
+        "invalid",
+    ),
+    (
+        "intrinsics-path",
+        "strict",
+        init_with(condition_inputs={"intrinsics_path": "/etc/passwd"}),
+        "invalid",
+    ),
     ("megabyte-prompt", "strict", init_with(prompt="x" * (1 << 20)), "invalid"),
     ("deep-map", "strict", lambda c: b"\x81\xa1a" * 5000 + b"\xc0", "invalid"),
     ("not-msgpack", "strict", lambda c: b"\xc1\xc1\xc1", "invalid"),
@@ -91,16 +146,25 @@ def ctx(origin: str, media_dir: Path) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("case,server,build,outcome", CASES, ids=[c[0] for c in CASES])
-def test_init(strict: ServerProcess, bare: ServerProcess, ctx: dict[str, Any], case: str,
-              server: str, build: Callable, outcome: str) -> None:
+def test_init(
+    strict: ServerProcess,
+    bare: ServerProcess,
+    ctx: dict[str, Any],
+    case: str,
+    server: str,
+    build: Callable,
+    outcome: str,
+) -> None:
     target = strict if server == "strict" else bare
     reply, code = asyncio.run(first_reply(target.ws_url, [build(ctx)]))
     assert reply is not None, (case, code)
     if outcome == "chunk":
         assert reply["type"] in ("frame_batch", "frame_batch_header"), (case, reply)
     else:
-        assert reply["type"] == "error" and reply["content"] == "invalid generate request", \
-            (case, reply)
+        assert reply["type"] == "error" and reply["content"] == "invalid generate request", (
+            case,
+            reply,
+        )
 
 
 def test_invalid_init_flood_closes_1008(strict: ServerProcess) -> None:
@@ -116,6 +180,7 @@ def test_invalid_init_flood_closes_1008(strict: ServerProcess) -> None:
                     await asyncio.wait_for(ws.recv(), 30)
             except websockets.ConnectionClosed as closed:
                 return closed.rcvd.code if closed.rcvd else None
+
     assert asyncio.run(run()) == 1008
 
 
@@ -129,11 +194,22 @@ def test_10000_events_per_second(strict: ServerProcess) -> None:
     while reading. The session survives (chunks keep coming, then close 1000 at max_chunks) and
     the api's memory stays flat: control queues are bounded (512 transitions, latest prompt)."""
     before = rss_kb(strict.proc.pid)
-    events = [pack({"type": "event", "kind": "camera_actions", "payload": {
-                   "mode": "state", "transitions": [{"actions": ["w"], "client_ts_ms": 1}]}}),
-              pack({"type": "event", "kind": "prompt", "payload": "a new corridor"}),
-              pack({"type": "event", "kind": "heartbeat"}),
-              pack({"type": "event", "kind": "nope"}), b"\xc1"]
+    events = [
+        pack(
+            {
+                "type": "event",
+                "kind": "camera_actions",
+                "payload": {
+                    "mode": "state",
+                    "transitions": [{"actions": ["w"], "client_ts_ms": 1}],
+                },
+            }
+        ),
+        pack({"type": "event", "kind": "prompt", "payload": "a new corridor"}),
+        pack({"type": "event", "kind": "heartbeat"}),
+        pack({"type": "event", "kind": "nope"}),
+        b"\xc1",
+    ]
 
     async def run() -> tuple[int, int, int | None, float]:
         async with websockets.connect(strict.ws_url + ENDPOINT, max_size=None) as ws:

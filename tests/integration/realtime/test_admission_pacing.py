@@ -1,4 +1,4 @@
-"""Admission, watchdog, pacing, camera-less and unsupported pipelines (spec §1, §7, §8, §11.9, 11.11)."""
+"""Admission, watchdog, pacing, camera-less, unsupported pipelines (spec §1, §7, §8, §11)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,14 @@ from tests.support.server import ServerProcess
 @pytest.fixture(scope="module")
 def tight_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One slot, 1.5 s admission wait, 2 s idle timeout, 3.5 s lifetime, no camera conditioning."""
-    server = start_fake_server(tmp_path_factory.mktemp("rt-tight"), max_sessions=1,
-                               admission_wait_s=1.5, idle_timeout_s=2.0, max_lifetime_s=3.5,
-                               server_args_overrides={"fake_camera": False,
-                                                      "fake_forward_ms": 20})
+    server = start_fake_server(
+        tmp_path_factory.mktemp("rt-tight"),
+        max_sessions=1,
+        admission_wait_s=1.5,
+        idle_timeout_s=2.0,
+        max_lifetime_s=3.5,
+        server_args_overrides={"fake_camera": False, "fake_forward_ms": 20},
+    )
     yield server
     server.stop()
 
@@ -113,15 +117,17 @@ async def test_pacing_spaces_chunks_and_new_event_resets_clock(rt_server):
         session = Session(ws)
         await session.send(init(max_chunks=5, fps=16, realtime_output_pacing=True))
         chunks = [await session.read_chunk(), await session.read_chunk()]
-        await session.send({"type": "event", "kind": "camera_actions", "payload": [["d"]],
-                            "event_id": 31})
+        await session.send(
+            {"type": "event", "kind": "camera_actions", "payload": [["d"]], "event_id": 31}
+        )
         more, code, _ = await session.read_until_close()
     chunks += more
     assert code == 1000 and len(chunks) == 5
     gaps = [b.arrived_at - a.arrived_at for a, b in zip(chunks, chunks[1:])]
     for chunk, gap in zip(chunks[1:], gaps):
         if chunk.stats["event_id"] == 31 and chunk.index == min(
-                c.index for c in chunks if c.stats["event_id"] == 31):
+            c.index for c in chunks if c.stats["event_id"] == 31
+        ):
             assert gap < 0.6, gaps  # a control response is not held back by the pacer
         else:
             assert gap >= 0.7, gaps  # 12 frames at 16 fps = 750 ms

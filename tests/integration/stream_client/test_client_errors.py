@@ -59,7 +59,7 @@ def test_failed_cleanup_exits_1(mini: MiniServer, clip: Path) -> None:
     done = run_client("--url", mini.base_url, "--video", str(clip), "--fps", "2",
                       "--max-frames", "2", "--transport", "rest")
     assert done.returncode == 1
-    assert len([l for l in done.stdout.splitlines() if l.startswith("frame")]) == 2
+    assert len([line for line in done.stdout.splitlines() if line.startswith("frame")]) == 2
     assert ("session cleanup failed: HTTP 500: cleanup broke; idle timeout is the backstop"
             in done.stderr)
 
@@ -70,7 +70,7 @@ def test_non_fatal_websocket_errors_are_printed_and_the_stream_goes_on(mini: Min
     done = run_client("--url", mini.base_url, "--video", str(clip), "--fps", "2")
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("[error 413] frame too large") == 2
-    assert [l for l in done.stdout.splitlines() if l.startswith("frame")] == [
+    assert [line for line in done.stdout.splitlines() if line.startswith("frame")] == [
         f"frame {i:>4}: reply {i}  (0.02s)" for i in range(4)]
     assert "closed after 4 frames" in done.stdout
     assert mini.state.sessions == {}
@@ -81,7 +81,7 @@ def test_fatal_websocket_error_ends_the_stream(mini: MiniServer, clip: Path) -> 
     done = run_client("--url", mini.base_url, "--video", str(clip), "--fps", "2")
     assert done.returncode == 1
     assert "[error 500] engine failed" in done.stderr
-    assert sum(l.startswith("frame") for l in done.stdout.splitlines()) == 2
+    assert sum(line.startswith("frame") for line in done.stdout.splitlines()) == 2
     assert mini.state.sessions == {}
 
 

@@ -17,8 +17,10 @@ MODEL = "fake-reasoner"
 
 
 def user(*parts: dict) -> list[dict]:
-    return [{"role": "system", "content": "You describe images."},
-            {"role": "user", "content": list(parts)}]
+    return [
+        {"role": "system", "content": "You describe images."},
+        {"role": "user", "content": list(parts)},
+    ]
 
 
 def text(value: str) -> dict:
@@ -35,8 +37,9 @@ def sdk(fake_server) -> openai.OpenAI:
 
 
 def test_completion_with_an_image(sdk: openai.OpenAI) -> None:
-    done = sdk.chat.completions.create(model=MODEL, messages=user(text("What is this?"),
-                                                                  image(image_bytes())))
+    done = sdk.chat.completions.create(
+        model=MODEL, messages=user(text("What is this?"), image(image_bytes()))
+    )
     assert done.object == "chat.completion" and done.model == MODEL
     choice = done.choices[0]
     assert choice.message.role == "assistant" and choice.message.content
@@ -48,14 +51,22 @@ def test_completion_with_an_image(sdk: openai.OpenAI) -> None:
 def test_stream_gives_the_same_text_as_one_shot(sdk: openai.OpenAI) -> None:
     messages = user(text("Describe."), image(image_bytes("PNG"), "image/png"))
     whole = sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=5)
-    chunks = list(sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=5,
-                                              stream=True,
-                                              stream_options={"include_usage": True}))
+    chunks = list(
+        sdk.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=5,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert all(c.object == "chat.completion.chunk" for c in chunks)
     assert chunks[0].choices[0].delta.role == "assistant"
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == whole.choices[0].message.content
-    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finals = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
     assert finals == [whole.choices[0].finish_reason]
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
@@ -72,16 +83,24 @@ def test_sse_wire_format(fake_server) -> None:
 
 
 def test_json_schema_response_format(sdk: openai.OpenAI) -> None:
-    schema = {"type": "object", "properties": {"label": {"enum": ["clear", "hazard"]},
-                                               "count": {"type": "integer", "minimum": 0}},
-              "required": ["label", "count"]}
+    schema = {
+        "type": "object",
+        "properties": {
+            "label": {"enum": ["clear", "hazard"]},
+            "count": {"type": "integer", "minimum": 0},
+        },
+        "required": ["label", "count"],
+    }
     done = sdk.chat.completions.create(
-        model=MODEL, messages=user(text("Classify.")),
-        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})
+        model=MODEL,
+        messages=user(text("Classify.")),
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+    )
     value = json.loads(done.choices[0].message.content)
     assert value["label"] in ("clear", "hazard") and isinstance(value["count"], int)
-    done = sdk.chat.completions.create(model=MODEL, messages=user(text("Any JSON.")),
-                                       response_format={"type": "json_object"})
+    done = sdk.chat.completions.create(
+        model=MODEL, messages=user(text("Any JSON.")), response_format={"type": "json_object"}
+    )
     assert isinstance(json.loads(done.choices[0].message.content), dict)
 
 
@@ -125,28 +144,44 @@ def test_unknown_model_is_404_in_the_openai_shape(sdk: openai.OpenAI) -> None:
     assert error["type"] == "not_found_error"
 
 
-@pytest.mark.parametrize("body, expected", [
-    ({"messages": []}, "messages"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "role"),
-    ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
-    ({"messages": [{"role": "user", "content": "x"}], "temperature": 5}, "temperature"),
-    ({"messages": [{"role": "user", "content": "x"}], "bogus": 1}, "bogus"),
-    ({"messages": user(image(image_bytes("GIF"), "image/gif"))}, "JPEG or PNG"),
-    ({"messages": user({"type": "image_url", "image_url": {"url": "data:image/png,raw"}})},
-     "must be base64"),
-    ({"messages": user({"type": "image_url",
-                        "image_url": {"url": "https://example.com/a.jpg"}})},
-     "media host 'example.com' is not in the allowed media domains"),
-    ({"messages": user({"type": "image_url", "image_url": {"url": "file:///etc/passwd"}})},
-     "--allowed-local-media-path"),
-    ({"messages": user(text("x")), "response_format": {"type": "json_schema"}}, "json_schema"),
-    ({"messages": user(text("x")), "guided_choice": ["a"], "guided_regex": "a"}, "at most one"),
-    ({"messages": user(text("x")), "guided_regex": "(unclosed"}, "guided_regex does not compile"),
-    ({"messages": user(text("x")), "max_tokens": 20000}, "exceed the context length"),
-])
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "role"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": 5}, "temperature"),
+        ({"messages": [{"role": "user", "content": "x"}], "bogus": 1}, "bogus"),
+        ({"messages": user(image(image_bytes("GIF"), "image/gif"))}, "JPEG or PNG"),
+        (
+            {"messages": user({"type": "image_url", "image_url": {"url": "data:image/png,raw"}})},
+            "must be base64",
+        ),
+        (
+            {
+                "messages": user(
+                    {"type": "image_url", "image_url": {"url": "https://example.com/a.jpg"}}
+                )
+            },
+            "media host 'example.com' is not in the allowed media domains",
+        ),
+        (
+            {"messages": user({"type": "image_url", "image_url": {"url": "file:///etc/passwd"}})},
+            "--allowed-local-media-path",
+        ),
+        ({"messages": user(text("x")), "response_format": {"type": "json_schema"}}, "json_schema"),
+        ({"messages": user(text("x")), "guided_choice": ["a"], "guided_regex": "a"}, "at most one"),
+        (
+            {"messages": user(text("x")), "guided_regex": "(unclosed"},
+            "guided_regex does not compile",
+        ),
+        ({"messages": user(text("x")), "max_tokens": 20000}, "exceed the context length"),
+    ],
+)
 def test_bad_input_is_400(fake_server, body: dict, expected: str) -> None:
-    response = httpx.post(f"{fake_server.base_url}/v1/chat/completions",
-                          json={"model": MODEL, **body}, timeout=30)
+    response = httpx.post(
+        f"{fake_server.base_url}/v1/chat/completions", json={"model": MODEL, **body}, timeout=30
+    )
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error"

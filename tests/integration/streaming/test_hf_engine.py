@@ -19,18 +19,29 @@ from tests.integration.streaming.support import (
     nim_error,
     start_server,
 )
-from tests.integration.streaming.test_ws import assert_closed_with, create, frame, send_json, ws_connect
+from tests.integration.streaming.test_ws import (
+    assert_closed_with,
+    create,
+    frame,
+    send_json,
+    ws_connect,
+)
 from tests.support.server import ServerProcess
 
 FAST = {"max_tokens": 4}
 
 
 @pytest.fixture(scope="module")
-def hf_server(tmp_path_factory: pytest.TempPathFactory, dev_models_dir: Path) -> Iterator[ServerProcess]:
+def hf_server(
+    tmp_path_factory: pytest.TempPathFactory, dev_models_dir: Path
+) -> Iterator[ServerProcess]:
     workdir = tmp_path_factory.mktemp("hf")
-    config = {"stages": {"generation": {"enabled": False},
-                         "reasoner": {"backend": "hf",
-                                      "model_path": str(dev_models_dir / "reasoner")}}}
+    config = {
+        "stages": {
+            "generation": {"enabled": False},
+            "reasoner": {"backend": "hf", "model_path": str(dev_models_dir / "reasoner")},
+        }
+    }
     server = start_server(workdir, config)
     yield server
     server.stop()
@@ -58,10 +69,11 @@ def test_preflight(sessions: Sessions) -> None:
 
 def test_rest_session_with_every_body_kind(sessions: Sessions) -> None:
     session = sessions.new(sampling=FAST)
-    replies = [sessions.frame(session, image_bytes(seed=1)),
-               sessions.frame(session, image_bytes("PNG", seed=2),
-                              headers={"content-type": "image/png"}),
-               sessions.frame(session, json={"image_b64": b64(image_bytes(seed=3))})]
+    replies = [
+        sessions.frame(session, image_bytes(seed=1)),
+        sessions.frame(session, image_bytes("PNG", seed=2), headers={"content-type": "image/png"}),
+        sessions.frame(session, json={"image_b64": b64(image_bytes(seed=3))}),
+    ]
     for index, reply in enumerate(replies):
         assert reply.status_code == 200, reply.text
         body = reply.json()
@@ -90,8 +102,9 @@ def test_guided_choice_on_the_real_engine(sessions: Sessions) -> None:
 def test_admission_and_capacity_on_the_real_engine(sessions: Sessions) -> None:
     http = sessions.client
     limit = http.get("/v1/streaming/config").json()["limits"]["max_model_len"]
-    message = nim_error(sessions.create(retention={"max_video_segments": 4,
-                                                   "max_session_tokens": limit}), 400)
+    message = nim_error(
+        sessions.create(retention={"max_video_segments": 4, "max_session_tokens": limit}), 400
+    )
     assert "must be below the model context length" in message
     message = nim_error(sessions.create(retention={"max_session_tokens": 1024}), 400)
     assert message == "retention window needs 60 image slots; the limit is 32"
@@ -114,8 +127,9 @@ def test_websocket_binary_and_base64(hf_server: ServerProcess) -> None:
         assert reply["op"] == "frame" and reply["frame_index"] == 0
 
 
-def test_greedy_replies_match_across_transports(hf_server: ServerProcess,
-                                                sessions: Sessions) -> None:
+def test_greedy_replies_match_across_transports(
+    hf_server: ServerProcess, sessions: Sessions
+) -> None:
     greedy = {"max_tokens": 4, "temperature": 0}
     frames = [image_bytes(seed=i) for i in range(2)]
     session = sessions.new(sampling=greedy)
@@ -130,11 +144,16 @@ def test_greedy_replies_match_across_transports(hf_server: ServerProcess,
 def test_chat_completion_stream_equals_one_shot(sessions: Sessions) -> None:
     http = sessions.client
     model = http.get("/v1/streaming/config").json()["model"]
-    content = [{"type": "text", "text": "What is this?"},
-               {"type": "image_url",
-                "image_url": {"url": "data:image/jpeg;base64," + b64(image_bytes())}}]
-    body = {"model": model, "messages": [{"role": "user", "content": content}],
-            "max_tokens": 6, "temperature": 0}
+    content = [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64," + b64(image_bytes())}},
+    ]
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 6,
+        "temperature": 0,
+    }
     whole = http.post("/v1/chat/completions", json=body).json()
     assert whole["usage"]["completion_tokens"] >= 1
     with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as response:

@@ -18,12 +18,31 @@ from tests.integration.streaming.support import (
     nim_error,
 )
 
-SESSION_ID = re.compile(r"^sess-[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
-LIBRARY_RETENTION = {"max_video_segments": 30, "max_text_tokens": None, "max_session_tokens": 7000,
-                     "eviction_policy": "sliding_window", "reprefill_threshold": 0.7}
-FRAME_FIELDS = {"frame_index", "text", "finish_reason", "token_count", "ttft_s", "latency_s",
-                "decode_ms", "build_ms", "engine_ms", "inqueue_ms", "evicted_segments",
-                "reprefill_ms", "session_tokens"}
+SESSION_ID = re.compile(
+    r"^sess-[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$"
+)
+LIBRARY_RETENTION = {
+    "max_video_segments": 30,
+    "max_text_tokens": None,
+    "max_session_tokens": 7000,
+    "eviction_policy": "sliding_window",
+    "reprefill_threshold": 0.7,
+}
+FRAME_FIELDS = {
+    "frame_index",
+    "text",
+    "finish_reason",
+    "token_count",
+    "ttft_s",
+    "latency_s",
+    "decode_ms",
+    "build_ms",
+    "engine_ms",
+    "inqueue_ms",
+    "evicted_segments",
+    "reprefill_ms",
+    "session_tokens",
+}
 
 
 # ---------------------------------------------------------------- pre-flight
@@ -48,12 +67,24 @@ def test_preflight_matches_the_cookbook_checks(http: httpx.Client) -> None:
 def test_config_shows_server_policy_and_limits(http: httpx.Client) -> None:
     config = http.get("/v1/streaming/config").json()
     assert config["retention"] == {**LIBRARY_RETENTION, "max_video_segments": 8}
-    assert config["sampling"] == {"max_tokens": 24, "temperature": 0.3, "top_p": 0.9,
-                                  "repetition_penalty": 1.1, "frequency_penalty": 0.0}
+    assert config["sampling"] == {
+        "max_tokens": 24,
+        "temperature": 0.3,
+        "top_p": 0.9,
+        "repetition_penalty": 1.1,
+        "frequency_penalty": 0.0,
+    }
     assert config["limits"] == {
-        "max_sessions": 2, "max_frame_bytes": 8388608, "max_frame_pixels": 4194304,
-        "idle_timeout_s": 900.0, "rest_idle_timeout_s": 120.0, "frame_timeout_s": 120.0,
-        "image_budget": 32, "encoder_capacity": 32, "max_model_len": 16384}
+        "max_sessions": 2,
+        "max_frame_bytes": 8388608,
+        "max_frame_pixels": 4194304,
+        "idle_timeout_s": 900.0,
+        "rest_idle_timeout_s": 120.0,
+        "frame_timeout_s": 120.0,
+        "image_budget": 32,
+        "encoder_capacity": 32,
+        "max_model_len": 16384,
+    }
 
 
 # ---------------------------------------------------------------- creation
@@ -67,8 +98,13 @@ def test_create_answers_201_with_effective_settings(sessions: Sessions) -> None:
     assert body["model"] == "fake-reasoner"
     assert body["fps"] == 2.5
     assert body["retention"] == {**LIBRARY_RETENTION, "max_video_segments": 8}
-    assert body["sampling"] == {"max_tokens": 48, "temperature": 0.3, "top_p": 0.9,
-                                "repetition_penalty": 1.1, "frequency_penalty": 0.0}
+    assert body["sampling"] == {
+        "max_tokens": 48,
+        "temperature": 0.3,
+        "top_p": 0.9,
+        "repetition_penalty": 1.1,
+        "frequency_penalty": 0.0,
+    }
 
 
 def test_supplied_retention_is_built_from_library_defaults(sessions: Sessions) -> None:
@@ -78,43 +114,57 @@ def test_supplied_retention_is_built_from_library_defaults(sessions: Sessions) -
     assert message == "retention window needs 60 image slots; the limit is 32"
 
 
-@pytest.mark.parametrize("overrides, expected", [
-    ({"retention": {"max_video_segments": 4, "foo": 1}}, "unknown retention field 'foo'"),
-    ({"retention": {"max_video_segments": 0}}, "retention.max_video_segments"),
-    ({"retention": {"max_session_tokens": 512}}, "retention.max_session_tokens"),
-    ({"retention": {"max_session_tokens": None}}, "retention.max_session_tokens"),
-    ({"retention": {"reprefill_threshold": 1.0}}, "retention.reprefill_threshold"),
-    ({"retention": {"eviction_policy": "lru"}}, "retention.eviction_policy"),
-    ({"retention": {"max_video_segments": 4, "max_text_tokens": 8000}},
-     "retention.max_text_tokens (8000) must not exceed max_session_tokens (7000)"),
-    ({"retention": "all"}, "retention"),
-    ({"sampling": {"top_p": 0}}, "sampling.top_p"),
-    ({"sampling": {"max_tokens": 0}}, "sampling.max_tokens"),
-    ({"sampling": {"temperature": -1}}, "sampling.temperature"),
-    ({"sampling": {"frequency_penalty": 3}}, "sampling.frequency_penalty"),
-    ({"sampling": {"bogus": 1}}, "unknown sampling field 'bogus'"),
-    ({"sampling": {"guided_choice": []}}, "sampling.guided_choice"),
-    ({"sampling": {"guided_json": "{not json"}}, "sampling.guided_json is not valid JSON"),
-    ({"sampling": {"guided_regex": "(unclosed"}}, "guided_regex does not compile"),
-    ({"sampling": {"guided_choice": ["a"], "guided_regex": "a"}},
-     "at most one of guided_json, guided_choice, guided_regex may be set"),
-    ({"sampling": {"max_tokens": 9999}},
-     "max_session_tokens + max_tokens (16999) must be below the model context length (16384)"),
-    ({"retention": {"max_video_segments": 8, "reprefill_threshold": 0.2}},
-     "max_session_tokens (7000) must be below reprefill_threshold × max_position_embeddings "
-     "(6553.6)"),
-    ({"system_prompt": "   "}, "system_prompt"),
-    ({"system_prompt": None}, "system_prompt"),
-    ({"fps": 0}, "fps"),
-])
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ({"retention": {"max_video_segments": 4, "foo": 1}}, "unknown retention field 'foo'"),
+        ({"retention": {"max_video_segments": 0}}, "retention.max_video_segments"),
+        ({"retention": {"max_session_tokens": 512}}, "retention.max_session_tokens"),
+        ({"retention": {"max_session_tokens": None}}, "retention.max_session_tokens"),
+        ({"retention": {"reprefill_threshold": 1.0}}, "retention.reprefill_threshold"),
+        ({"retention": {"eviction_policy": "lru"}}, "retention.eviction_policy"),
+        (
+            {"retention": {"max_video_segments": 4, "max_text_tokens": 8000}},
+            "retention.max_text_tokens (8000) must not exceed max_session_tokens (7000)",
+        ),
+        ({"retention": "all"}, "retention"),
+        ({"sampling": {"top_p": 0}}, "sampling.top_p"),
+        ({"sampling": {"max_tokens": 0}}, "sampling.max_tokens"),
+        ({"sampling": {"temperature": -1}}, "sampling.temperature"),
+        ({"sampling": {"frequency_penalty": 3}}, "sampling.frequency_penalty"),
+        ({"sampling": {"bogus": 1}}, "unknown sampling field 'bogus'"),
+        ({"sampling": {"guided_choice": []}}, "sampling.guided_choice"),
+        ({"sampling": {"guided_json": "{not json"}}, "sampling.guided_json is not valid JSON"),
+        ({"sampling": {"guided_regex": "(unclosed"}}, "guided_regex does not compile"),
+        (
+            {"sampling": {"guided_choice": ["a"], "guided_regex": "a"}},
+            "at most one of guided_json, guided_choice, guided_regex may be set",
+        ),
+        (
+            {"sampling": {"max_tokens": 9999}},
+            "max_session_tokens + max_tokens (16999) must be below the model context length (16384)",  # noqa: E501
+        ),
+        (
+            {"retention": {"max_video_segments": 8, "reprefill_threshold": 0.2}},
+            "max_session_tokens (7000) must be below reprefill_threshold × max_position_embeddings "
+            "(6553.6)",
+        ),
+        ({"system_prompt": "   "}, "system_prompt"),
+        ({"system_prompt": None}, "system_prompt"),
+        ({"fps": 0}, "fps"),
+    ],
+)
 def test_invalid_configuration_is_400(sessions: Sessions, overrides: dict, expected: str) -> None:
     message = nim_error(sessions.create(**overrides), 400)
     assert expected in message
 
 
 def test_body_errors_are_400_not_422(http: httpx.Client) -> None:
-    for kwargs in ({"content": b"{not json", "headers": {"content-type": "application/json"}},
-                   {"json": {"question": "no system prompt"}}, {"json": [1, 2]}):
+    for kwargs in (
+        {"content": b"{not json", "headers": {"content-type": "application/json"}},
+        {"json": {"question": "no system prompt"}},
+        {"json": [1, 2]},
+    ):
         message = nim_error(http.post("/v1/streaming/sessions", **kwargs), 400)
         assert message
 
@@ -148,8 +198,9 @@ def test_frames_in_every_body_kind(sessions: Sessions) -> None:
         sessions.frame(session, png, headers={"content-type": "image/png"}),
         sessions.frame(session, jpeg, headers={"content-type": "application/octet-stream"}),
         sessions.frame(session, json={"image_b64": b64(png)}),
-        sessions.frame(session, json={"image_b64": "data:image/jpeg;base64," + b64(jpeg),
-                                      "extra": "ignored"}),
+        sessions.frame(
+            session, json={"image_b64": "data:image/jpeg;base64," + b64(jpeg), "extra": "ignored"}
+        ),
     ]
     for index, reply in enumerate(replies):
         assert reply.status_code == 200, reply.text
@@ -177,24 +228,50 @@ def test_guided_choice_constrains_every_reply(sessions: Sessions) -> None:
         assert sessions.frame(session, image_bytes(seed=seed)).json()["text"] in ("clear", "hazard")
 
 
-@pytest.mark.parametrize("kwargs, status, expected", [
-    ({"content": b"hello", "headers": {"content-type": "text/plain"}}, 415,
-     "unsupported media type 'text/plain'; send application/json with image_b64, or image/jpeg "
-     "or image/png"),
-    ({"content": image_bytes("GIF"), "headers": {"content-type": "image/jpeg"}}, 400,
-     "frames must be JPEG or PNG"),
-    ({"content": image_bytes("PNG"), "headers": {"content-type": "image/png"},
-      "truncate": 40}, 400, "invalid PNG image"),
-    ({"json": {"image_b64": "***"}}, 400, "image_b64 is not valid base64"),
-    ({"json": {"other": 1}}, 400, "image_b64 is missing or empty"),
-    ({"json": ["x"]}, 400, "frame body must be a JSON object"),
-    ({"content": b"{oops", "headers": {"content-type": "application/json"}}, 400,
-     "frame body is not valid JSON"),
-    ({"content": image_bytes("PNG", size=(4096, 2048)), "headers": {"content-type": "image/png"}},
-     413, "frame is 4096x2048 = 8388608 pixels; the limit is 4194304"),
-])
-def test_bad_frames_leave_the_session_unchanged(sessions: Sessions, kwargs: dict, status: int,
-                                                expected: str) -> None:
+@pytest.mark.parametrize(
+    "kwargs, status, expected",
+    [
+        (
+            {"content": b"hello", "headers": {"content-type": "text/plain"}},
+            415,
+            "unsupported media type 'text/plain'; send application/json with image_b64, or image/jpeg "  # noqa: E501
+            "or image/png",
+        ),
+        (
+            {"content": image_bytes("GIF"), "headers": {"content-type": "image/jpeg"}},
+            400,
+            "frames must be JPEG or PNG",
+        ),
+        (
+            {
+                "content": image_bytes("PNG"),
+                "headers": {"content-type": "image/png"},
+                "truncate": 40,
+            },
+            400,
+            "invalid PNG image",
+        ),
+        ({"json": {"image_b64": "***"}}, 400, "image_b64 is not valid base64"),
+        ({"json": {"other": 1}}, 400, "image_b64 is missing or empty"),
+        ({"json": ["x"]}, 400, "frame body must be a JSON object"),
+        (
+            {"content": b"{oops", "headers": {"content-type": "application/json"}},
+            400,
+            "frame body is not valid JSON",
+        ),
+        (
+            {
+                "content": image_bytes("PNG", size=(4096, 2048)),
+                "headers": {"content-type": "image/png"},
+            },
+            413,
+            "frame is 4096x2048 = 8388608 pixels; the limit is 4194304",
+        ),
+    ],
+)
+def test_bad_frames_leave_the_session_unchanged(
+    sessions: Sessions, kwargs: dict, status: int, expected: str
+) -> None:
     session = sessions.new()
     if "truncate" in kwargs:
         kwargs["content"] = kwargs["content"][: kwargs.pop("truncate")]
@@ -225,14 +302,17 @@ def _raw_request(port: int, head: str, body: bytes) -> bytes:
 def test_oversized_frame_is_413_before_the_body_is_read(fake_server, sessions: Sessions) -> None:
     session = sessions.new()
     size = 9 * 1024 * 1024
-    head = (f"POST /v1/streaming/sessions/{session}/frame HTTP/1.1\r\nHost: x\r\n"
-            f"Content-Type: image/jpeg\r\nContent-Length: {size}\r\n\r\n")
+    head = (
+        f"POST /v1/streaming/sessions/{session}/frame HTTP/1.1\r\nHost: x\r\n"
+        f"Content-Type: image/jpeg\r\nContent-Length: {size}\r\n\r\n"
+    )
     # Only 1 KiB of the announced 9 MiB is ever sent: the answer proves nothing more was read.
     answer = _raw_request(fake_server.port, head, b"\xff\xd8\xff" + b"\0" * 1021)
     assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
     json_head = head.replace("image/jpeg", "application/json")
-    answer = _raw_request(fake_server.port, json_head.replace(str(size), str(12 * 1024 * 1024)),
-                          b"{")
+    answer = _raw_request(
+        fake_server.port, json_head.replace(str(size), str(12 * 1024 * 1024)), b"{"
+    )
     assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
 
 
@@ -244,8 +324,7 @@ def test_streamed_body_is_counted_without_a_content_length(sessions: Sessions) -
             yield b"\xff" * (1024 * 1024)
 
     try:
-        response = sessions.frame(session, content=chunks(),
-                                  headers={"content-type": "image/jpeg"})
+        response = sessions.frame(session, content=chunks(), headers={"content-type": "image/jpeg"})
     except httpx.HTTPError:  # the server may close while the upload is still running
         pytest.skip("connection closed before the response could be read")
     assert "exceeds the limit of 8388608 bytes" in nim_error(response, 413)

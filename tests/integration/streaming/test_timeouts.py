@@ -22,7 +22,13 @@ from tests.integration.streaming.support import (
     nim_error,
     start_server,
 )
-from tests.integration.streaming.test_ws import assert_closed_with, assert_error, create, frame, ws_connect
+from tests.integration.streaming.test_ws import (
+    assert_closed_with,
+    assert_error,
+    create,
+    frame,
+    ws_connect,
+)
 from tests.support.server import ServerProcess
 
 HANG_ON_FRAME = 2

@@ -16,13 +16,16 @@ def client_for(runtime: ServerRuntime, host: str) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=transport, base_url="http://test")
 
 
-@pytest.mark.parametrize("states, expected", [
-    ({"a": "ready", "b": "ready"}, "ok"),
-    ({}, "ok"),
-    ({"a": "ready", "b": "warming"}, "warming"),
-    ({"a": "loading", "b": "warming"}, "starting"),
-    ({"a": "failed", "b": "warming"}, "unhealthy"),
-])
+@pytest.mark.parametrize(
+    "states, expected",
+    [
+        ({"a": "ready", "b": "ready"}, "ok"),
+        ({}, "ok"),
+        ({"a": "ready", "b": "warming"}, "warming"),
+        ({"a": "loading", "b": "warming"}, "starting"),
+        ({"a": "failed", "b": "warming"}, "unhealthy"),
+    ],
+)
 def test_overall_status(states: dict[str, str], expected: str) -> None:
     assert overall_status(states) == expected
 
@@ -41,8 +44,12 @@ async def test_admin_with_key_needs_the_bearer_token_from_anywhere() -> None:
     runtime = ServerRuntime(config=build_config({}), clients={}, admin_key="k3y")
     async with client_for(runtime, "192.0.2.10") as remote:
         assert (await remote.get("/admin/stats")).status_code == 401
-        assert (await remote.get("/admin/stats", headers={"Authorization": "Basic k3y"})).status_code == 401
-        assert (await remote.get("/admin/stats", headers={"Authorization": "Bearer k3"})).status_code == 403
+        assert (
+            await remote.get("/admin/stats", headers={"Authorization": "Basic k3y"})
+        ).status_code == 401
+        assert (
+            await remote.get("/admin/stats", headers={"Authorization": "Bearer k3"})
+        ).status_code == 403
         ok = await remote.get("/admin/stats", headers={"Authorization": "Bearer k3y"})
     assert ok.status_code == 200 and ok.json() == {"stages": {}}
 

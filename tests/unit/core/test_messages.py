@@ -10,9 +10,9 @@ from worldserve.ipc.messages import (
     Echo,
     ErrorReply,
     Hello,
+    RealtimeChunkResult,
     ReasonerRetention,
     ReasonerSampling,
-    RealtimeChunkResult,
     StageInfo,
     all_message_types,
 )

@@ -47,8 +47,11 @@ def test_good_upload_names_and_ids() -> None:
 
 def test_forbidden_fields_anywhere() -> None:
     check_forbidden_fields({"prompt": "x", "a": [{"b": "c"}]})
-    for payload in ({"a": [{"b": {"output_path": "x"}}]}, {"a": json.dumps({"vae_path": 1})},
-                    {"a": json.dumps([json.dumps({"foo_model_path": 1})])}):
+    for payload in (
+        {"a": [{"b": {"output_path": "x"}}]},
+        {"a": json.dumps({"vae_path": 1})},
+        {"a": json.dumps([json.dumps({"foo_model_path": 1})])},
+    ):
         with pytest.raises(InvalidRequest, match="cannot be set"):
             check_forbidden_fields(payload)
     deep: object = "x"
@@ -67,8 +70,11 @@ def test_decoded_json_never_raises() -> None:
 def test_scan_without_local_dir_refuses_paths(tmp_path: Path) -> None:
     policy = MediaPolicy()
     policy.scan({"prompt": "/etc/passwd", "input_reference": "data:image/png;base64,AAAA"})
-    for payload in ({"image_path": "/etc/passwd"}, {"x": "file:///etc/passwd"},
-                    {"extra": json.dumps({"video_url": "rel/path.mp4"})}):
+    for payload in (
+        {"image_path": "/etc/passwd"},
+        {"x": "file:///etc/passwd"},
+        {"extra": json.dumps({"video_url": "rel/path.mp4"})},
+    ):
         with pytest.raises(InvalidRequest, match="--allowed-local-media-path"):
             policy.scan(payload)
 
@@ -76,7 +82,9 @@ def test_scan_without_local_dir_refuses_paths(tmp_path: Path) -> None:
 def test_scan_rewrites_nothing_but_checks_hosts(tmp_path: Path) -> None:
     policy = MediaPolicy(allowed_local_dir=tmp_path.resolve(), allowed_domains=("example.com",))
     (tmp_path / "a.png").write_bytes(b"x")
-    assert policy.check_reference(f"file://{tmp_path}/a.png", "url") == str((tmp_path / "a.png").resolve())
+    assert policy.check_reference(f"file://{tmp_path}/a.png", "url") == str(
+        (tmp_path / "a.png").resolve()
+    )
     policy.scan({"url": "https://cdn.example.com/a.png"})
     for bad in ("https://example.org/a.png", "http://[::1/a.png", "http://example.com:0x1/"):
         with pytest.raises(InvalidRequest):
@@ -85,7 +93,9 @@ def test_scan_rewrites_nothing_but_checks_hosts(tmp_path: Path) -> None:
 
 def test_prompt_limit() -> None:
     check_prompt_lengths({"prompt": "x" * MAX_PROMPT_CHARS})
-    for payload in ({"prompt": "x" * (MAX_PROMPT_CHARS + 1)},
-                    {"input": {"task": "x" * (MAX_PROMPT_CHARS + 1)}}):
+    for payload in (
+        {"prompt": "x" * (MAX_PROMPT_CHARS + 1)},
+        {"input": {"task": "x" * (MAX_PROMPT_CHARS + 1)}},
+    ):
         with pytest.raises(InvalidRequest, match="limit is 65536"):
             check_prompt_lengths(payload)

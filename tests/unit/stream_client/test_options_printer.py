@@ -10,8 +10,16 @@ from pathlib import Path
 import pytest
 
 from worldserve.clients.streaming import (
-    FrameError, Printer, StreamOptions, UsageError, build_options, percentile, session_body,
-    validate_options, websocket_url)
+    FrameError,
+    Printer,
+    StreamOptions,
+    UsageError,
+    build_options,
+    percentile,
+    session_body,
+    validate_options,
+    websocket_url,
+)
 
 FLAGS = dict(video="clip.mp4", url=None, transport=None, backend="standalone", frame_format=None,
              input_format=None, fps=1.0, max_frames=30, loop=False, realtime=False, quiet=False,
@@ -122,7 +130,7 @@ def test_quiet_prints_every_tenth_reply_and_a_progress_bar_on_a_tty() -> None:
     for index in range(25):
         printer.sent(index + 1)
         printer.reply(reply(index), 0.1)
-    assert [l.split(":")[0] for l in out.getvalue().splitlines()] == [
+    assert [line.split(":")[0] for line in out.getvalue().splitlines()] == [
         "frame    0", "frame   10", "frame   20"]
     assert "25/25 frames" in err.getvalue() and "[" + "#" * 30 + "]" in err.getvalue()
     quiet_no_tty = io.StringIO()

@@ -8,12 +8,19 @@ from pathlib import Path
 
 import av
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from tests.unit.stream_client.synthetic import write_clip
 from worldserve.clients.streaming import (
-    JPEG_QUALITY, MAX_FRAME_PIXELS, StreamError, fit_within_pixels, iter_frames, sample_step)
+    JPEG_QUALITY,
+    MAX_FRAME_PIXELS,
+    StreamError,
+    fit_within_pixels,
+    iter_frames,
+    sample_step,
+)
 
 
 @pytest.fixture(scope="module")
@@ -21,10 +28,19 @@ def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_clip(tmp_path_factory.mktemp("clip") / "clip.mp4", num_frames=30, fps=10)
 
 
-@pytest.mark.parametrize(("source_fps", "fps", "step"), [
-    (30.0, 1.0, 30), (10.0, 2.0, 5), (25.0, 2.0, 12),  # 12.5 rounds half to even
-    (27.0, 2.0, 14), (10.0, 20.0, 1), (29.97, 1.0, 30), (None, 1.0, 30), (0.0, 3.0, 10),
-])
+@pytest.mark.parametrize(
+    ("source_fps", "fps", "step"),
+    [
+        (30.0, 1.0, 30),
+        (10.0, 2.0, 5),
+        (25.0, 2.0, 12),  # 12.5 rounds half to even
+        (27.0, 2.0, 14),
+        (10.0, 20.0, 1),
+        (29.97, 1.0, 30),
+        (None, 1.0, 30),
+        (0.0, 3.0, 10),
+    ],
+)
 def test_sample_step(source_fps: float | None, fps: float, step: int) -> None:
     assert sample_step(source_fps, fps) == step
 
@@ -43,7 +59,10 @@ def test_downscale_stays_within_4mp_and_keeps_aspect(width: int, height: int) ->
     assert out.size[0] * out.size[1] <= MAX_FRAME_PIXELS
     if width * height > MAX_FRAME_PIXELS:
         assert out.size[0] <= width and out.size[1] <= height
-        assert abs(out.size[0] / out.size[1] - width / height) <= 0.02 * width / height + 1 / out.size[1]
+        assert (
+            abs(out.size[0] / out.size[1] - width / height)
+            <= 0.02 * width / height + 1 / out.size[1]
+        )
         # no needless shrinking: at most a couple of rows/columns below the bound
         assert (out.size[0] + 2) * (out.size[1] + 2) > MAX_FRAME_PIXELS
 

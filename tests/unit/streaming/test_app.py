@@ -28,10 +28,18 @@ class DeclaringEngine:
     model_name, model_path, num_params = "tiny-vl", "/models/tiny-vl", 1
 
     def __init__(self, **caps: Any) -> None:
-        self.caps = ReasonerCapabilities(**{
-            "backend": "hf", "dtype": "bfloat16", "streaming": True, "chat": True,
-            "max_model_len": 4096, "retention": ReasonerRetention(max_video_segments=8),
-            "sampling": ReasonerSampling(), **caps})
+        self.caps = ReasonerCapabilities(
+            **{
+                "backend": "hf",
+                "dtype": "bfloat16",
+                "streaming": True,
+                "chat": True,
+                "max_model_len": 4096,
+                "retention": ReasonerRetention(max_video_segments=8),
+                "sampling": ReasonerSampling(),
+                **caps,
+            }
+        )
 
     def capabilities(self) -> ReasonerCapabilities:
         return self.caps
@@ -61,7 +69,9 @@ def reasoner_client(tmp_path: Path, state: str = "ready", **caps: Any) -> StageC
     return client
 
 
-async def serve(config: ServerConfig, clients: dict[str, StageClient]) -> AsyncIterator[httpx.AsyncClient]:
+async def serve(
+    config: ServerConfig, clients: dict[str, StageClient]
+) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(ServerRuntime(config=config, clients=clients))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
         yield c
@@ -76,13 +86,19 @@ def config() -> ServerConfig:
 
 async def test_backend_without_streaming_is_501(tmp_path: Path, config: ServerConfig) -> None:
     async for http in serve(config, {"reasoner": reasoner_client(tmp_path, streaming=False)}):
-        for response in (await http.get("/v1/streaming/config"),
-                         await http.post("/v1/streaming/sessions", json=SESSION),
-                         await http.delete("/v1/streaming/sessions/sess-x")):
+        for response in (
+            await http.get("/v1/streaming/config"),
+            await http.post("/v1/streaming/sessions", json=SESSION),
+            await http.delete("/v1/streaming/sessions/sess-x"),
+        ):
             assert response.status_code == 501
-            assert response.json() == {"error": {
-                "message": "streaming is unavailable: the 'hf' reasoner backend does not support "
-                           "it", "code": 501}}
+            assert response.json() == {
+                "error": {
+                    "message": "streaming is unavailable: the 'hf' reasoner backend does not support "  # noqa: E501
+                    "it",
+                    "code": 501,
+                }
+            }
         models = (await http.get("/v1/models")).json()["data"]
         assert models[0]["capabilities"] == ["chat_completions"]
 
@@ -93,8 +109,10 @@ async def test_stage_not_ready_is_503(tmp_path: Path, config: ServerConfig, stat
         response = await http.post("/v1/streaming/sessions", json=SESSION)
         assert response.status_code == 503
         assert f"state '{state}'" in response.json()["error"]["message"]
-        chat = await http.post("/v1/chat/completions", json={
-            "model": "tiny-vl", "messages": [{"role": "user", "content": "hi"}]})
+        chat = await http.post(
+            "/v1/chat/completions",
+            json={"model": "tiny-vl", "messages": [{"role": "user", "content": "hi"}]},
+        )
         assert chat.status_code == 503 and chat.json()["error"]["type"] == "service_unavailable"
 
 
@@ -115,8 +133,9 @@ async def test_metadata_profile_of_the_reasoner(tmp_path: Path, config: ServerCo
 
 
 async def test_without_a_reasoner_stage(tmp_path: Path) -> None:
-    config = ServerConfig.model_validate({"stages": {"generation": {"enabled": False},
-                                                     "reasoner": {"enabled": False}}})
+    config = ServerConfig.model_validate(
+        {"stages": {"generation": {"enabled": False}, "reasoner": {"enabled": False}}}
+    )
     async for http in serve(config, {}):
         meta = (await http.get("/v1/metadata")).json()
         assert meta["model_type"] == "generator" and meta["inference_endpoint"] is None
@@ -125,8 +144,9 @@ async def test_without_a_reasoner_stage(tmp_path: Path) -> None:
         assert (await http.post("/v1/chat/completions", json={})).status_code == 404
 
 
-async def test_remote_image_urls_need_allowed_media_domains(tmp_path: Path,
-                                                           config: ServerConfig) -> None:
+async def test_remote_image_urls_need_allowed_media_domains(
+    tmp_path: Path, config: ServerConfig
+) -> None:
     image = {"type": "image_url", "image_url": {"url": "https://example.com/a.jpg"}}
     body = {"model": "tiny-vl", "messages": [{"role": "user", "content": [image]}]}
     async for http in serve(config, {"reasoner": reasoner_client(tmp_path)}):

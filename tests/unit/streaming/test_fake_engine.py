@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.integration.streaming.support import image_bytes
 from worldserve.config import ReasonerStageConfig, ServerConfig
 from worldserve.engines.reasoner.fake import FakeReasonerEngine
 from worldserve.errors import CapacityExceeded, InvalidRequest, NotFound
@@ -18,7 +19,6 @@ from worldserve.ipc.messages import (
     SessionCreated,
     SessionFrame,
 )
-from tests.integration.streaming.support import image_bytes
 
 
 def engine(**fields) -> FakeReasonerEngine:

@@ -19,7 +19,9 @@ from worldserve.api.routes.web import WEB_DIR, _walk, offered_surfaces
 from worldserve.api.runtime import ServerRuntime
 from worldserve.config import ServerConfig
 
-IMPORT_RE = re.compile(r"""(?:^|\n)\s*(?:import|export)\s[^;]*?\bfrom\s*["']([^"']+)["']|import\s*["']([^"']+)["']""")
+IMPORT_RE = re.compile(
+    r"""(?:^|\n)\s*(?:import|export)\s[^;]*?\bfrom\s*["']([^"']+)["']|import\s*["']([^"']+)["']"""
+)
 
 
 class _Refs(HTMLParser):
@@ -105,8 +107,16 @@ def test_no_inline_script_or_style_in_the_page(client: TestClient) -> None:
     assert "<style" not in html and " style=" not in html and " on" + "click=" not in html
 
 
-@pytest.mark.parametrize("path", ["/web/../config.py", "/web/%2e%2e/config.py", "/web/nope.js",
-                                  "/web/", "/web/..%2fapi%2fapp.py"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/web/../config.py",
+        "/web/%2e%2e/config.py",
+        "/web/nope.js",
+        "/web/",
+        "/web/..%2fapi%2fapp.py",
+    ],
+)
 def test_unknown_or_escaping_paths_are_404(client: TestClient, path: str) -> None:
     response = client.get(path)
     assert response.status_code == 404
@@ -139,5 +149,9 @@ def test_surfaces_detects_http_and_websocket_routes() -> None:
     async def videos() -> None: ...
 
     app.include_router(router)
-    assert offered_surfaces(app.routes) == {"images": True, "videos": False,
-                                           "streaming": False, "realtime": True}
+    assert offered_surfaces(app.routes) == {
+        "images": True,
+        "videos": False,
+        "streaming": False,
+        "realtime": True,
+    }

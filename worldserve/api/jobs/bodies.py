@@ -39,8 +39,9 @@ async def read_json(request: Request) -> dict[str, Any]:
 
 async def read_form(request: Request) -> FormBody:
     try:
-        form = await request.form(max_files=MAX_FORM_FIELDS, max_fields=MAX_FORM_FIELDS,
-                                  max_part_size=16 * 1024 * 1024)
+        form = await request.form(
+            max_files=MAX_FORM_FIELDS, max_fields=MAX_FORM_FIELDS, max_part_size=16 * 1024 * 1024
+        )
     except WorldserveError:  # e.g. 413 from the body-size limit
         raise
     except Exception as exc:  # starlette raises assorted parser errors for malformed multipart
@@ -71,10 +72,15 @@ def is_urlencoded(request: Request) -> bool:
 
 def require_json_or_form(request: Request) -> None:
     kind = request.headers.get("content-type", "").lower()
-    if kind and not (kind.startswith("application/json") or kind.startswith("multipart/form-data")
-                     or "+json" in kind or kind.startswith("text/plain")):
-        raise UnsupportedMediaType(f"Content-Type {kind!r} is not supported; send "
-                                   "application/json or multipart/form-data")
+    if kind and not (
+        kind.startswith("application/json")
+        or kind.startswith("multipart/form-data")
+        or "+json" in kind
+        or kind.startswith("text/plain")
+    ):
+        raise UnsupportedMediaType(
+            f"Content-Type {kind!r} is not supported; send application/json or multipart/form-data"
+        )
 
 
 def prepare(payload: dict[str, Any], policy: MediaPolicy) -> dict[str, Any]:
@@ -95,11 +101,14 @@ def validate(model: type[BaseModel], payload: dict[str, Any], *, as_400: bool = 
         if as_400:
             first = exc.errors()[0]
             loc = ".".join(str(p) for p in first["loc"])
-            raise InvalidRequest(f"Invalid request body: {loc}: {first['msg']}",
-                                 param=loc or None) from None
+            raise InvalidRequest(
+                f"Invalid request body: {loc}: {first['msg']}", param=loc or None
+            ) from None
         from fastapi.exceptions import RequestValidationError
 
-        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
+        ) from None
 
 
 async def read_payload(request: Request) -> FormBody:
@@ -110,7 +119,8 @@ async def read_payload(request: Request) -> FormBody:
     return FormBody(await read_json(request), {})
 
 
-def parse_body(model: type[BaseModel], payload: dict[str, Any], policy: MediaPolicy, *,
-               as_400: bool = False) -> Any:
+def parse_body(
+    model: type[BaseModel], payload: dict[str, Any], policy: MediaPolicy, *, as_400: bool = False
+) -> Any:
     """Flattening and the media policy (`prepare`), then the public schema (`validate`)."""
     return validate(model, prepare(payload, policy), as_400=as_400)

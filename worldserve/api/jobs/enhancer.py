@@ -47,16 +47,24 @@ class PromptEnhancer:
         headers = {}
         if self.config.api_key_env and os.environ.get(self.config.api_key_env):
             headers["Authorization"] = f"Bearer {os.environ[self.config.api_key_env]}"
-        body = {"model": self.config.model, "max_tokens": MAX_ENHANCED_TOKENS, "temperature": 0,
-                "messages": [{"role": "system", "content": self.config.system_prompt},
-                             {"role": "user", "content": prompt}]}
+        body = {
+            "model": self.config.model,
+            "max_tokens": MAX_ENHANCED_TOKENS,
+            "temperature": 0,
+            "messages": [
+                {"role": "system", "content": self.config.system_prompt},
+                {"role": "user", "content": prompt},
+            ],
+        }
         try:
             async with httpx.AsyncClient(timeout=self.config.timeout) as client:
-                resp = await client.post(f"{self.config.base_url}/chat/completions", json=body,
-                                         headers=headers)
+                resp = await client.post(
+                    f"{self.config.base_url}/chat/completions", json=body, headers=headers
+                )
         except httpx.TimeoutException:
-            raise RequestTimeout(f"prompt enhancer did not answer within "
-                                 f"{self.config.timeout:g} s") from None
+            raise RequestTimeout(
+                f"prompt enhancer did not answer within {self.config.timeout:g} s"
+            ) from None
         except httpx.HTTPError as exc:
             raise UpstreamError(f"prompt enhancer unreachable ({type(exc).__name__})") from None
         if resp.status_code != 200:
@@ -72,10 +80,16 @@ class PromptEnhancer:
         from worldserve.ipc.client import new_request_id
         from worldserve.ipc.messages import ChatCompletion, ChatMessage, ChatPart, ReasonerSampling
 
-        msg = ChatCompletion(request_id=new_request_id("enhance"), messages=[
-            ChatMessage(role="system", parts=[ChatPart(type="text", text=self.config.system_prompt)]),
-            ChatMessage(role="user", parts=[ChatPart(type="text", text=prompt)])],
-            sampling=ReasonerSampling(max_tokens=MAX_ENHANCED_TOKENS, temperature=0.0))
+        msg = ChatCompletion(
+            request_id=new_request_id("enhance"),
+            messages=[
+                ChatMessage(
+                    role="system", parts=[ChatPart(type="text", text=self.config.system_prompt)]
+                ),
+                ChatMessage(role="user", parts=[ChatPart(type="text", text=prompt)]),
+            ],
+            sampling=ReasonerSampling(max_tokens=MAX_ENHANCED_TOKENS, temperature=0.0),
+        )
         try:
             reply = await self.runtime.client("reasoner").call(msg, timeout_s=self.config.timeout)
         except RequestTimeout:
@@ -83,16 +97,19 @@ class PromptEnhancer:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            raise UpstreamError(f"prompt enhancer (reasoner stage) failed: "
-                                f"{getattr(exc, 'code', type(exc).__name__)}") from None
+            raise UpstreamError(
+                f"prompt enhancer (reasoner stage) failed: "
+                f"{getattr(exc, 'code', type(exc).__name__)}"
+            ) from None
         return getattr(reply, "text", "")
 
 
-async def maybe_enhance(enhancer: PromptEnhancer | None, enabled: bool | None,
-                        prompt: str) -> str:
+async def maybe_enhance(enhancer: PromptEnhancer | None, enabled: bool | None, prompt: str) -> str:
     if not enabled:
         return prompt
     if enhancer is None:
-        raise InvalidRequest("enhance_prompt needs a configured prompt enhancer "
-                             "(stages.generation.prompt_enhancer)", param="enhance_prompt")
+        raise InvalidRequest(
+            "enhance_prompt needs a configured prompt enhancer (stages.generation.prompt_enhancer)",
+            param="enhance_prompt",
+        )
     return await enhancer.enhance(prompt)

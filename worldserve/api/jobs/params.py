@@ -42,8 +42,9 @@ def _positive(name: str, value: int | None, maximum: int | None = None) -> int |
     return value
 
 
-def parse_size(size: str | None, width: int | None, height: int | None,
-               default: tuple[int, int]) -> tuple[int, int]:
+def parse_size(
+    size: str | None, width: int | None, height: int | None, default: tuple[int, int]
+) -> tuple[int, int]:
     """`WIDTHxHEIGHT`; explicit width/height win over size (spec §2.1)."""
     w, h = default
     if size:
@@ -55,7 +56,9 @@ def parse_size(size: str | None, width: int | None, height: int | None,
     w = _positive("width", width, MAX_SIDE) or w
     h = _positive("height", height, MAX_SIDE) or h
     if w > MAX_SIDE or h > MAX_SIDE:
-        raise InvalidRequest(f"size must be at most {MAX_SIDE}x{MAX_SIDE} (got {w}x{h})", param="size")
+        raise InvalidRequest(
+            f"size must be at most {MAX_SIDE}x{MAX_SIDE} (got {w}x{h})", param="size"
+        )
     return w, h
 
 
@@ -73,28 +76,43 @@ def _seeds(req: SamplingFields, default_seed: int) -> list[int]:
 
 def _refuse_unavailable(req: SamplingFields) -> None:
     if req.enable_upscaling:
-        raise InvalidRequest("enable_upscaling is not available: this server has no upscaler "
-                             "configured", param="enable_upscaling")
+        raise InvalidRequest(
+            "enable_upscaling is not available: this server has no upscaler configured",
+            param="enable_upscaling",
+        )
     if getattr(req, "enable_frame_interpolation", False):
-        raise InvalidRequest("enable_frame_interpolation is not available: this server has no "
-                             "frame interpolation model configured",
-                             param="enable_frame_interpolation")
+        raise InvalidRequest(
+            "enable_frame_interpolation is not available: this server has no "
+            "frame interpolation model configured",
+            param="enable_frame_interpolation",
+        )
 
 
-def _params(req: SamplingFields, defaults: GenerationDefaults, size: tuple[int, int],
-            num_frames: int, prompt: str) -> GenerationParams:
+def _params(
+    req: SamplingFields,
+    defaults: GenerationDefaults,
+    size: tuple[int, int],
+    num_frames: int,
+    prompt: str,
+) -> GenerationParams:
     steps = _positive("num_inference_steps", req.num_inference_steps, MAX_STEPS)
     max_len = _positive("max_sequence_length", req.max_sequence_length, 4096)
     return GenerationParams(
-        prompt=prompt, width=size[0], height=size[1], num_frames=num_frames,
+        prompt=prompt,
+        width=size[0],
+        height=size[1],
+        num_frames=num_frames,
         num_inference_steps=steps or defaults.num_inference_steps,
-        guidance_scale=req.guidance_scale if req.guidance_scale is not None
+        guidance_scale=req.guidance_scale
+        if req.guidance_scale is not None
         else defaults.guidance_scale,
         guidance_scale_2=req.guidance_scale_2,
-        negative_prompt=req.negative_prompt if req.negative_prompt is not None
+        negative_prompt=req.negative_prompt
+        if req.negative_prompt is not None
         else defaults.negative_prompt,
         seeds=_seeds(req, defaults.seed),
-        max_sequence_length=max_len or defaults.max_sequence_length)
+        max_sequence_length=max_len or defaults.max_sequence_length,
+    )
 
 
 def require_prompt(prompt: str | None) -> str:
@@ -109,25 +127,33 @@ def compression_of(req: SamplingFields, default: int) -> int:
     return QUALITY_TO_COMPRESSION.get(req.output_quality or "default", default)
 
 
-def resolve_image(req: ImageGenerationRequest, defaults: GenerationDefaults, *,
-                  default_response_format: str) -> ResolvedRequest:
+def resolve_image(
+    req: ImageGenerationRequest, defaults: GenerationDefaults, *, default_response_format: str
+) -> ResolvedRequest:
     prompt = require_prompt(req.prompt)
     response_format = req.response_format or default_response_format
     if response_format not in RESPONSE_FORMATS:
-        raise InvalidRequest(f"response_format={response_format} is not supported",
-                             param="response_format")
+        raise InvalidRequest(
+            f"response_format={response_format} is not supported", param="response_format"
+        )
     if req.output_format is not None and req.output_format not in IMAGE_FORMATS:
-        raise InvalidRequest(f"output_format={req.output_format} is not supported",
-                             param="output_format")
-    output_format = req.output_format or ("png" if req.background == "transparent"
-                                          else defaults.image_format)
+        raise InvalidRequest(
+            f"output_format={req.output_format} is not supported", param="output_format"
+        )
+    output_format = req.output_format or (
+        "png" if req.background == "transparent" else defaults.image_format
+    )
     _refuse_unavailable(req)
     _positive("num_frames", req.num_frames)
-    size = parse_size(req.size, req.width, req.height,
-                      (defaults.image_width, defaults.image_height))
-    return ResolvedRequest(params=_params(req, defaults, size, 1, prompt),
-                           output_format=output_format, compression=compression_of(req, 75),
-                           response_format=response_format)
+    size = parse_size(
+        req.size, req.width, req.height, (defaults.image_width, defaults.image_height)
+    )
+    return ResolvedRequest(
+        params=_params(req, defaults, size, 1, prompt),
+        output_format=output_format,
+        compression=compression_of(req, 75),
+        response_format=response_format,
+    )
 
 
 def resolve_video(req: VideoCreateRequest, defaults: GenerationDefaults) -> ResolvedRequest:
@@ -135,7 +161,13 @@ def resolve_video(req: VideoCreateRequest, defaults: GenerationDefaults) -> Reso
     _refuse_unavailable(req)
     fps = _positive("fps", req.fps, 240) or defaults.fps
     seconds = _positive("seconds", req.seconds, 600) or 4
-    num_frames = _positive("num_frames", req.num_frames, MAX_FRAMES) or min(fps * seconds, MAX_FRAMES)
+    num_frames = _positive("num_frames", req.num_frames, MAX_FRAMES) or min(
+        fps * seconds, MAX_FRAMES
+    )
     size = parse_size(req.size, req.width, req.height, (defaults.width, defaults.height))
-    return ResolvedRequest(params=_params(req, defaults, size, num_frames, prompt),
-                           output_format="mp4", compression=compression_of(req, 50), fps=fps)
+    return ResolvedRequest(
+        params=_params(req, defaults, size, num_frames, prompt),
+        output_format="mp4",
+        compression=compression_of(req, 50),
+        fps=fps,
+    )

@@ -63,8 +63,11 @@ class MediaService:
         self.enhancer = enhancer
         self.config = runtime.config.stages.generation
         self.policy = MediaPolicy.from_config(runtime.config)
-        self.ledger = JobLedger(self.config.resolved_output_dir(), runtime.config.output_ttl_s,
-                                runtime.config.max_job_records)
+        self.ledger = JobLedger(
+            self.config.resolved_output_dir(),
+            runtime.config.output_ttl_s,
+            runtime.config.max_job_records,
+        )
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.in_flight = 0
         self.ledger.recover()
@@ -81,9 +84,11 @@ class MediaService:
     def action_capabilities(self) -> ActionHeadCapabilities:
         caps = self.capabilities().actions
         if caps is None:
-            raise NotFound(f"model '{self.model_name()}' has no action head: action generation "
-                           "is not available on this server (the checkpoint needs an "
-                           "action_head/ folder)")
+            raise NotFound(
+                f"model '{self.model_name()}' has no action head: action generation "
+                "is not available on this server (the checkpoint needs an "
+                "action_head/ folder)"
+            )
         return caps
 
     def model_name(self) -> str:
@@ -94,8 +99,10 @@ class MediaService:
     def admit(self) -> Iterator[None]:
         """Admission over every native media request in flight (spec §1.4, 503 Retry-After)."""
         if self.in_flight >= self.config.max_in_flight:
-            raise CapacityExceeded(f"too many generation requests in flight "
-                                   f"(max_in_flight={self.config.max_in_flight}); retry shortly")
+            raise CapacityExceeded(
+                f"too many generation requests in flight "
+                f"(max_in_flight={self.config.max_in_flight}); retry shortly"
+            )
         self.in_flight += 1
         try:
             yield
@@ -105,9 +112,14 @@ class MediaService:
     # ------------------------------------------------------------------ relaying
 
     def _message(self, record_id: str, resolved: ResolvedRequest) -> GenerateMedia:
-        return GenerateMedia(request_id=new_request_id("gen"), params=resolved.params,
-                             output_stem=record_id, output_format=resolved.output_format,
-                             fps=resolved.fps, compression=resolved.compression)
+        return GenerateMedia(
+            request_id=new_request_id("gen"),
+            params=resolved.params,
+            output_stem=record_id,
+            output_format=resolved.output_format,
+            fps=resolved.fps,
+            compression=resolved.compression,
+        )
 
     async def _open(self, msg: GenerateMedia) -> tuple[Opened, GenerationAccepted]:
         """Send the request and wait for the stage's acceptance (validation by the model)."""
@@ -117,7 +129,9 @@ class MediaService:
             first = await asyncio.wait_for(iterator.__anext__(), ACCEPT_TIMEOUT_S)
         except asyncio.TimeoutError:
             stream.cancel()
-            raise RequestTimeout("the generation stage did not accept the request in time") from None
+            raise RequestTimeout(
+                "the generation stage did not accept the request in time"
+            ) from None
         except BaseException:
             stream.cancel()
             raise
@@ -135,32 +149,39 @@ class MediaService:
             except StopAsyncIteration:
                 return
             except asyncio.TimeoutError:
-                raise RequestTimeout(f"generation did not finish within {deadline:g} s "
-                                     "(request_timeout_s)") from None
+                raise RequestTimeout(
+                    f"generation did not finish within {deadline:g} s (request_timeout_s)"
+                ) from None
             yield reply
 
-    async def _resolved_prompt(self, resolved: ResolvedRequest, enhance: bool | None,
-                               images: list[bytes]) -> ResolvedRequest:
-        resolved.params.prompt = await maybe_enhance(self.enhancer, enhance,
-                                                     resolved.params.prompt)
+    async def _resolved_prompt(
+        self, resolved: ResolvedRequest, enhance: bool | None, images: list[bytes]
+    ) -> ResolvedRequest:
+        resolved.params.prompt = await maybe_enhance(self.enhancer, enhance, resolved.params.prompt)
         resolved.params.condition_images = images
         return resolved
 
     # ------------------------------------------------------------------ images
 
-    async def generate_images(self, body: ImageGenerationRequest, images: list[bytes], *,
-                              default_response_format: str) -> JobRecord:
+    async def generate_images(
+        self, body: ImageGenerationRequest, images: list[bytes], *, default_response_format: str
+    ) -> JobRecord:
         """Run a synchronous image request; returns its completed record."""
-        resolved = resolve_image(body, self.capabilities().defaults,
-                                 default_response_format=default_response_format)
+        resolved = resolve_image(
+            body, self.capabilities().defaults, default_response_format=default_response_format
+        )
         resolved = await self._resolved_prompt(resolved, body.enhance_prompt, images)
         with self.admit():
             return await self._run_images(resolved, len(images))
 
     async def _run_images(self, resolved: ResolvedRequest, num_input_images: int) -> JobRecord:
-        record = self.ledger.new("image", resolved, status=JobStatus.IN_PROGRESS,
-                                 num_input_images=num_input_images,
-                                 response_format=resolved.response_format)
+        record = self.ledger.new(
+            "image",
+            resolved,
+            status=JobStatus.IN_PROGRESS,
+            num_input_images=num_input_images,
+            response_format=resolved.response_format,
+        )
         self.ledger.insert(record)
         opened = None
         try:
@@ -186,12 +207,16 @@ class MediaService:
     async def generate_actions(self, env: ActionEnvelope, images: list[bytes]) -> ActionsResult:
         params = env.parameters
         msg = GenerateActions(
-            request_id=new_request_id("act"), task=env.task, images=images,
+            request_id=new_request_id("act"),
+            task=env.task,
+            images=images,
             state=env.state.tobytes() if env.state is not None else b"",
             noise=env.noise.tobytes() if env.noise is not None else b"",
-            num_inference_steps=params.num_inference_steps, action_horizon=params.action_horizon,
+            num_inference_steps=params.num_inference_steps,
+            action_horizon=params.action_horizon,
             seed=params.seed if params.seed is not None else 42,
-            num_candidates=params.candidate_count or 1)
+            num_candidates=params.candidate_count or 1,
+        )
         with self.admit():
             result = await self.client().call(msg, timeout_s=ACTION_TIMEOUT_S)
         if not isinstance(result, ActionsResult):
@@ -214,7 +239,8 @@ class MediaService:
         self.ledger.insert(record)
         self.in_flight += 1  # a live job holds an admission slot until it ends
         self.tasks[record.id] = asyncio.get_running_loop().create_task(
-            self._run_video(record, opened))
+            self._run_video(record, opened)
+        )
         return record
 
     async def _run_video(self, record: JobRecord, opened: Opened) -> None:
@@ -244,8 +270,9 @@ class MediaService:
             raise NotFound("Video not found", param="video_id")
         return record
 
-    def list_videos(self, after: str | None, limit: int,
-                    descending: bool) -> tuple[list[JobRecord], bool]:
+    def list_videos(
+        self, after: str | None, limit: int, descending: bool
+    ) -> tuple[list[JobRecord], bool]:
         return self.ledger.page("video", after, limit, descending)
 
     async def delete_video(self, video_id: str) -> JobRecord:
@@ -257,14 +284,17 @@ class MediaService:
             if task is not None:
                 done, _ = await asyncio.wait({task}, timeout=self.config.video_cancel_timeout_s)
                 if not done:
-                    log.warning("stage did not confirm cancelling %s in time; removing it", video_id)
+                    log.warning(
+                        "stage did not confirm cancelling %s in time; removing it", video_id
+                    )
         self.ledger.remove(record)
         return record
 
     def _cancel_on_stage(self, record: JobRecord) -> None:
         with contextlib.suppress(StageUnavailable):
-            self.client().send_nowait(Cancel(request_id=new_request_id("cancel"),
-                                             target_id=record.stage_request_id or ""))
+            self.client().send_nowait(
+                Cancel(request_id=new_request_id("cancel"), target_id=record.stage_request_id or "")
+            )
 
     # ------------------------------------------------------------------ files
 

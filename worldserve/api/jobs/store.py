@@ -51,14 +51,23 @@ class RecordStore:
         self._db.execute(
             "INSERT INTO records (id, kind, status, created_at, seq, expires_at, data) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (record.id, record.kind, record.status.value, record.created_at, self._seq,
-             record.expires_at, record.to_json().decode()))
+            (
+                record.id,
+                record.kind,
+                record.status.value,
+                record.created_at,
+                self._seq,
+                record.expires_at,
+                record.to_json().decode(),
+            ),
+        )
 
     def save(self, record: JobRecord) -> None:
         """Write the whole record back (one atomic statement)."""
         self._db.execute(
             "UPDATE records SET status = ?, expires_at = ?, data = ? WHERE id = ?",
-            (record.status.value, record.expires_at, record.to_json().decode(), record.id))
+            (record.status.value, record.expires_at, record.to_json().decode(), record.id),
+        )
 
     def delete(self, record_id: str) -> bool:
         return self._db.execute("DELETE FROM records WHERE id = ?", (record_id,)).rowcount > 0
@@ -66,26 +75,32 @@ class RecordStore:
     # ------------------------------------------------------------------ reads
 
     def get(self, record_id: str, kind: str | None = None) -> JobRecord | None:
-        row = self._db.execute("SELECT kind, data FROM records WHERE id = ?", (record_id,)).fetchone()
+        row = self._db.execute(
+            "SELECT kind, data FROM records WHERE id = ?", (record_id,)
+        ).fetchone()
         if row is None or (kind is not None and row[0] != kind):
             return None
         return JobRecord.from_json(row[1])
 
-    def page(self, kind: str, after: str | None, limit: int, descending: bool,
-             now: int) -> tuple[list[JobRecord], bool]:
+    def page(
+        self, kind: str, after: str | None, limit: int, descending: bool, now: int
+    ) -> tuple[list[JobRecord], bool]:
         """Records of `kind` ordered by (created_at, seq), starting after record `after`."""
         op, direction = ("<", "DESC") if descending else (">", "ASC")
         where, args = "kind = ? AND (expires_at IS NULL OR expires_at > ?)", [kind, now]
         if after is not None:
-            anchor = self._db.execute("SELECT created_at, seq FROM records WHERE id = ? AND kind = ?",
-                                      (after, kind)).fetchone()
+            anchor = self._db.execute(
+                "SELECT created_at, seq FROM records WHERE id = ? AND kind = ?", (after, kind)
+            ).fetchone()
             if anchor is None:
                 return [], False
             where += f" AND (created_at, seq) {op} (?, ?)"
             args += list(anchor)
         rows = self._db.execute(
-            f"SELECT data FROM records WHERE {where} ORDER BY created_at {direction}, seq {direction} "
-            "LIMIT ?", (*args, limit + 1)).fetchall()
+            f"SELECT data FROM records WHERE {where} ORDER BY created_at {direction}, seq {direction} "  # noqa: E501
+            "LIMIT ?",
+            (*args, limit + 1),
+        ).fetchall()
         items = [JobRecord.from_json(r[0]) for r in rows]
         return items[:limit], len(items) > limit
 
@@ -96,8 +111,9 @@ class RecordStore:
         return [JobRecord.from_json(r[0]) for r in rows.fetchall()]
 
     def expired(self, now: int) -> list[JobRecord]:
-        rows = self._db.execute("SELECT data FROM records WHERE expires_at IS NOT NULL "
-                                "AND expires_at <= ?", (now,)).fetchall()
+        rows = self._db.execute(
+            "SELECT data FROM records WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,)
+        ).fetchall()
         return [JobRecord.from_json(r[0]) for r in rows]
 
     def oldest_terminal_over(self, max_records: int) -> list[JobRecord]:
@@ -109,5 +125,6 @@ class RecordStore:
         marks = ",".join("?" * len(TERMINAL_STATUSES))
         rows = self._db.execute(
             f"SELECT data FROM records WHERE status IN ({marks}) ORDER BY created_at, seq LIMIT ?",
-            (*(status.value for status in TERMINAL_STATUSES), excess)).fetchall()
+            (*(status.value for status in TERMINAL_STATUSES), excess),
+        ).fetchall()
         return [JobRecord.from_json(r[0]) for r in rows]

@@ -30,9 +30,12 @@ _service = media_service
 
 
 def _view(request: Request, service: MediaService, record: JobRecord) -> dict[str, Any]:
-    return image_response(record, service.paths(record),
-                          base_url=public_base_url(request, service.runtime.config),
-                          hide_paths=service.config.hide_file_paths)
+    return image_response(
+        record,
+        service.paths(record),
+        base_url=public_base_url(request, service.runtime.config),
+        hide_paths=service.config.hide_file_paths,
+    )
 
 
 @router.post("/v1/images/generations")
@@ -46,14 +49,21 @@ async def generations(request: Request) -> dict[str, Any]:
 @router.post("/v1/images/edits")
 async def edits(request: Request) -> dict[str, Any]:
     service = _service(request)
-    body, images = await read_edit_request(request, service.policy,
-                                           service.runtime.config.max_upload_bytes)
+    body, images = await read_edit_request(
+        request, service.policy, service.runtime.config.max_upload_bytes
+    )
     record = await service.generate_images(body, images, default_response_format="b64_json")
     return _view(request, service, record)
 
 
 @router.get("/v1/images/{image_id}/content")
-async def content(request: Request, image_id: str, variant: str | None = Query(None)) -> FileResponse:
+async def content(
+    request: Request, image_id: str, variant: str | None = Query(None)
+) -> FileResponse:
     path = _service(request).image_file(image_id, variant)
-    return FileResponse(path, media_type=content_type_for(path.name), filename=path.name,
-                        content_disposition_type="attachment")
+    return FileResponse(
+        path,
+        media_type=content_type_for(path.name),
+        filename=path.name,
+        content_disposition_type="attachment",
+    )

@@ -34,42 +34,55 @@ _service = media_service
 
 
 def _view(request: Request, service: MediaService, record: JobRecord) -> dict[str, Any]:
-    return job_object(record, service.paths(record),
-                      base_url=public_base_url(request, service.runtime.config),
-                      hide_paths=service.config.hide_file_paths)
+    return job_object(
+        record,
+        service.paths(record),
+        base_url=public_base_url(request, service.runtime.config),
+        hide_paths=service.config.hide_file_paths,
+    )
 
 
 @router.post("/v1/videos")
 async def create(request: Request) -> dict[str, Any]:
     service = _service(request)
-    body, images = await read_video_request(request, service.policy,
-                                            service.runtime.config.max_upload_bytes)
+    body, images = await read_video_request(
+        request, service.policy, service.runtime.config.max_upload_bytes
+    )
     return _view(request, service, await service.create_video(body, images))
 
 
 def _page_params(limit: str | None, order: str | None) -> tuple[int, Literal["asc", "desc"]]:
     """`limit` 1..100 (default 100) and `order` asc|desc (default desc), else 400."""
     if order is not None and order not in ORDERS:
-        raise InvalidRequest(f"order must be one of {', '.join(ORDERS)} (got {order!r})",
-                             param="order")
+        raise InvalidRequest(
+            f"order must be one of {', '.join(ORDERS)} (got {order!r})", param="order"
+        )
     if limit is None:
         return DEFAULT_PAGE, order or "desc"  # type: ignore[return-value]
     if not limit.strip().isdigit() or not 1 <= int(limit) <= MAX_PAGE:
-        raise InvalidRequest(f"limit must be an integer from 1 to {MAX_PAGE} (got {limit!r})",
-                             param="limit")
+        raise InvalidRequest(
+            f"limit must be an integer from 1 to {MAX_PAGE} (got {limit!r})", param="limit"
+        )
     return int(limit), order or "desc"  # type: ignore[return-value]
 
 
 @router.get("/v1/videos")
-async def list_jobs(request: Request, after: str | None = Query(None),
-                    limit: str | None = Query(None),
-                    order: str | None = Query(None)) -> dict[str, Any]:
+async def list_jobs(
+    request: Request,
+    after: str | None = Query(None),
+    limit: str | None = Query(None),
+    order: str | None = Query(None),
+) -> dict[str, Any]:
     service = _service(request)
     page_size, direction = _page_params(limit, order)
     records, has_more = service.list_videos(after, page_size, direction == "desc")
-    return job_list(records, service.paths, has_more,
-                    base_url=public_base_url(request, service.runtime.config),
-                    hide_paths=service.config.hide_file_paths)
+    return job_list(
+        records,
+        service.paths,
+        has_more,
+        base_url=public_base_url(request, service.runtime.config),
+        hide_paths=service.config.hide_file_paths,
+    )
 
 
 @router.get("/v1/videos/{video_id}")
@@ -79,7 +92,9 @@ async def retrieve(request: Request, video_id: str) -> dict[str, Any]:
 
 
 @router.get("/v1/videos/{video_id}/content")
-async def content(request: Request, video_id: str, variant: str | None = Query(None)) -> FileResponse:
+async def content(
+    request: Request, video_id: str, variant: str | None = Query(None)
+) -> FileResponse:
     path = _service(request).video_file(video_id, variant)
     return FileResponse(path, media_type="video/mp4", filename=path.name)
 

@@ -12,7 +12,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 
 from worldserve.media.framing import DELTA_LEVEL_RANGE
 from worldserve.media.policy import MAX_PROMPT_CHARS
@@ -49,8 +57,10 @@ class ConditionInputs(_Lenient):
         if self.camera_actions is not None and self.action is not None:
             raise ValueError("condition_inputs: give camera_actions or action, not both")
         if self.intrinsics_path is not None:
-            raise ValueError("condition_inputs.intrinsics_path: server paths are refused; "
-                             "send intrinsics as an array")
+            raise ValueError(
+                "condition_inputs.intrinsics_path: server paths are refused; "
+                "send intrinsics as an array"
+            )
         if self.action is not None:
             parse_action_dsl(self.action, max_frames=None)
         return self
@@ -94,7 +104,9 @@ class InitRequest(_Lenient):
     def _refuse_server_paths(cls, data: Any) -> Any:
         if isinstance(data, dict):
             for key in data:
-                if isinstance(key, str) and (key in FORBIDDEN_INIT_KEYS or key.endswith("_model_path")):
+                if isinstance(key, str) and (
+                    key in FORBIDDEN_INIT_KEYS or key.endswith("_model_path")
+                ):
                     raise ValueError(f"{key}: clients cannot choose server paths; remove the field")
         return data
 
@@ -110,14 +122,20 @@ class InitRequest(_Lenient):
         fmt = self.realtime_output_format or "raw"
         if self.realtime_delta_level is not None:
             if fmt not in DELTA_LEVEL_RANGE:
-                raise ValueError("realtime_delta_level applies to delta-gzip/delta-zstd output only")
+                raise ValueError(
+                    "realtime_delta_level applies to delta-gzip/delta-zstd output only"
+                )
             low, high = DELTA_LEVEL_RANGE[fmt]
             if not low <= self.realtime_delta_level <= high:
-                raise ValueError(f"realtime_delta_level: {self.realtime_delta_level} is outside "
-                                 f"{low}..{high} for {fmt}")
+                raise ValueError(
+                    f"realtime_delta_level: {self.realtime_delta_level} is outside "
+                    f"{low}..{high} for {fmt}"
+                )
         if self.enable_upscaling or self.enable_frame_interpolation:
-            raise ValueError("enable_upscaling / enable_frame_interpolation are not supported "
-                             "by this server's realtime pipeline")
+            raise ValueError(
+                "enable_upscaling / enable_frame_interpolation are not supported "
+                "by this server's realtime pipeline"
+            )
         return self
 
     @property
@@ -138,13 +156,17 @@ def parse_action_dsl(text: str, max_frames: int | None) -> list[list[str]]:
     frames: list[list[str]] = []
     items = [item.strip() for item in text.split(",")]
     if not text.strip() or len(items) > MAX_DSL_ITEMS:
-        raise ValueError(f"action: expected 1..{MAX_DSL_ITEMS} comma-separated '<keys>-<frames>' "
-                         f"items, got {text[:80]!r}")
+        raise ValueError(
+            f"action: expected 1..{MAX_DSL_ITEMS} comma-separated '<keys>-<frames>' "
+            f"items, got {text[:80]!r}"
+        )
     for item in items:
         match = DSL_ITEM_RE.match(item)
         if not match or int(match.group(2)) <= 0:
-            raise ValueError(f"action: item {item!r} is not '<keys>-<frames>' with keys from "
-                             "wasdijkl (or 'none') and a positive frame count, e.g. 'w-20'")
+            raise ValueError(
+                f"action: item {item!r} is not '<keys>-<frames>' with keys from "
+                "wasdijkl (or 'none') and a positive frame count, e.g. 'w-20'"
+            )
         keys = [] if match.group(1) == "none" else sorted(set(match.group(1)), key="wasdijkl".index)
         count = int(match.group(2))
         if max_frames is not None and len(frames) + count > max_frames:

@@ -36,20 +36,31 @@ class WarmupPlan:
         return self.num_finished >= len(self.params)
 
     @classmethod
-    def create(cls, config: GenerationStageConfig, defaults: SamplingDefaults, runner) -> "WarmupPlan":
+    def create(
+        cls, config: GenerationStageConfig, defaults: SamplingDefaults, runner
+    ) -> "WarmupPlan":
         explicit = bool(config.warmup_resolutions)
         blocking = config.warmup_mode == "server" or explicit
-        steps = (min(defaults.num_inference_steps, max(config.warmup_steps, 2)) if blocking else 1)
+        steps = min(defaults.num_inference_steps, max(config.warmup_steps, 2)) if blocking else 1
         if explicit:
             sizes = [tuple(int(v) for v in s.lower().split("x")) for s in config.warmup_resolutions]
         else:
             sizes = [_representative_size(defaults.width, defaults.height, runner.size_multiple)]
         frames = runner.snap_frames(min(defaults.num_frames, MAX_WARMUP_FRAMES))
-        params = [GenerationParams(
-            prompt=WARMUP_PROMPT, width=w, height=h, num_frames=frames, num_inference_steps=steps,
-            guidance_scale=defaults.guidance_scale, negative_prompt=defaults.negative_prompt,
-            seeds=[defaults.seed], max_sequence_length=defaults.max_sequence_length)
-            for w, h in sizes]
+        params = [
+            GenerationParams(
+                prompt=WARMUP_PROMPT,
+                width=w,
+                height=h,
+                num_frames=frames,
+                num_inference_steps=steps,
+                guidance_scale=defaults.guidance_scale,
+                negative_prompt=defaults.negative_prompt,
+                seeds=[defaults.seed],
+                max_sequence_length=defaults.max_sequence_length,
+            )
+            for w, h in sizes
+        ]
         for p in params:
             runner.check(p)  # a bad explicit resolution fails startup right here
         return cls(blocking=blocking, explicit=explicit, params=params)
@@ -64,11 +75,15 @@ class WarmupPlan:
         if isinstance(reply, ErrorReply):
             self.num_failed += 1
             if self.explicit:
-                raise SystemExit(f"stage generation failed to start: warmup at the explicit "
-                                 f"warmup_resolutions failed: {reply.message}")
+                raise SystemExit(
+                    f"stage generation failed to start: warmup at the explicit "
+                    f"warmup_resolutions failed: {reply.message}"
+                )
             log.warning("warmup request failed (continuing): %s", reply.message)
         if self.done:
-            log.info("warmup finished (%d request(s), %d failed)", len(self.params), self.num_failed)
+            log.info(
+                "warmup finished (%d request(s), %d failed)", len(self.params), self.num_failed
+            )
 
 
 def _representative_size(width: int, height: int, multiple: int) -> tuple[int, int]:
