@@ -123,8 +123,51 @@ def serve(
     forwarded_allow_ips: Optional[str] = typer.Option(
         None, help="Proxies trusted for X-Forwarded-Proto/For/Host [default: 127.0.0.1]."
     ),
+    # --- Live video reasoning: the NIM settings (spec streaming-reasoning.md section 2). Each
+    # flag wins over its NIM_* variable, which wins over the YAML file.
+    enable_streaming: Optional[bool] = typer.Option(
+        None, "--enable-streaming/--disable-streaming",
+        help="Streaming routes on/off [$NIM_ENABLE_STREAMING; default: on]."),
+    streaming_max_sessions: Optional[int] = typer.Option(
+        None, help="Live sessions, WebSocket and REST [$NIM_STREAMING_MAX_SESSIONS; 2]."),
+    streaming_max_video_segments: Optional[int] = typer.Option(
+        None, help="Default retained frames [$NIM_STREAMING_MAX_VIDEO_SEGMENTS; 8]."),
+    streaming_idle_timeout_s: Optional[float] = typer.Option(
+        None, help="WebSocket session idle timeout [$NIM_STREAMING_IDLE_TIMEOUT_S; 900]."),
+    streaming_rest_idle_timeout_s: Optional[float] = typer.Option(
+        None, help="REST session idle timeout [$NIM_STREAMING_REST_IDLE_TIMEOUT_S; 120]."),
+    streaming_frame_timeout_s: Optional[float] = typer.Option(
+        None, help="Per-frame ceiling in seconds [120]."),
+    streaming_image_budget: Optional[int] = typer.Option(
+        None, help="Per-session image limit, never below 2 x sessions x segments "
+        "[$NIM_MAX_IMAGES_PER_PROMPT]."),
+    streaming_encoder_capacity: Optional[int] = typer.Option(
+        None, help="Shared encoder capacity [default: the image budget]."),
+    streaming_spec_method: Optional[str] = typer.Option(
+        None, help="none | ngram [$NIM_STREAMING_SPEC_METHOD; none]."),
+    streaming_spec_num_tokens: Optional[int] = typer.Option(
+        None, help="Draft tokens per step [$NIM_STREAMING_SPEC_NUM_TOKENS; 3]."),
+    guided_decoding_backend: Optional[str] = typer.Option(
+        None, help="llguidance [$NIM_GUIDED_DECODING_BACKEND; llguidance]."),
+    reasoner_model_name: Optional[str] = typer.Option(
+        None, help="Name reported as `model` [default: the model id or path]."),
 ) -> None:
     """Start the api process and its stage processes."""
+    streaming = "stages.reasoner.streaming"
+    nim_overrides: dict[str, Any] = {
+        f"{streaming}.enabled": enable_streaming,
+        f"{streaming}.max_sessions": streaming_max_sessions,
+        f"{streaming}.max_video_segments": streaming_max_video_segments,
+        f"{streaming}.idle_timeout_s": streaming_idle_timeout_s,
+        f"{streaming}.rest_idle_timeout_s": streaming_rest_idle_timeout_s,
+        f"{streaming}.frame_timeout_s": streaming_frame_timeout_s,
+        f"{streaming}.image_budget": streaming_image_budget,
+        f"{streaming}.encoder_capacity": streaming_encoder_capacity,
+        f"{streaming}.spec_method": streaming_spec_method,
+        f"{streaming}.spec_num_tokens": streaming_spec_num_tokens,
+        "stages.reasoner.guided_decoding_backend": guided_decoding_backend,
+        "stages.reasoner.served_model_name": reasoner_model_name,
+    }
     overrides: dict[str, Any] = {
         "host": host,
         "port": port,
@@ -140,6 +183,7 @@ def serve(
         "public_url": public_url,
         "forwarded_allow_ips": forwarded_allow_ips,
         **_model_overrides(model_path),
+        **nim_overrides,
     }
     try:
         cfg = load_config(config, overrides)

@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from worldserve import envs
 
@@ -135,6 +142,9 @@ class ReasonerStageConfig(StageConfig):
     max_prefill_tokens: int = Field(default=2048, ge=64)
     # Batch the decode steps of concurrent sessions into one forward.
     batch_decode: bool = True
+    # Grammar engine of guided_json/guided_choice/guided_regex: the hf and fake backends use
+    # llguidance; xgrammar/auto name the NIM's vllm backend and are refused here.
+    guided_decoding_backend: Literal["llguidance", "xgrammar", "auto"] = "llguidance"
     # `fake` backend only (protocol tests): delay of every reply, a 0-based frame index that is
     # never answered (frame timeouts), one that fails as an engine error, and whether the
     # backend claims streaming support (False: streaming routes answer 501).
@@ -142,6 +152,15 @@ class ReasonerStageConfig(StageConfig):
     fake_hang_on_frame: int | None = Field(default=None, ge=0)
     fake_fail_on_frame: int | None = Field(default=None, ge=0)
     fake_streaming: bool = True
+
+    @field_validator("guided_decoding_backend")
+    @classmethod
+    def _guided_backend_is_served(cls, name: str, info: ValidationInfo) -> str:
+        if name != "llguidance":
+            backend = info.data.get("backend", "hf")
+            raise ValueError(f"{name!r} needs the NIM's vllm backend; the {backend} backend "
+                             f"supports 'llguidance'")
+        return name
 
 
 class RealtimeStageConfig(StageConfig):
@@ -239,13 +258,15 @@ class ServerConfig(_Frozen):
         return out
 
 
-def format_validation_error(err: ValidationError) -> str:
-    """One line per problem: `<dotted.path>: <message>`."""
+def format_validation_error(err: ValidationError, sources: dict[str, str] | None = None) -> str:
+    """One line per problem: `<dotted.path>: <message>`, plus `(from $VAR)` where an
+    environment variable set the key."""
     lines = []
     for item in err.errors():
         path = ".".join(str(p) for p in item["loc"]) or "<root>"
         msg = item["msg"].removeprefix("Value error, ")
-        lines.append(f"{path}: {msg}")
+        source = (sources or {}).get(path)
+        lines.append(f"{path}: {msg}" + (f" (from ${source})" if source else ""))
     return "; ".join(lines)
 
 
@@ -280,18 +301,27 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def build_config(data: dict[str, Any], overrides: dict[str, Any] | None = None) -> ServerConfig:
-    """Validate `data` with dotted-path `overrides` applied on top (CLI flags, environment)."""
+    """Validate `data` (YAML) with the environment's settings and then the dotted-path
+    `overrides` (CLI flags) applied on top: flag > environment > YAML > default."""
     tree = dict(data)
+    try:
+        from_env = envs.config_settings()
+    except envs.EnvSettingError as exc:
+        raise ConfigError(f"invalid environment: {exc}") from None
+    sources: dict[str, str] = {}
+    for dotted, (value, variable) in from_env.items():
+        _set_dotted(tree, dotted, value)
+        sources[dotted] = variable
     for dotted, value in (overrides or {}).items():
         if value is not None:
             _set_dotted(tree, dotted, value)
-    streaming = envs.enable_streaming()
-    if streaming is not None:
-        _set_dotted(tree, "stages.reasoner.streaming.enabled", streaming)
+            sources.pop(dotted, None)
     try:
         return ServerConfig.model_validate(tree)
     except ValidationError as exc:
-        raise ConfigError(f"invalid configuration: {format_validation_error(exc)}") from None
+        raise ConfigError(
+            f"invalid configuration: {format_validation_error(exc, sources)}"
+        ) from None
 
 
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> ServerConfig:
