@@ -153,3 +153,68 @@ def test_spec_num_tokens_follows_the_nim_rule(monkeypatch: pytest.MonkeyPatch, r
     # spec section 2 [C]: values < 1 become 1; a non-integer falls back to 3
     monkeypatch.setenv("NIM_STREAMING_SPEC_NUM_TOKENS", raw)
     assert build_config({}).stages.reasoner.streaming.spec_num_tokens == value
+
+
+def test_seed_spelling_of_warmup_equals_the_fields() -> None:
+    seed = build_config({"stages": {"generation": {"server_args_overrides": {
+        "warmup_mode": "server", "warmup_resolutions": ["64x48"], "host": "127.0.0.1"}}}})
+    fields = build_config({"stages": {"generation": {
+        "warmup_mode": "server", "warmup_resolutions": ["64x48"],
+        "server_args_overrides": {"host": "127.0.0.1"}}}})
+    assert seed == fields
+    assert seed.stages.generation.warmup_mode == "server"
+    assert seed.stages.generation.warmup_resolutions == ["64x48"]
+    # the stage processes get the same config back from JSON
+    assert ServerConfig.model_validate_json(seed.model_dump_json()) == seed
+
+
+def test_warmup_overrides_reach_reasoner_and_realtime() -> None:
+    config = build_config({"stages": {
+        "reasoner": {"server_args_overrides": {"warmup_mode": "server"}},
+        "realtime": {"server_args_overrides": {"warmup_mode": "server",
+                                               "warmup_resolutions": ["64x64"]}}}})
+    assert config.stages.reasoner.warmup_mode == "server"
+    assert config.stages.realtime.warmup_mode == "server"
+    assert config.stages.realtime.warmup_sizes == ["64x64"]
+
+
+def test_warmup_override_that_disagrees_with_the_field_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"stages\.generation: server_args_overrides\."
+                                          r"warmup_mode='server' disagrees with warmup_mode"):
+        build_config({"stages": {"generation": {
+            "warmup_mode": "off", "server_args_overrides": {"warmup_mode": "server"}}}})
+
+
+def test_factory_output_dir_is_the_output_dir(tmp_path: Path) -> None:
+    out = str(tmp_path / "media")
+    config = build_config({"stages": {"generation": {"factory": {"output_dir": out}}}})
+    assert config.stages.generation.output_dir == Path(out)
+    # --output-dir (an explicit output_dir) wins over the seed's spelling
+    flag = build_config({"stages": {"generation": {"factory": {"output_dir": out}}}},
+                        {"stages.generation.output_dir": "/srv/out"})
+    assert flag.stages.generation.output_dir == Path("/srv/out")
+    with pytest.raises(ConfigError, match=r"factory\.workers: not a setting worldserve acts on"):
+        build_config({"stages": {"generation": {"factory": {"workers": 2}}}})
+
+
+@pytest.mark.parametrize(("stage", "overrides", "message"), [
+    ("generation", {"warmup_steps_native": 3},
+     "stages.generation: server_args_overrides.warmup_steps_native: not a setting worldserve "
+     "acts on (known: host, warmup_mode, warmup_resolutions)"),
+    ("reasoner", {"warmup_resolutions": ["64x64"]},
+     "server_args_overrides.warmup_resolutions: not a setting worldserve acts on"),
+    ("generation", {"gpu_ids": [0]}, "server_args_overrides.gpu_ids: worldserve sets this"),
+    ("realtime", {"fake_forward_ms": 5},
+     "server_args_overrides.fake_forward_ms: only the fake backend reads it"),
+])
+def test_unknown_override_key_is_a_startup_error(stage: str, overrides: dict,
+                                                  message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        build_config({"stages": {stage: {"server_args_overrides": overrides}}})
+    assert message in str(err.value)
+
+
+def test_fake_realtime_knobs_are_accepted_with_the_fake_backend() -> None:
+    config = build_config({"stages": {"realtime": {
+        "backend": "fake", "server_args_overrides": {"fake_forward_ms": 5}}}})
+    assert config.stages.realtime.server_args_overrides == {"fake_forward_ms": 5}
