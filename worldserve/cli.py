@@ -25,6 +25,7 @@ dev_models_app = typer.Typer(help="Tiny built-in development checkpoints.", no_a
 app.add_typer(dev_models_app, name="dev-models")
 
 DEV_STAGE_DIRS = ("generation", "reasoner", "realtime")
+NIM_PANEL = "Live video reasoning (NIM settings; each flag wins over its NIM_* variable)"
 
 
 def _usage_error(message: str) -> typer.Exit:
@@ -66,6 +67,11 @@ def _fill_dev_model_paths(config: ServerConfig) -> ServerConfig:
     for name in missing:
         data["stages"][name]["model_path"] = str(root / name)
     return ServerConfig.model_validate(data)
+
+
+def _nim(help_text: str) -> Any:
+    """An optional `serve` flag of the NIM settings panel (None: not given on the command line)."""
+    return typer.Option(None, help=help_text, rich_help_panel=NIM_PANEL)
 
 
 def _admin_key(admin_key_file: Path | None) -> str | None:
@@ -126,31 +132,30 @@ def serve(
     # --- Live video reasoning: the NIM settings (spec streaming-reasoning.md section 2). Each
     # flag wins over its NIM_* variable, which wins over the YAML file.
     enable_streaming: Optional[bool] = typer.Option(
-        None, "--enable-streaming/--disable-streaming",
-        help="Streaming routes on/off [$NIM_ENABLE_STREAMING; default: on]."),
-    streaming_max_sessions: Optional[int] = typer.Option(
-        None, help="Live sessions, WebSocket and REST [$NIM_STREAMING_MAX_SESSIONS; 2]."),
-    streaming_max_video_segments: Optional[int] = typer.Option(
-        None, help="Default retained frames [$NIM_STREAMING_MAX_VIDEO_SEGMENTS; 8]."),
-    streaming_idle_timeout_s: Optional[float] = typer.Option(
-        None, help="WebSocket session idle timeout [$NIM_STREAMING_IDLE_TIMEOUT_S; 900]."),
-    streaming_rest_idle_timeout_s: Optional[float] = typer.Option(
-        None, help="REST session idle timeout [$NIM_STREAMING_REST_IDLE_TIMEOUT_S; 120]."),
-    streaming_frame_timeout_s: Optional[float] = typer.Option(
-        None, help="Per-frame ceiling in seconds [120]."),
-    streaming_image_budget: Optional[int] = typer.Option(
-        None, help="Per-session image limit, never below 2 x sessions x segments "
-        "[$NIM_MAX_IMAGES_PER_PROMPT]."),
-    streaming_encoder_capacity: Optional[int] = typer.Option(
-        None, help="Shared encoder capacity [default: the image budget]."),
-    streaming_spec_method: Optional[str] = typer.Option(
-        None, help="none | ngram [$NIM_STREAMING_SPEC_METHOD; none]."),
-    streaming_spec_num_tokens: Optional[int] = typer.Option(
-        None, help="Draft tokens per step [$NIM_STREAMING_SPEC_NUM_TOKENS; 3]."),
-    guided_decoding_backend: Optional[str] = typer.Option(
-        None, help="llguidance [$NIM_GUIDED_DECODING_BACKEND; llguidance]."),
-    reasoner_model_name: Optional[str] = typer.Option(
-        None, help="Name reported as `model` [default: the model id or path]."),
+        None, "--enable-streaming/--disable-streaming", rich_help_panel=NIM_PANEL,
+        help="Streaming routes on/off ($NIM_ENABLE_STREAMING; default on)."),
+    streaming_max_sessions: Optional[int] = _nim(
+        "Live sessions, WebSocket and REST ($NIM_STREAMING_MAX_SESSIONS; 2)."),
+    streaming_max_video_segments: Optional[int] = _nim(
+        "Default retained frames ($NIM_STREAMING_MAX_VIDEO_SEGMENTS; 8)."),
+    streaming_idle_timeout_s: Optional[float] = _nim(
+        "WebSocket session idle timeout ($NIM_STREAMING_IDLE_TIMEOUT_S; 900)."),
+    streaming_rest_idle_timeout_s: Optional[float] = _nim(
+        "REST session idle timeout ($NIM_STREAMING_REST_IDLE_TIMEOUT_S; 120)."),
+    streaming_frame_timeout_s: Optional[float] = _nim("Per-frame ceiling in seconds (120)."),
+    streaming_image_budget: Optional[int] = _nim(
+        "Per-session image limit, never below 2 x sessions x segments "
+        "($NIM_MAX_IMAGES_PER_PROMPT)."),
+    streaming_encoder_capacity: Optional[int] = _nim(
+        "Shared encoder capacity (default: the image budget)."),
+    streaming_spec_method: Optional[str] = _nim(
+        "none | ngram ($NIM_STREAMING_SPEC_METHOD; none)."),
+    streaming_spec_num_tokens: Optional[int] = _nim(
+        "Draft tokens per step ($NIM_STREAMING_SPEC_NUM_TOKENS; 3)."),
+    guided_decoding_backend: Optional[str] = _nim(
+        "llguidance ($NIM_GUIDED_DECODING_BACKEND; llguidance)."),
+    reasoner_model_name: Optional[str] = _nim(
+        "Name reported as `model` (default: the model id or path)."),
 ) -> None:
     """Start the api process and its stage processes."""
     streaming = "stages.reasoner.streaming"

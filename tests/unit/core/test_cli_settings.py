@@ -74,3 +74,13 @@ def test_malformed_variable_is_a_startup_error(served: list[ServerConfig]) -> No
     result = _serve(env={"NIM_STREAMING_MAX_VIDEO_SEGMENTS": "eight"})
     assert result.exit_code == 2 and not served
     assert "NIM_STREAMING_MAX_VIDEO_SEGMENTS='eight': expected an integer" in result.output
+
+
+def test_help_lists_the_nim_flags_in_their_own_panel() -> None:
+    result = CliRunner().invoke(cli.app, ["serve", "--help"], env={"COLUMNS": "200"})
+    assert "Live video reasoning (NIM settings" in result.output
+    for flag, *_ in FLAGS:
+        assert flag in result.output
+    for name in ("--enable-streaming", "--disable-streaming", "--guided-decoding-backend",
+                 "NIM_STREAMING_REST_IDLE_TIMEOUT_S", "--reasoner-model-name"):
+        assert name in result.output
