@@ -77,7 +77,7 @@ class ReasonerDevConfig:
     # Interleaved M-RoPE split of head_dim / 2 (the generator's `rope_axes_dim`).
     mrope_section: tuple[int, int, int] = (4, 2, 2)
     rope_theta: float = 5e6
-    max_position_embeddings: int = 8192
+    max_position_embeddings: int = 4096
     vision_depth: int = 2
     vision_hidden_size: int = 32
     vision_num_heads: int = 2

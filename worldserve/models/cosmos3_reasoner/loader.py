@@ -39,7 +39,7 @@ def quantization_method(model_dir: Path) -> str | None:
     config = read_json(model_dir / "config.json") or {}
     quant = config.get("quantization_config")
     if isinstance(quant, dict):
-        return str(quant.get("quant_method") or quant.get("quant_algo") or "quantised")
+        return str(quant.get("quant_method") or quant.get("quant_algo") or "unknown")
     if (model_dir / MODELOPT_STATE).is_file():
         return "ModelOpt fp8"
     return None
