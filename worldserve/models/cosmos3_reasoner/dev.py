@@ -31,6 +31,7 @@ from transformers import (
 
 from worldserve.models.cosmos3_reasoner.family import EDGE, OMNI
 from worldserve.models.cosmos3_reasoner.text_pathway import reasoner_key
+from worldserve.models.detect import diffusers_class
 from worldserve.models.dev.seeding import seeded
 from worldserve.models.dev.tokenizer import (
     ENDOFTEXT,
@@ -186,6 +187,8 @@ def _set_generation_config(model: Any, tokenizer: PreTrainedTokenizerFast) -> No
 
 def _read_generator(target: Path) -> tuple[dict, dict[str, torch.Tensor]] | None:
     """The generator transformer's config and weights when `target` holds a generator."""
+    if not (diffusers_class(target) or "").startswith("Cosmos3"):
+        return None
     folder = target / GENERATOR_TRANSFORMER
     config = folder / "config.json"
     if not config.is_file():
