@@ -8,7 +8,9 @@ checkpoint on a device that cannot run it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from worldserve.models.cosmos3_reasoner.sharing import tie_text_pathway
 from worldserve.models.detect import read_json
 from worldserve.models.qwen_vl.processor import load_vlm
 from worldserve.models.qwen_vl.runner import QwenVLRunner
@@ -17,8 +19,14 @@ from worldserve.models.types import ModelLoadError
 MODELOPT_STATE = "modelopt_state.pth"
 
 
-def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu") -> QwenVLRunner:
-    """The registry's reasoner loader for a Cosmos3 reasoner directory."""
+def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu",
+                generator: Any = None) -> QwenVLRunner:
+    """The registry's reasoner loader for a Cosmos3 reasoner directory.
+
+    `generator`: the Cosmos3 generator transformer of the same directory, already loaded in
+    this process on the same device; the reasoner then shares its LLM parameters
+    (`sharing.tie_text_pathway`) instead of holding a second copy.
+    """
     quantization = quantization_method(model_dir)
     if quantization and not str(device).startswith("cuda"):
         raise ModelLoadError(
@@ -27,6 +35,8 @@ def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu")
             "on CPU, or serve this one on a GPU")
     try:
         model, processor = load_vlm(model_dir, dtype=dtype, device=device)
+        if generator is not None:
+            tie_text_pathway(model, generator, model.config.model_type)
         return QwenVLRunner(model, processor)
     except Exception as exc:
         raise ModelLoadError(f"cannot load the Cosmos3 reasoner from {model_dir}: "
