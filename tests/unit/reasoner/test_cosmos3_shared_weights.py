@@ -8,7 +8,6 @@ family's builder, which calls `write_reasoner_files` the same way."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -17,29 +16,17 @@ from diffusers.models.transformers.transformer_cosmos3 import Cosmos3OmniTransfo
 
 from tests.unit.reasoner.tiny_vlm import frame_bytes
 from worldserve.models import registry
-from worldserve.models.cosmos3_reasoner.dev import write_reasoner_files
+from worldserve.models.cosmos3_reasoner.dev import write_generator_transformer, write_reasoner_files
 from worldserve.models.cosmos3_reasoner.sharing import (
     WeightMismatch,
     tie_text_pathway,
     unique_parameter_bytes,
 )
 from worldserve.models.cosmos3_reasoner.text_pathway import shared_pairs
-from worldserve.models.dev.seeding import seeded
 
 
 def build_generator(target: Path, model_type: str) -> Cosmos3OmniTransformer:
-    edge = model_type == "cosmos3_edge"
-    with seeded(1, "test-generator"):
-        transformer = Cosmos3OmniTransformer(
-            hidden_size=32, head_dim=16, num_attention_heads=2, num_key_value_heads=1,
-            intermediate_size=64, num_hidden_layers=2, vocab_size=512, rope_axes_dim=[4, 2, 2],
-            latent_channel=8, latent_patch_size=2, patch_latent_dim=32, dtype="float32",
-            hidden_act="relu2" if edge else "silu", qk_norm_for_text=not edge).eval()
-    transformer.save_pretrained(target / "transformer")
-    index = {"_class_name": "Cosmos3OmniPipeline",
-             "transformer": ["diffusers", "Cosmos3OmniTransformer"]}
-    (target / "model_index.json").write_text(json.dumps(index))
-    return transformer
+    return write_generator_transformer(target, 1, model_type)
 
 
 @pytest.fixture(scope="module", params=["cosmos3_omni", "cosmos3_edge"])

@@ -123,6 +123,31 @@ def build_edge(target: Path, seed: int) -> None:
     write_reasoner_files(target, seed, EDGE)
 
 
+def write_generator_transformer(target: Path, seed: int = 0, model_type: str = OMNI) -> Any:
+    """A bare tiny Cosmos3 generator transformer (`model_index.json` + `transformer/`, no VAE or
+    scheduler) with `ReasonerDevConfig`'s text sizes: the donor of the understanding pathway for
+    tests and the memory benchmark. The full dev pipeline is the Cosmos3 generation family's."""
+    from diffusers.models.transformers.transformer_cosmos3 import Cosmos3OmniTransformer
+
+    cfg = ReasonerDevConfig(model_type=model_type)
+    edge = model_type == EDGE
+    with seeded(seed, f"generator-{model_type}"):
+        transformer = Cosmos3OmniTransformer(
+            hidden_size=cfg.hidden_size, head_dim=cfg.head_dim,
+            num_attention_heads=cfg.num_attention_heads,
+            num_key_value_heads=cfg.num_key_value_heads,
+            intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
+            vocab_size=cfg.vocab_size, rope_axes_dim=list(cfg.mrope_section),
+            rope_theta=cfg.rope_theta, latent_channel=8, latent_patch_size=2,
+            patch_latent_dim=32, dtype="float32", hidden_act="relu2" if edge else "silu",
+            qk_norm_for_text=not edge).eval()
+    transformer.save_pretrained(Path(target) / GENERATOR_TRANSFORMER)
+    index = {"_class_name": "Cosmos3OmniPipeline",
+             GENERATOR_TRANSFORMER: ["diffusers", "Cosmos3OmniTransformer"]}
+    (Path(target) / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return transformer
+
+
 def build_config(tokenizer: PreTrainedTokenizerFast, cfg: ReasonerDevConfig) -> Any:
     """The transformers config of `cfg.model_type`, with token ids from `tokenizer`."""
     ids = tokenizer.convert_tokens_to_ids
