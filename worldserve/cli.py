@@ -34,13 +34,18 @@ def _usage_error(message: str) -> typer.Exit:
 
 
 def _model_overrides(model_path: Path | None) -> dict[str, Any]:
-    """`--model-path DIR`: a dev-models folder (per-stage subfolders) or a generation model."""
+    """`--model-path DIR`: a dev-models folder (per-stage subfolders), or one model directory
+    serving every stage a family detects in it (a Cosmos3 directory: generation and reasoner);
+    anything else is the generation model."""
     if model_path is None:
         return {}
     subdirs = [name for name in DEV_STAGE_DIRS if (model_path / name).is_dir()]
     if subdirs:
         return {f"stages.{name}.model_path": str(model_path / name) for name in subdirs}
-    return {"stages.generation.model_path": str(model_path)}
+    from worldserve.models.registry import stage_kinds  # JSON reads only, no torch
+
+    kinds = [kind for kind in stage_kinds(model_path) if kind in DEV_STAGE_DIRS]
+    return {f"stages.{kind}.model_path": str(model_path) for kind in kinds or ["generation"]}
 
 
 def _fill_dev_model_paths(config: ServerConfig) -> ServerConfig:
