@@ -65,10 +65,16 @@ def _log_server_error(request: Request, status: int, exc: WorldserveError) -> No
 # --------------------------------------------------------------------------- app-wide handlers
 
 
+def challenge_headers(status: int) -> dict[str, str] | None:
+    """A 401 names the scheme it wants (RFC 9110 §11.6.1; native-media.md §1.1)."""
+    return {"WWW-Authenticate": "Bearer"} if status == 401 else None
+
+
 async def _worldserve_error(request: Request, exc: WorldserveError) -> JSONResponse:
     status = http_status(exc)
     _log_server_error(request, status, exc)
-    return JSONResponse(status_code=status, content=error_body(exc))
+    return JSONResponse(status_code=status, content=error_body(exc),
+                        headers=challenge_headers(status))
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -164,7 +170,8 @@ def nim_response(request: Request, exc: WorldserveError) -> JSONResponse:
 def openai_response(request: Request, exc: WorldserveError) -> JSONResponse:
     status = http_status(exc)
     _log_server_error(request, status, exc)
-    return JSONResponse(status_code=status, content=error_body(exc))
+    return JSONResponse(status_code=status, content=error_body(exc),
+                        headers=challenge_headers(status))
 
 
 def _enveloped(handler: Handler, render: Renderer) -> Handler:
