@@ -31,7 +31,7 @@ from worldserve.errors import (
     InternalError,
     InvalidRequest,
     NotSupported,
-    StageUnavailable,
+    WeightsReleased,
     WorldserveError,
 )
 from worldserve.ipc.messages import (
@@ -58,9 +58,9 @@ RELEASED_MESSAGE = "model weights released"
 MAX_LORA_SCALE = 100.0
 
 
-def released_error() -> StageUnavailable:
-    return StageUnavailable(f"{RELEASED_MESSAGE}: POST /admin/memory/resume brings them back",
-                            stage="generation")
+def released_error() -> WeightsReleased:
+    return WeightsReleased(f"{RELEASED_MESSAGE}: POST /admin/memory/resume brings them back",
+                           stage="generation")
 
 
 class GenerationAdmin:
