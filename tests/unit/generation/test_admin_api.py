@@ -236,3 +236,54 @@ async def test_pause_holds_a_video_job_and_continue_finishes_it(engine) -> None:
                 break
             await asyncio.sleep(0.02)
         assert job["status"] == "completed"
+
+
+class BareEngine:
+    """A stage engine without admin operations (as the reasoner and realtime engines are)."""
+
+    model_name, model_path, num_params = "bare", "/models/bare", 3
+
+    def capabilities(self) -> None:
+        return None
+
+    def state(self) -> str:
+        return "ready"
+
+    def submit(self, request, reply) -> None:
+        from worldserve.errors import InvalidRequest
+
+        raise InvalidRequest(f"the bare stage does not handle {type(request).__name__}")
+
+    def cancel(self, request_id: str) -> None:
+        pass
+
+    def has_work(self) -> bool:
+        return False
+
+    def step(self) -> None:
+        pass
+
+    def stats(self) -> dict:
+        return {"queue_depth": 0, "running": 0}
+
+    def shutdown(self) -> None:
+        pass
+
+
+async def test_stages_without_admin_operations(engine) -> None:
+    config = ServerConfig.model_validate({"stages": {
+        "generation": {"model_path": engine.model_path, "output_dir": str(engine.output_dir)},
+        "reasoner": {"enabled": False}}})
+    clients = {"generation": InProcessStageClient("generation", engine),
+               "reasoner": InProcessStageClient("reasoner", BareEngine())}  # type: ignore[arg-type]
+    app = create_app(ServerRuntime(config=config, clients=clients))
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 5000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+        stages = (await http.get("/admin/model_info")).json()["stages"]
+        assert stages["reasoner"]["model"] == "bare" and stages["reasoner"]["num_params"] == 3
+        assert stages["reasoner"]["lora"] == {"supported": False, "adapters": []}
+        assert stages["generation"]["family"] == "wan"
+        refused = await http.post("/admin/memory/release", json={"stage": "reasoner"})
+        assert refused.status_code == 400 and "does not handle MemoryRelease" in error(refused)
+    for client in clients.values():
+        await client.close()
