@@ -85,6 +85,12 @@ class StageUnavailable(WorldserveError):
         self.stage = stage
 
 
+class WeightsReleased(StageUnavailable):
+    """The stage is up but its weights are off the device (POST /admin/memory/release)."""
+
+    code = "weights_released"
+
+
 class RequestTimeout(WorldserveError, TimeoutError):
     code = "timeout"
     error_type = "timeout_error"
@@ -119,6 +125,7 @@ _TABLE: dict[type[WorldserveError], tuple[int, int]] = {
     UpstreamError: (502, 1011),
     CapacityExceeded: (503, 1008),
     StageUnavailable: (503, 1011),
+    WeightsReleased: (503, 1011),
     RequestTimeout: (504, 1011),
     InternalError: (500, 1011),
     WorldserveError: (500, 1011),

@@ -216,6 +216,7 @@ class MediaService:
             action_horizon=params.action_horizon,
             seed=params.seed if params.seed is not None else 42,
             num_candidates=params.candidate_count or 1,
+            lora=env.lora,
         )
         with self.admit():
             result = await self.client().call(msg, timeout_s=ACTION_TIMEOUT_S)

@@ -18,7 +18,8 @@ STATS_TIMEOUT_S = 0.5
 
 
 def overall_status(states: dict[str, str]) -> str:
-    """`ok` when every stage is ready; else the worst state: unhealthy > starting > warming."""
+    """`ok` when every stage is ready; else the worst state: unhealthy > starting > released
+    (weights moved off the device by POST /admin/memory/release) > warming."""
     values = set(states.values())
     if values <= {"ready"}:
         return "ok"
@@ -26,6 +27,8 @@ def overall_status(states: dict[str, str]) -> str:
         return "unhealthy"
     if values & {"starting", "loading"}:
         return "starting"
+    if "released" in values:
+        return "released"
     return "warming"
 
 
