@@ -64,3 +64,16 @@ class ImageInput:
     pixel_values: Any
     grid_thw: Any
     num_tokens: int
+
+
+@dataclass
+class RowExtras:
+    """What a generation runner produces for one output row besides its frames: a waveform
+    (channels, samples) float in [-1, 1] at `sample_rate`, and predicted actions
+    (horizon, raw_action_dim) with their mode and domain."""
+
+    audio: Any = None
+    sample_rate: int | None = None
+    action: Any = None
+    action_mode: str | None = None
+    domain_id: int | None = None

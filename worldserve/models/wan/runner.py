@@ -25,6 +25,7 @@ from PIL import Image
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import GenerationParams
 from worldserve.models.common import count_parameters
+from worldserve.models.types import ModelLoadError
 from worldserve.models.wan.loader import load_pipeline
 
 DEFAULT_MAX_SEQUENCE_LENGTH = 512
@@ -69,8 +70,13 @@ class BatchState:
             self.first_frame_noise = self.first_frame_noise.index_select(0, index)
 
 
-def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu") -> DiffusionRunner:
-    """The registry's generation loader for a Wan diffusers directory."""
+def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu",
+                safety_checker: bool = False) -> DiffusionRunner:
+    """The registry's generation loader for a Wan diffusers directory (Wan pipelines have no
+    safety checker, so the option is refused rather than silently ignored)."""
+    if safety_checker:
+        raise ModelLoadError(f"{model_dir}: stages.generation.safety_checker applies to Cosmos3 "
+                             "checkpoints; Wan pipelines have none (set it to false)")
     return DiffusionRunner(load_pipeline(model_dir, dtype, device))
 
 
