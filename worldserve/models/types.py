@@ -77,3 +77,20 @@ class RowExtras:
     action: Any = None
     action_mode: str | None = None
     domain_id: int | None = None
+
+
+@dataclass(frozen=True)
+class RunnerFeatures:
+    """What a generation runner's checkpoint can do beyond plain text-to-image/video (the
+    engine copies it into the stage's capabilities; the api validates requests against it)."""
+
+    family: str = "wan"
+    image_edits: bool = True  # /v1/images/edits (Cosmos3: no, condition videos instead)
+    exact_num_frames: bool = False  # an explicit num_frames must be 1 mod temporal_stride
+    sound: bool = False
+    sound_sample_rate: int | None = None
+    video_conditioning: bool = False
+    action_generation: bool = False
+    padded_action_dim: int | None = None
+    action_domains: Mapping[str, int] | None = None  # domain name -> raw action width
+    action_domain_ids: Mapping[str, int] | None = None  # domain name -> domain id

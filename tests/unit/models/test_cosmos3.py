@@ -25,10 +25,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    target = tmp_path_factory.mktemp("cosmos3")
-    build_cosmos3(target, 0)
-    return target
+def model_dir(cosmos3_dir):
+    return cosmos3_dir
 
 
 @pytest.fixture(scope="module")

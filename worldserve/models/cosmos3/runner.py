@@ -27,7 +27,7 @@ from worldserve.ipc.messages import GenerationParams
 from worldserve.models.common import count_parameters
 from worldserve.models.cosmos3 import inputs
 from worldserve.models.cosmos3.loader import load_pipeline
-from worldserve.models.types import RowExtras
+from worldserve.models.types import RowExtras, RunnerFeatures
 
 SAMPLING_DTYPE = torch.float32
 
@@ -102,6 +102,26 @@ class Cosmos3Runner:
         self.padded_action_dim = int(config.action_dim) if self.supports_actions else None
         self.sample_rate = (int(pipe.sound_tokenizer.config.sampling_rate)
                             if pipe.sound_tokenizer is not None else None)
+        self.features = self._features()
+
+    def _features(self) -> RunnerFeatures:
+        from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
+            _EMBODIMENT_TO_DOMAIN_ID,
+            _EMBODIMENT_TO_RAW_ACTION_DIM,
+        )
+
+        domains = None
+        if self.supports_actions:  # the domains whose width fits the model's padded width
+            domains = {name: width for name, width in _EMBODIMENT_TO_RAW_ACTION_DIM.items()
+                       if width <= (self.padded_action_dim or 0)}
+        return RunnerFeatures(
+            family="cosmos3", image_edits=False, exact_num_frames=True,
+            sound=self.supports_sound,
+            sound_sample_rate=self.sample_rate if self.supports_sound else None,
+            video_conditioning=True, action_generation=self.supports_actions,
+            padded_action_dim=self.padded_action_dim, action_domains=domains,
+            action_domain_ids=({name: _EMBODIMENT_TO_DOMAIN_ID[name] for name in domains}
+                               if domains is not None else None))
 
     # ------------------------------------------------------------------ checks
 

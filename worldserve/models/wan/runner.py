@@ -25,7 +25,7 @@ from PIL import Image
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import GenerationParams
 from worldserve.models.common import count_parameters
-from worldserve.models.types import ModelLoadError
+from worldserve.models.types import ModelLoadError, RowExtras, RunnerFeatures
 from worldserve.models.wan.loader import load_pipeline
 
 DEFAULT_MAX_SEQUENCE_LENGTH = 512
@@ -88,6 +88,7 @@ class DiffusionRunner:
 
     # Rows of one forward: no limit of its own (the stage's `max_batch_size` decides).
     max_batch_size: int | None = None
+    features = RunnerFeatures(family="wan")
 
     def __init__(self, pipe: Any) -> None:
         self.pipe = pipe
@@ -240,3 +241,7 @@ class DiffusionRunner:
         latents = latents * self.latents_std.to(latents) + self.latents_mean.to(latents)
         video = self.pipe.vae.decode(latents, return_dict=False)[0]
         return self.pipe.video_processor.postprocess_video(video, output_type="np")[0]
+
+    def extras(self, state: BatchState, row: int) -> RowExtras | None:
+        """Wan produces frames only."""
+        return None
