@@ -13,9 +13,9 @@ from PIL import Image
 
 from worldserve.config import GenerationStageConfig, ServerConfig
 from worldserve.engines.generation.engine import GenerationEngine
+from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import (
     ActionCondition,
-    ErrorReply,
     GenerateMedia,
     GenerationCancelled,
     GenerationParams,
@@ -121,17 +121,16 @@ def test_action_run_without_a_file_returns_the_actions(cosmos3_dir, tmp_path):
     assert np.isfinite(values).all()
 
 
-def test_bad_action_width_fails_the_request_with_the_pipeline_reason(cosmos3_dir, tmp_path):
+def test_bad_action_width_is_refused_at_submission_with_the_pipeline_reason(cosmos3_dir, tmp_path):
     engine = engine_for(cosmos3_dir, tmp_path / "out")
     buf = io.BytesIO()
     Image.new("RGB", (56, 40)).save(buf, "PNG")
     action = ActionCondition(mode="forward_dynamics", chunk_size=4, domain_name="av",
                              resolution_tier=256, raw_actions=[[0.0] * 5] * 4)
     replies = Replies()
-    engine.submit(media("w", action=action, condition_images=[buf.getvalue()]), replies)
-    drain(engine)
-    assert isinstance(replies.last, ErrorReply) and replies.last.code == "invalid_request"
-    assert "does not match the expected action width (9)" in replies.last.message
+    with pytest.raises(InvalidRequest, match=r"does not match the expected action width \(9\)"):
+        engine.submit(media("w", action=action, condition_images=[buf.getvalue()]), replies)
+    assert replies.items == [] and not engine.has_work()
 
 
 def test_server_warmup_runs_on_cosmos3(cosmos3_dir, tmp_path):

@@ -253,3 +253,29 @@ def test_missing_component_and_safety_checker_messages(model_dir, tmp_path):
         registry.load_runner("generation", broken)
     with pytest.raises(ModelLoadError, match="pip install cosmos-guardrail"):
         registry.load_runner("generation", model_dir, safety_checker=True)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(num_frames=6), r"num_frames must be 4k\+1"),
+    (dict(width=40), "width must be a positive multiple of 16"),
+    (dict(condition_images=[b"x"], condition_video=b"y"), "not both"),
+    (dict(num_frames=9, condition_video=b"y", condition_frame_indexes_vision=[3]),
+     "outside the latent timeline"),
+    (dict(action=ActionCondition(mode="inverse_dynamics", chunk_size=4, domain_name="av"),
+          condition_images=[b"x"]), "'inverse_dynamics' requires a video"),
+    (dict(action=ActionCondition(mode="policy", chunk_size=4, domain_name="mars_rover"),
+          condition_images=[b"x"]), "Unknown Cosmos3 action domain_name='mars_rover'"),
+    (dict(action=ActionCondition(mode="policy", chunk_size=4, domain_name="libero"),
+          condition_images=[b"x"]), "no canonical action width"),
+    (dict(action=ActionCondition(mode="policy", chunk_size=6, domain_name="av"),
+          condition_images=[b"x"]), "action_horizon must be a positive multiple of 4"),
+    (dict(action=ActionCondition(mode="forward_dynamics", chunk_size=4, domain_name="av",
+                                 raw_actions=[[0.0] * 8]), condition_images=[b"x"]),
+     r"width \(8\) does not match the expected action width \(9\)"),
+    (dict(action=ActionCondition(mode="policy", chunk_size=4, domain_name="av",
+                                 resolution_tier=300), condition_images=[b"x"]),
+     "resolution_tier=300"),
+])
+def test_check_refuses_bad_requests_with_a_clear_message(runner, overrides, message):
+    with pytest.raises(InvalidRequest, match=message):
+        runner.check(params(**overrides))

@@ -25,7 +25,7 @@ import torch
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import GenerationParams
 from worldserve.models.common import count_parameters
-from worldserve.models.cosmos3 import inputs
+from worldserve.models.cosmos3 import checks, inputs
 from worldserve.models.cosmos3.loader import load_pipeline
 from worldserve.models.types import RowExtras, RunnerFeatures
 
@@ -130,19 +130,9 @@ class Cosmos3Runner:
         return max(1, num_frames)
 
     def check(self, params: GenerationParams) -> None:
-        """What only the checkpoint knows (sound, actions); field formats are the api's."""
-        if params.generate_sound and not self.supports_sound:
-            raise InvalidRequest("Cosmos3 Edge does not support sound generation: this "
-                                 "checkpoint has no sound tokenizer", param="generate_sound")
-        if params.action is not None and not self.supports_actions:
-            raise InvalidRequest("this Cosmos3 checkpoint has no action heads (action_gen is "
-                                 "false)", param="action_mode")
-        action = params.action
-        if action is not None and action.raw_actions:
-            width = len(action.raw_actions[0])
-            if self.padded_action_dim is not None and width > self.padded_action_dim:
-                raise InvalidRequest(f"action rows have {width} values, more than this model's "
-                                     f"action_dim {self.padded_action_dim}", param="action")
+        """Every Cosmos3 rule of a request, checked once here at submission (-> 400 before a
+        job exists), with the pipeline's own reasons where it has one."""
+        checks.check_request(params, self)
 
     # ------------------------------------------------------------------ phases
 
