@@ -91,3 +91,18 @@ def decode_frames(data: bytes) -> list[np.ndarray]:
     """Every frame of a video file as uint8 RGB arrays."""
     with av.open(io.BytesIO(data)) as container:
         return [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+
+
+def check_video(data: bytes, field: str) -> None:
+    """400 naming `field` unless `data` is a container with a decodable video frame."""
+    from worldserve.errors import InvalidRequest
+
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            if not container.streams.video:
+                raise InvalidRequest(f"{field} has no video stream", param=field)
+            next(container.decode(video=0))
+    except InvalidRequest:
+        raise
+    except Exception as exc:  # PyAV raises assorted errors for bad bytes
+        raise InvalidRequest(f"{field} is not a readable video ({exc})", param=field) from None

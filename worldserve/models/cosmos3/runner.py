@@ -400,7 +400,7 @@ class Cosmos3Runner:
             return None
         return RowExtras(audio=audio, sample_rate=self.sample_rate if audio is not None else None,
                          action=action, action_mode=r.action_mode,
-                         domain_id=r.action_domain_id)
+                         domain_id=_as_int(r.action_domain_id))
 
     # ------------------------------------------------------------------ one-shot
 
@@ -418,3 +418,10 @@ def _combine(cond: torch.Tensor | None, uncond: torch.Tensor | None,
     if cond is None or uncond is None:
         return cond
     return uncond + guidance * (cond - uncond)
+
+
+def _as_int(value: Any) -> int | None:
+    """A domain id as a plain int (the pipeline hands it over as a tensor)."""
+    if value is None:
+        return None
+    return int(value.item()) if isinstance(value, torch.Tensor) else int(value)
