@@ -139,6 +139,9 @@ class GenerationStageConfig(StageConfig):
     video_cancel_timeout_s: float = Field(default=10.0, ge=0)
     # Omit absolute `file_path(s)` from responses.
     hide_file_paths: bool = False
+    # Cosmos3: run the cosmos_guardrail safety checker (text before, video after generation);
+    # when true and the package is missing, the stage fails to start.
+    safety_checker: bool = False
 
     @model_validator(mode="before")
     @classmethod
