@@ -94,11 +94,10 @@ class LoraAdapters:
 
     def _drop_partial(self, name: str) -> None:
         """A failed load may have injected layers already: take them out again."""
-        try:
-            if any(name in names for names in self.pipe.get_list_adapters().values()):
-                self.pipe.delete_adapters(name)
-        except Exception:  # nothing was injected (no PEFT config yet)
-            pass
+        for component in TRANSFORMERS:
+            model = getattr(self.pipe, component, None)
+            if model is not None and name in (getattr(model, "peft_config", None) or {}):
+                model.delete_adapters(name)
         self._active = None
 
     def unload(self, name: str) -> None:
