@@ -140,6 +140,11 @@ def test_lora_refusals(engine, admin_assets, tmp_path):
         load(engine, "x", tmp_path / "empty")
     with pytest.raises(InvalidRequest, match="cannot load LoRA 'x'"):  # a full checkpoint
         load(engine, "x", admin_assets["updated"] / "transformer")
+    (tmp_path / "junk.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00garbage!")
+    with pytest.raises(InvalidRequest, match="cannot load LoRA 'x'"):
+        load(engine, "x", tmp_path / "junk.safetensors")
+    with pytest.raises(InvalidRequest, match="cannot read"):
+        engine.runner.update_weights(str(tmp_path))  # the same junk file as weights
     assert engine.runner.list_lora() == []  # nothing half-loaded
     assert "x" not in (getattr(engine.pipe.transformer, "peft_config", None) or {})
     with pytest.raises(InvalidRequest, match="unknown LoRA adapter 'nope'"):
