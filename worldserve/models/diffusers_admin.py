@@ -35,12 +35,24 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
+def _kind(path: Path, what: str) -> str:
+    """"file", "dir" or "missing"; InvalidRequest for a path the OS refuses (NUL, too long)."""
+    try:
+        if path.is_file():
+            return "file"
+        return "dir" if path.is_dir() else "missing"
+    except (OSError, ValueError) as exc:
+        raise InvalidRequest(f"{what} path {str(path)[:200]!r} is not usable: "
+                             f"{_first_line(exc)}", param="path") from None
+
+
 def lora_file(path: Path) -> Path:
     """The adapter's weight file: the file itself, or the known name (or only .safetensors)
     inside a directory. Raises InvalidRequest naming what is wrong."""
-    if not path.exists():
+    kind = _kind(path, "LoRA")
+    if kind == "missing":
         raise InvalidRequest(f"LoRA path '{path}' does not exist", param="path")
-    if path.is_file():
+    if kind == "file":
         if path.suffix != ".safetensors":
             raise InvalidRequest(f"LoRA file '{path}' is not a .safetensors file", param="path")
         return path
@@ -84,7 +96,7 @@ class LoraAdapters:
         try:
             self.pipe.load_lora_weights(str(weights.parent), weight_name=weights.name,
                                         adapter_name=name)
-        except (ValueError, OSError, KeyError, RuntimeError, TypeError) as exc:
+        except Exception as exc:  # operator input: any loader failure is the file's fault
             self._drop_partial(name)
             raise InvalidRequest(f"cannot load LoRA '{name}' from '{path}': {_first_line(exc)}",
                                  param="path") from None
@@ -94,11 +106,10 @@ class LoraAdapters:
 
     def _drop_partial(self, name: str) -> None:
         """A failed load may have injected layers already: take them out again."""
-        try:
-            if any(name in names for names in self.pipe.get_list_adapters().values()):
-                self.pipe.delete_adapters(name)
-        except Exception:  # nothing was injected (no PEFT config yet)
-            pass
+        for component in TRANSFORMERS:
+            model = getattr(self.pipe, component, None)
+            if model is not None and name in (getattr(model, "peft_config", None) or {}):
+                model.delete_adapters(name)
         self._active = None
 
     def unload(self, name: str) -> None:
@@ -148,7 +159,7 @@ def _require_peft() -> None:
 
 def _component_dirs(pipe: Any, path: Path) -> dict[str, Path]:
     """Which folder holds the new weights of each transformer of the pipeline."""
-    if not path.is_dir():
+    if _kind(path, "weights") != "dir":
         raise InvalidRequest(f"weights path '{path}' is not a directory", param="path")
     if (path / "transformer").is_dir():
         return {name: path / name for name in TRANSFORMERS

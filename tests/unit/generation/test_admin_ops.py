@@ -140,7 +140,13 @@ def test_lora_refusals(engine, admin_assets, tmp_path):
         load(engine, "x", tmp_path / "empty")
     with pytest.raises(InvalidRequest, match="cannot load LoRA 'x'"):  # a full checkpoint
         load(engine, "x", admin_assets["updated"] / "transformer")
+    (tmp_path / "junk.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00garbage!")
+    with pytest.raises(InvalidRequest, match="cannot load LoRA 'x'"):
+        load(engine, "x", tmp_path / "junk.safetensors")
+    with pytest.raises(InvalidRequest, match="cannot read"):
+        engine.runner.update_weights(str(tmp_path))  # the same junk file as weights
     assert engine.runner.list_lora() == []  # nothing half-loaded
+    assert "x" not in (getattr(engine.pipe.transformer, "peft_config", None) or {})
     with pytest.raises(InvalidRequest, match="unknown LoRA adapter 'nope'"):
         engine.submit(media("r", lora=[LoraRef(name="nope")]), Log().fn("r"))
     with pytest.raises(InvalidRequest, match="unknown LoRA adapter"):
@@ -240,3 +246,17 @@ def test_model_info(engine, admin_assets):
     assert info["lora"] == {"supported": True, "adapters": [
         {"name": "a", "path": str(admin_assets["lora_a"]), "scale": 0.7}]}
     assert info["memory"] == "resident" and info["paused"] is False
+
+
+def test_weight_update_while_paused_with_running_requests_is_refused(engine, admin_assets):
+    log = Log()
+    engine.submit(media("job"), log.fn("job"))
+    engine.step()  # prepared: running
+    admin(engine, GenerationPause(request_id="p"))
+    with pytest.raises(Conflict, match="continue generation first"):
+        engine.submit(WeightsUpdate(request_id="w", path=str(admin_assets["updated"])),
+                      log.fn("w"))
+    admin(engine, GenerationContinue(request_id="c"))
+    drain(engine)
+    assert isinstance(log.last("job"), GenerationResult)
+    assert log.of("w") == []

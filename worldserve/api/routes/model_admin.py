@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from worldserve.api.errors import OpenAIRoute
 from worldserve.api.runtime import ServerRuntime
 from worldserve.api.security import require_admin
-from worldserve.errors import InternalError
+from worldserve.errors import InternalError, InvalidRequest
 from worldserve.ipc.client import new_request_id
 from worldserve.ipc.messages import (
     AdminRequest,
@@ -67,7 +67,18 @@ class WeightsUpdateBody(_Body):
 
 
 class StageBody(_Body):
-    stage: str = Field(default=MODEL_STAGE, description="the stage whose weights move")
+    stage: str = Field(default=MODEL_STAGE, max_length=32,
+                       description="the stage whose weights move (an enabled stage)")
+
+
+def _enabled_stage(request: Request, body: StageBody | None) -> str:
+    """The body's stage; 400 naming the enabled ones when it is not enabled here."""
+    stage = (body or StageBody()).stage
+    clients = _runtime(request).clients
+    if stage not in clients:
+        raise InvalidRequest(f"stage {stage!r} is not enabled on this server (enabled: "
+                             f"{', '.join(clients) or 'none'})", param="stage")
+    return stage
 
 
 def _runtime(request: Request) -> ServerRuntime:
@@ -132,14 +143,14 @@ async def weights_update(body: WeightsUpdateBody, request: Request) -> dict:
 async def memory_release(request: Request, body: StageBody | None = None) -> dict:
     """Weights off the device once running requests finish; the stage answers 503 until
     resume."""
-    stage = (body or StageBody()).stage
+    stage = _enabled_stage(request, body)
     msg = MemoryRelease(request_id=new_request_id("memory"))
     return await relay(request, msg, stage=stage, timeout_s=DRAINED_CALL_TIMEOUT_S)
 
 
 @router.post("/memory/resume")
 async def memory_resume(request: Request, body: StageBody | None = None) -> dict:
-    stage = (body or StageBody()).stage
+    stage = _enabled_stage(request, body)
     return await relay(request, MemoryResume(request_id=new_request_id("memory")), stage=stage)
 
 

@@ -194,7 +194,7 @@ class GenerationAdmin:
     def _set_paused(self, paused: bool) -> dict[str, Any]:
         changed = paused != self.paused
         self.paused = paused
-        return {"paused": paused, "changed": changed, "running": self.engine._num_running(),
+        return {"paused": paused, "changed": changed, "running": self.engine.num_running(),
                 "queued": len(self.engine.scheduler)}
 
     def _check_drainable(self, msg: AdminRequest) -> None:
@@ -206,7 +206,7 @@ class GenerationAdmin:
         if isinstance(msg, WeightsUpdate) and self.released:
             raise released_error()
         if self.paused and self.engine.running:
-            raise Conflict(f"generation is paused with {self.engine._num_running()} running "
+            raise Conflict(f"generation is paused with {self.engine.num_running()} running "
                            f"request(s), which must finish first: continue generation first")
 
     def _apply(self, msg: AdminRequest) -> dict[str, Any]:

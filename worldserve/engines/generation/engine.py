@@ -202,7 +202,7 @@ class GenerationEngine:
 
     def stats(self) -> dict[str, Any]:
         return {"queue_depth": len(self.scheduler) + len(self.action_queue),
-                "running": self._num_running(),
+                "running": self.num_running(),
                 "extra": {"finished": self.num_finished, "warmup_done": self.warmup.done,
                           "running_batches": len(self.running), "paused": self.admin.paused,
                           "memory": "released" if self.admin.released else "resident"}}
@@ -242,11 +242,11 @@ class GenerationEngine:
             return None
         return SchedulerOutput(batch=batch, phase=batch.phase())
 
-    def _num_running(self) -> int:
+    def num_running(self) -> int:
         return sum(len(batch.requests) for batch in self.running)
 
     def _admit(self) -> RunningBatch | None:
-        room = self.config.max_running_requests - self._num_running()
+        room = self.config.max_running_requests - self.num_running()
         if room <= 0 or self.admin.blocks_admission():
             return None  # full, or an admin operation waits for the running batches to finish
         if self.running and self.state() == "warming":
