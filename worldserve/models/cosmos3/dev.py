@@ -110,3 +110,9 @@ def _with_vocab(cfg: Cosmos3DevConfig, vocab_size: int) -> Cosmos3DevConfig:
 def build_cosmos3(target: Path, seed: int, cfg: Cosmos3DevConfig = Cosmos3DevConfig()) -> None:
     """Write the tiny Cosmos3 generator into `target` (plain diffusers layout)."""
     build_pipeline(seed, cfg).save_pretrained(Path(target))
+
+
+def build_generation(target: Path, seed: int) -> None:
+    """The dev server's default generation checkpoint (`dev-models build` -> generation/).
+    The Cosmos3 reasoner issue adds its files to the same directory by chaining its builder."""
+    build_cosmos3(target, seed)
