@@ -1,0 +1,32 @@
+"""Owner tags: which replica holds a session, in the session id itself (no shared table).
+
+A replica mints `<id>~<replica>`; every later call for that id goes to `<replica>` only. The
+routing key handed to Ray (`handle.options(session_id=...)`) says how to route one call:
+`pin:<replica>` (the owner, never another), `place` (a new session: least sessions first) or
+empty (a job: any replica, least loaded).
+"""
+
+from __future__ import annotations
+
+OWNER_SEP = "~"
+PIN = "pin:"
+PLACE = "place"
+
+
+def tag(value: str, replica: str) -> str:
+    """`value` owned by `replica` (an id already tagged keeps its owner)."""
+    return value if owner_of(value) is not None else f"{value}{OWNER_SEP}{replica}"
+
+
+def owner_of(value: str) -> str | None:
+    """The replica named in `value`, or None for an untagged id."""
+    head, sep, owner = value.rpartition(OWNER_SEP)
+    return owner if sep and head and owner else None
+
+
+def pin(replica: str) -> str:
+    return f"{PIN}{replica}"
+
+
+def pinned_replica(key: str) -> str | None:
+    return key[len(PIN):] if key.startswith(PIN) else None
