@@ -181,6 +181,8 @@ class RayStageClient(StageClient):
                 reply = self._decode(data)
                 if isinstance(reply, GenerationResult):
                     await self._fetch_outputs(replica, reply.file_names)
+                if reply.terminal:  # the stream ends here: finishing it must not cancel us
+                    self._pumps.pop(request.request_id, None)
                 stream._push(from_code(reply.code, reply.message)
                              if isinstance(reply, ErrorReply) else reply)
         except asyncio.CancelledError:

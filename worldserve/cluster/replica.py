@@ -104,7 +104,10 @@ class StageReplica:
                 "queue_depth": int(stats.get("queue_depth") or 0)}
 
     def __del__(self) -> None:
+        engine = getattr(self, "engine", None)  # None: the constructor failed
+        if engine is None:
+            return
         try:
-            self.engine.shutdown()
+            engine.shutdown()
         except Exception:  # best effort on the way out
             log.exception("engine shutdown failed")
