@@ -26,8 +26,7 @@ from typing import Any
 from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.handle import DeploymentHandle
 
-from worldserve.cluster.ids import PLACE, owner_of, pin
-from worldserve.cluster.router import OwnerGone
+from worldserve.cluster.ids import PLACE, OwnerGone, owner_of, pin
 from worldserve.errors import (
     ReplicaLost,
     RequestTimeout,

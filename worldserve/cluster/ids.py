@@ -13,6 +13,14 @@ PIN = "pin:"
 PLACE = "place"
 
 
+class OwnerGone(Exception):
+    """The replica named by a pinned call is not (any longer) a live replica."""
+
+    def __init__(self, replica: str) -> None:
+        super().__init__(f"replica {replica} is gone")
+        self.replica = replica
+
+
 def tag(value: str, replica: str) -> str:
     """`value` owned by `replica` (an id already tagged keeps its owner)."""
     return value if owner_of(value) is not None else f"{value}{OWNER_SEP}{replica}"

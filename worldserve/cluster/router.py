@@ -4,32 +4,33 @@ It runs in the caller's process (an api replica). Per call, the routing key (ids
 - `pin:<replica>`: only that replica. When it is not among the live replicas the request fails
   at once with `OwnerGone` (no backoff, no retries on another replica);
 - `place`: a new session: replicas ranked by the sessions they report through
-  `record_routing_stats` (ties: fewest placed from here), so sessions spread;
+  `record_routing_stats`, plus the sessions placed from here too recently to be in that report
+  (ties: fewest placed from here), so sessions spread;
 - none: a job: two random replicas, the shorter queue wins (power of two choices).
+
+Ray ships this module to the callers by value (`RequestRouterConfig` pickles it so), so a class
+defined here would be a different class there: `OwnerGone` lives in ids.py.
 """
 
 from __future__ import annotations
 
 import collections
 import random
+import time
 from typing import Any, List, Optional
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from worldserve.cluster.ids import PLACE, pinned_replica
+from worldserve.cluster.ids import PLACE, OwnerGone, pinned_replica
 
-
-class OwnerGone(Exception):
-    """The replica named by a pinned call is not (any longer) a live replica."""
-
-    def __init__(self, replica: str) -> None:
-        super().__init__(f"replica {replica} is gone")
-        self.replica = replica
+RECENT_S = 3.0  # a placement shows in a replica's routing stats within this (period 1 s)
 
 
 class OwnerRouter(RequestRouter):
     def initialize_state(self, **kwargs: Any) -> None:
         self._placed: collections.Counter[str] = collections.Counter()
+        self._recent: dict[str, collections.deque[float]] = collections.defaultdict(
+            collections.deque)
 
     async def choose_replicas(
         self,
@@ -56,10 +57,18 @@ class OwnerRouter(RequestRouter):
         return [candidates[:1]]
 
     def _session_load(self, replica: RunningReplica) -> tuple[int, int]:
+        rid = replica.replica_id.unique_id
         stats = replica.routing_stats or {}
-        return int(stats.get("sessions", 0)), self._placed[replica.replica_id.unique_id]
+        return int(stats.get("sessions", 0)) + self._num_recent(rid), self._placed[rid]
+
+    def _num_recent(self, rid: str) -> int:
+        recent = self._recent[rid]
+        while recent and recent[0] < time.monotonic() - RECENT_S:
+            recent.popleft()
+        return len(recent)
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: Any) -> None:
         if pending_request.metadata.session_id == PLACE:
             self._placed[replica_id.unique_id] += 1
+            self._recent[replica_id.unique_id].append(time.monotonic())

@@ -33,7 +33,7 @@ log = logging.getLogger("worldserve.jobs")
 SWEEP_INTERVAL_S = 60.0
 RECORDS_FILE = Path(".worldserve") / "records.sqlite3"
 # Stage error codes a job shows as they are; anything else is `generation_failed`.
-_PUBLIC_ERROR_CODES = ("invalid_request", "stage_unavailable", "timeout")
+_PUBLIC_ERROR_CODES = ("invalid_request", "stage_unavailable", "timeout", "replica_lost")
 
 
 def now_s() -> int:
