@@ -117,18 +117,17 @@ def api_application(config: ServerConfig, admin_key: str | None, options: Cluste
 def deploy(config: ServerConfig, admin_key: str | None, options: ClusterOptions) -> None:
     """Start Serve's HTTP proxy on the configured host/port and deploy stages, then the api."""
     serve.start(http_options={"host": config.host, "port": config.port})
-    for stage in config.stages.enabled():
-        serve.run(stage_application(stage, config, options), name=stage_app_name(stage),
-                  route_prefix=None)
+    serve.run_many([  # the stages load side by side; the api then handshakes with each
+        serve.RunTarget(stage_application(stage, config, options), name=stage_app_name(stage),
+                        route_prefix=None)
+        for stage in config.stages.enabled()
+    ])
     serve.run(api_application(config, admin_key, options), name=API_APP, route_prefix="/")
 
 
 def shutdown() -> None:
-    for name in [API_APP, *(stage_app_name(s) for s in STAGE_KINDS)]:
-        try:
-            serve.delete(name)
-        except Exception:  # not deployed
-            pass
+    """Tear down every application and Serve itself (the Ray cluster stays)."""
+    serve.shutdown()
 
 
 def run(config: ServerConfig, admin_key: str | None, options: ClusterOptions) -> int:
