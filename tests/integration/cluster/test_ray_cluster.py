@@ -8,6 +8,7 @@ Order matters: the fault test kills replicas and runs last.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import time
@@ -16,9 +17,11 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
+import websockets
 from PIL import Image
 from websockets.sync.client import ClientConnection, connect
 
+from tests.integration.realtime.helpers import Session
 from tests.support.server import free_port
 
 try:  # no skip: `make test` installs the ray extra, and these tests must run in CI
@@ -44,8 +47,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     config = ServerConfig.model_validate({"port": port, "stages": {
         "generation": {"model_path": str(workdir), "output_dir": str(workdir / "out")},
         "reasoner": {"backend": "fake", "model_path": str(workdir), "streaming": {}},
-        "realtime": {"enabled": False}}})
-    options = ClusterOptions(replicas={"generation": 2, "reasoner": 2},
+        "realtime": {"backend": "fake", "model_path": str(workdir)}}})
+    options = ClusterOptions(replicas={"generation": 2, "reasoner": 2, "realtime": 2},
                              engine_targets={"generation": SLEEP_ENGINE})
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
@@ -138,6 +141,27 @@ def test_websocket_sessions_through_the_ingress(cluster: str) -> None:
         ws.send(json.dumps({"op": "delete"}))
         assert json.loads(ws.recv(timeout=30))["frames"] == NUM_FRAMES
         ws.close()
+
+
+async def realtime_session(cluster: str, prompt: str) -> tuple[list[int], int, str]:
+    """One realtime world session of NUM_FRAMES chunks: (chunk indexes, close code, reason)."""
+    url = f"ws://{cluster}/v1/realtime_video/generate"
+    async with websockets.connect(url, max_size=None, close_timeout=2) as ws:
+        session = Session(ws)
+        await session.send({"type": "init", "prompt": prompt, "size": "32x32",
+                            "max_chunks": NUM_FRAMES})
+        chunks, code, reason = await session.read_until_close(timeout_s=30)
+    assert not session.errors, session.errors
+    return [c.index for c in chunks], code, reason
+
+
+async def test_realtime_sessions_stay_on_their_owner(cluster: str) -> None:
+    """Chunk k > 0 of a session its replica does not hold fails (not_found): 20 chunks and a
+    normal close mean every chunk ran on the owner."""
+    done = await asyncio.gather(*(realtime_session(cluster, f"world {i}") for i in range(2)))
+    for indexes, code, reason in done:
+        assert indexes == list(range(NUM_FRAMES))
+        assert (code, reason) == (1000, "generation complete")
 
 
 def test_jobs_spread_over_both_replicas(http: httpx.Client) -> None:
