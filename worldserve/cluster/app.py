@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import signal
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -132,9 +133,18 @@ def shutdown() -> None:
 
 def run(config: ServerConfig, admin_key: str | None, options: ClusterOptions) -> int:
     """`worldserve serve --cluster ray`: deploy, serve until SIGINT/SIGTERM, undeploy."""
+    if options.api_replicas > 1 and _has_rest_state(config):
+        log.warning("--api-replicas %d: REST streaming sessions and image/video job records "
+                    "live in the api replica that created them, and Serve's proxy does not "
+                    "route by them; use WebSockets for sessions, or keep one api replica "
+                    "(docs/scale-out.md, limits)", options.api_replicas)
     ray.init(address=options.ray_address, include_dashboard=False)
     try:
-        deploy(config, admin_key, options)
+        try:
+            deploy(config, admin_key, options)
+        except RuntimeError as exc:  # Serve's "Deploying application ... failed: <cause>"
+            print(f"worldserve: {exc}", file=sys.stderr, flush=True)
+            return 1
         print(json.dumps({"event": "serving", "host": config.host, "port": config.port,
                           "replicas": {s: options.replicas.get(s, 1)
                                        for s in config.stages.enabled()},
@@ -144,6 +154,12 @@ def run(config: ServerConfig, admin_key: str | None, options: ClusterOptions) ->
         shutdown()
         ray.shutdown()
     return 0
+
+
+def _has_rest_state(config: ServerConfig) -> bool:
+    stages = config.stages
+    return stages.generation.enabled or (stages.reasoner.enabled and
+                                         stages.reasoner.streaming.enabled)
 
 
 def _wait_for_signal() -> None:
