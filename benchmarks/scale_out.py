@@ -105,7 +105,8 @@ def single_node(workdir: Path, n: int) -> dict[str, float]:
 
 
 def ray_path(workdir: Path, args: argparse.Namespace) -> dict[str, object]:
-    port = free_port()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    port = free_port()  # after Ray's own services took theirs
     config = ServerConfig.model_validate({"port": port, "stages": {
         "generation": {"model_path": str(workdir), "output_dir": str(workdir / "out")},
         "reasoner": {"backend": "fake", "model_path": str(workdir)},
@@ -113,7 +114,6 @@ def ray_path(workdir: Path, args: argparse.Namespace) -> dict[str, object]:
     base_url = f"http://127.0.0.1:{port}"
     one = ClusterOptions(replicas={"generation": 1}, engine_targets={"generation": SLEEP_ENGINE})
     two = ClusterOptions(replicas={"generation": 2}, engine_targets={"generation": SLEEP_ENGINE})
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         deploy(config, None, one)
         latency = frame_latencies(base_url, args.n)

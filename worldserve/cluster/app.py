@@ -25,8 +25,9 @@ from ray.serve.config import RequestRouterConfig
 from worldserve.api.app import create_app
 from worldserve.api.runtime import ServerRuntime
 from worldserve.cluster.client import RayStageClient
+from worldserve.cluster.ids import api_tag
 from worldserve.cluster.replica import StageReplica
-from worldserve.cluster.router import OwnerRouter
+from worldserve.cluster.router import ApiRouter, OwnerRouter
 from worldserve.config import ServerConfig
 
 log = logging.getLogger("worldserve.cluster")
@@ -89,10 +90,16 @@ def stage_application(stage: str, config: ServerConfig, options: ClusterOptions)
 
 @serve.ingress()
 class WorldserveApi:
-    """One api replica: the FastAPI app around a `RayStageClient` per stage."""
+    """One api replica: the FastAPI app around a `RayStageClient` per stage. The ids it mints
+    name it (`ApiRouter` sends their later calls here); with several api replicas, each keeps
+    its job records and output copies in its own `api-<replica>` folder of the output dir."""
 
-    async def __init__(self, config_json: str, stages: list[str], admin_key: str | None) -> None:
+    async def __init__(self, config_json: str, stages: list[str], admin_key: str | None,
+                       num_api_replicas: int = 1) -> None:
+        replica = serve.get_replica_context().replica_id.unique_id
         self.config = ServerConfig.model_validate_json(config_json)
+        if num_api_replicas > 1:
+            self.config = own_output_dir(self.config, f"api-{replica}")
         output_dir = self.config.stages.generation.resolved_output_dir()
         self.clients = {
             stage: RayStageClient(stage, serve.get_deployment_handle(stage, stage_app_name(stage)),
@@ -101,18 +108,27 @@ class WorldserveApi:
         }
         await asyncio.gather(*(c.handshake(HANDSHAKE_TIMEOUT_S) for c in self.clients.values()))
         self.runtime = ServerRuntime(config=self.config, clients=dict(self.clients),
-                                     admin_key=admin_key)
+                                     admin_key=admin_key, id_tag=api_tag(replica))
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return create_app(self.runtime)
 
 
+def own_output_dir(config: ServerConfig, name: str) -> ServerConfig:
+    """`config` with the generation output dir moved to its subfolder `name`."""
+    data = config.model_dump(mode="json")
+    data["stages"]["generation"]["output_dir"] = str(
+        config.stages.generation.resolved_output_dir() / name)
+    return ServerConfig.model_validate(data)
+
+
 def api_application(config: ServerConfig, admin_key: str | None, options: ClusterOptions) -> Any:
     stages = list(config.stages.enabled())
-    deployment = serve.deployment(WorldserveApi, name="api", num_replicas=options.api_replicas,
-                                  max_ongoing_requests=MAX_ONGOING_REQUESTS,
-                                  ray_actor_options={"num_cpus": 0})
-    return deployment.bind(config.model_dump_json(), stages, admin_key)
+    deployment = serve.deployment(
+        WorldserveApi, name="api", num_replicas=options.api_replicas,
+        max_ongoing_requests=MAX_ONGOING_REQUESTS, ray_actor_options={"num_cpus": 0},
+        request_router_config=RequestRouterConfig(request_router_class=ApiRouter))
+    return deployment.bind(config.model_dump_json(), stages, admin_key, options.api_replicas)
 
 
 def deploy(config: ServerConfig, admin_key: str | None, options: ClusterOptions) -> None:
@@ -133,11 +149,6 @@ def shutdown() -> None:
 
 def run(config: ServerConfig, admin_key: str | None, options: ClusterOptions) -> int:
     """`worldserve serve --cluster ray`: deploy, serve until SIGINT/SIGTERM, undeploy."""
-    if options.api_replicas > 1 and _has_rest_state(config):
-        log.warning("--api-replicas %d: REST streaming sessions and image/video job records "
-                    "live in the api replica that created them, and Serve's proxy does not "
-                    "route by them; use WebSockets for sessions, or keep one api replica "
-                    "(docs/scale-out.md, limits)", options.api_replicas)
     ray.init(address=options.ray_address, include_dashboard=False)
     try:
         try:
@@ -154,12 +165,6 @@ def run(config: ServerConfig, admin_key: str | None, options: ClusterOptions) ->
         shutdown()
         ray.shutdown()
     return 0
-
-
-def _has_rest_state(config: ServerConfig) -> bool:
-    stages = config.stages
-    return stages.generation.enabled or (stages.reasoner.enabled and
-                                         stages.reasoner.streaming.enabled)
 
 
 def _wait_for_signal() -> None:

@@ -1,6 +1,9 @@
 """Owner tags: which replica holds a session, in the session id itself (no shared table).
 
-A replica mints `<id>~<replica>`; every later call for that id goes to `<replica>` only. The
+A stage replica mints `<id>~<replica>`; every later call for that id goes to `<replica>` only.
+An api replica tags the ids it mints (job ids, session ids) with `.<api replica>` before that
+(`ServerRuntime.id_tag`), so that a REST call naming the id in its path reaches the api replica
+that holds the record: `sess-<uuid>.<api>~<stage replica>`, `<uuid>.<api>`. The
 routing key handed to Ray (`handle.options(session_id=...)`) says how to route one call:
 `pin:<replica>` (the owner, never another), `place` (a new session: least sessions first) or
 empty (a job: any replica, least loaded).
@@ -30,6 +33,23 @@ def owner_of(value: str) -> str | None:
     """The replica named in `value`, or None for an untagged id."""
     head, sep, owner = value.rpartition(OWNER_SEP)
     return owner if sep and head and owner else None
+
+
+API_SEP = "."
+
+
+def api_tag(replica: str) -> str:
+    return f"{API_SEP}{replica}"
+
+
+def api_owners_in(path: str) -> list[str]:
+    """Candidate api replicas named by the ids in a request path (`/v1/videos/<uuid>.<api>`)."""
+    found = []
+    for segment in filter(None, path.split("/")):
+        head, sep, owner = segment.split(OWNER_SEP, 1)[0].rpartition(API_SEP)
+        if sep and head and owner:
+            found.append(owner)
+    return found
 
 
 def pin(replica: str) -> str:

@@ -15,13 +15,14 @@ defined here would be a different class there: `OwnerGone` lives in ids.py.
 from __future__ import annotations
 
 import collections
+import pickle
 import random
 import time
 from typing import Any, List, Optional
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from worldserve.cluster.ids import PLACE, OwnerGone, pinned_replica
+from worldserve.cluster.ids import PLACE, OwnerGone, api_owners_in, pinned_replica
 
 RECENT_S = 3.0  # a placement shows in a replica's routing stats within this (period 1 s)
 
@@ -72,3 +73,35 @@ class OwnerRouter(RequestRouter):
         if pending_request.metadata.session_id == PLACE:
             self._placed[replica_id.unique_id] += 1
             self._recent[replica_id.unique_id].append(time.monotonic())
+
+
+class ApiRouter(RequestRouter):
+    """The api ingress's router: a REST call whose path names an id minted by an api replica
+    goes to that replica (it holds the session or job record); anything else, including a
+    WebSocket connect, goes to the shorter queue of two random replicas. An id whose api
+    replica is gone is not an error here: any replica answers (404 for a record it lacks)."""
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: List[RunningReplica],
+        pending_request: Optional[PendingRequest] = None,
+    ) -> List[List[RunningReplica]]:
+        owners = api_owners_in(request_path(pending_request)) if pending_request else []
+        for owner in owners:
+            match = [r for r in candidate_replicas if r.replica_id.unique_id == owner]
+            if match:
+                return [match]
+        return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
+
+
+def request_path(pending_request: PendingRequest) -> str:
+    """The HTTP path of a request from Serve's proxy (its argument is a pickled
+    `StreamingHTTPRequest`); "" for anything else."""
+    arg = pending_request.args[0] if pending_request.args else None
+    if isinstance(arg, (bytes, bytearray)):
+        try:
+            arg = pickle.loads(arg)
+        except Exception:  # not a proxy request
+            return ""
+    scope = getattr(arg, "asgi_scope", None)
+    return scope.get("path", "") if isinstance(scope, dict) else ""

@@ -1,6 +1,8 @@
 """worldserve on Ray Serve (`--cluster ray`), on CPU: a local Ray instance (2 CPUs, no
-dashboard), 2 replicas of the fake reasoner and 2 of the sleep generation engine behind one api
-replica, all deployed once for this module. Real actors, real HTTP and WebSockets through Serve's
+dashboard), 2 replicas each of the fake reasoner, the fake realtime engine and the sleep
+generation engine behind 2 api replicas, all deployed once for this module. With 2 api
+replicas, every REST call on a session or job also has to reach the api replica that holds its
+record (the `ApiRouter`). Real actors, real HTTP and WebSockets through Serve's
 proxy; the engines are the fakes (the boundary these tests are not about).
 
 Order matters: the fault test kills replicas and runs last.
@@ -43,14 +45,14 @@ LOST = "session lost, create a new one"
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     workdir = tmp_path_factory.mktemp("cluster")
-    port = free_port()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    port = free_port()  # after Ray's own services took theirs
     config = ServerConfig.model_validate({"port": port, "stages": {
         "generation": {"model_path": str(workdir), "output_dir": str(workdir / "out")},
         "reasoner": {"backend": "fake", "model_path": str(workdir), "streaming": {}},
         "realtime": {"backend": "fake", "model_path": str(workdir)}}})
     options = ClusterOptions(replicas={"generation": 2, "reasoner": 2, "realtime": 2},
-                             engine_targets={"generation": SLEEP_ENGINE})
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+                             api_replicas=2, engine_targets={"generation": SLEEP_ENGINE})
     try:
         deploy(config, None, options)
         yield f"127.0.0.1:{port}"

@@ -4,16 +4,18 @@ and the client are driven directly; replicas are stand-ins with an id and routin
 from __future__ import annotations
 
 import asyncio
+import pickle
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from ray.serve._private.common import StreamingHTTPRequest
 
 from worldserve.cluster.app import parse_replicas
 from worldserve.cluster.client import RayStageClient
-from worldserve.cluster.ids import PLACE, OwnerGone, owner_of, pin, tag
-from worldserve.cluster.router import OwnerRouter
+from worldserve.cluster.ids import PLACE, OwnerGone, api_owners_in, owner_of, pin, tag
+from worldserve.cluster.router import ApiRouter, OwnerRouter, request_path
 from worldserve.errors import SessionLost
 from worldserve.ipc.messages import (
     Cancel,
@@ -53,6 +55,34 @@ def test_tags_name_their_owner() -> None:
     assert owner_of(tag("sess-1234", "abcd")) == "abcd"
     assert tag(tag("sess-1", "a"), "b") == "sess-1~a"  # a tagged id keeps its owner
     assert owner_of("sess-1234") is None and owner_of("~x") is None and owner_of("a~") is None
+
+
+def test_api_owners_are_found_in_paths() -> None:
+    assert api_owners_in("/v1/videos/1234-abcd.apiA/content") == ["apiA"]
+    assert api_owners_in("/v1/streaming/sessions/sess-12.apiB~stage/frame") == ["apiB"]
+    assert api_owners_in("/v1/streaming/ws") == [] and api_owners_in("") == []
+
+
+def test_the_api_router_reads_the_path_of_a_proxy_request() -> None:
+    scope = {"type": "http", "path": "/v1/videos/1234.apiA"}
+    arg = pickle.dumps(StreamingHTTPRequest(scope, proxy_actor_name="proxy"))
+    assert request_path(SimpleNamespace(args=[arg])) == "/v1/videos/1234.apiA"
+    assert request_path(SimpleNamespace(args=[b"not a pickle"])) == ""
+    assert request_path(SimpleNamespace(args=[])) == ""
+
+
+async def test_the_api_router_pins_named_ids_and_spreads_the_rest() -> None:
+    api = ApiRouter.__new__(ApiRouter)
+    a, b = Replica("apiA"), Replica("apiB")
+
+    def proxied(path: str) -> SimpleNamespace:
+        scope = {"type": "http", "path": path}
+        return SimpleNamespace(args=[pickle.dumps(StreamingHTTPRequest(
+            scope, proxy_actor_name="proxy"))])
+
+    assert await api.choose_replicas([a, b], proxied("/v1/videos/1.apiB")) == [[b]]
+    gone = await api.choose_replicas([a, b], proxied("/v1/videos/1.apiC"))
+    assert len(gone) == 1 and len(gone[0]) == 2  # its record is gone: any replica answers 404
 
 
 def test_parse_replicas() -> None:
