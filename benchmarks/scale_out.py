@@ -9,7 +9,7 @@ latency the Ray path adds over the single-node path for one small request.
     sequential frames on the single-node server (`worldserve serve`, ZeroMQ stage process) and
     on the Ray path (Serve proxy -> api replica -> reasoner replica); p50/p99 of both.
 
-    .venv/bin/python benchmarks/scale_out.py [--jobs 16] [--concurrency 8] [--steps 10] [--n 200]
+    .venv/bin/python benchmarks/scale_out.py [--jobs 24] [--concurrency 8] [--steps 20] [--n 200]
 
 Needs the ray extra. Prints one JSON line at the end.
 """
@@ -129,9 +129,9 @@ def ray_path(workdir: Path, args: argparse.Namespace) -> dict[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=16)
+    parser.add_argument("--jobs", type=int, default=24)
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--n", type=int, default=200)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
