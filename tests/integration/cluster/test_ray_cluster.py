@@ -181,6 +181,24 @@ def test_jobs_spread_over_both_replicas(http: httpx.Client) -> None:
     assert len(writers) == 2, f"every job ran on one replica: {writers}"
 
 
+def test_deleting_a_running_job_stops_it_on_its_replica(http: httpx.Client) -> None:
+    """Two 20-s jobs hold both replicas; deleting them must reach their replicas (the
+    cancel is pinned to the owner), or the next short job would wait for one of them."""
+    slow = {"prompt": "slow", "size": "64x64", "num_inference_steps": 400}
+    jobs = [http.post("/v1/videos", json=slow).json() for _ in range(2)]
+    deadline = time.monotonic() + 30
+    while any(http.get(f"/v1/videos/{j['id']}").json()["progress"] == 0 for j in jobs):
+        assert time.monotonic() < deadline, "the slow jobs did not start"
+        time.sleep(0.05)
+    for job in jobs:
+        assert http.delete(f"/v1/videos/{job['id']}").status_code == 200
+    started = time.monotonic()
+    quick = http.post("/v1/videos", json={"prompt": "quick", "size": "64x64",
+                                          "num_inference_steps": 2}).json()
+    assert finished(http, quick["id"])["status"] == "completed"
+    assert time.monotonic() - started < 8.0, "a deleted job kept its replica busy"
+
+
 def test_owner_death_answers_410_at_once_and_fails_its_jobs(http: httpx.Client,
                                                              cluster: str) -> None:
     rest_id = rest_session(http)
