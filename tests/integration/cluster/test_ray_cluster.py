@@ -182,17 +182,18 @@ def test_jobs_spread_over_both_replicas(http: httpx.Client) -> None:
 
 
 def test_deleting_a_running_job_stops_it_on_its_replica(http: httpx.Client) -> None:
-    """Two 20-s jobs hold both replicas; deleting them must reach their replicas (the
-    cancel is pinned to the owner), or the next short job would wait for one of them."""
+    """Six 20-s jobs keep both replicas busy for a minute (all six on one replica: 1 in 32);
+    deleting them must reach their replicas (the cancel is pinned to the owner), or the next
+    short job would wait for them."""
     slow = {"prompt": "slow", "size": "64x64", "num_inference_steps": 400}
-    jobs = [http.post("/v1/videos", json=slow).json() for _ in range(2)]
+    jobs = [http.post("/v1/videos", json=slow).json() for _ in range(6)]
     deadline = time.monotonic() + 30
-    while any(http.get(f"/v1/videos/{j['id']}").json()["progress"] == 0 for j in jobs):
+    while sum(http.get(f"/v1/videos/{j['id']}").json()["progress"] > 0 for j in jobs) < 2:
         assert time.monotonic() < deadline, "the slow jobs did not start"
         time.sleep(0.05)
+    started = time.monotonic()  # a delete waits for the stage to stop the job
     for job in jobs:
         assert http.delete(f"/v1/videos/{job['id']}").status_code == 200
-    started = time.monotonic()
     quick = http.post("/v1/videos", json={"prompt": "quick", "size": "64x64",
                                           "num_inference_steps": 2}).json()
     assert finished(http, quick["id"])["status"] == "completed"
