@@ -1,5 +1,6 @@
 # The two commands: `make serve` and `make test`. Both create .venv if missing and install the
-# project with the CPU build of torch (pinned in the same pip command, see shared cpu-stack notes).
+# project with the CPU build of torch (pinned in the same pip command, see shared cpu-stack notes),
+# and the `ray` extra so the scale-out tests (tests/integration/cluster) run rather than skip.
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -18,7 +19,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q torch==2.13.0 -e ".[dev]"
+	$(BIN)/pip install -q torch==2.13.0 -e ".[dev,ray]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -26,6 +26,7 @@ app.add_typer(dev_models_app, name="dev-models")
 
 DEV_STAGE_DIRS = ("generation", "reasoner", "realtime")
 NIM_PANEL = "Live video reasoning (NIM settings; each flag wins over its NIM_* variable)"
+CLUSTER_PANEL = "Scale-out on Ray Serve (docs/scale-out.md)"
 
 
 def _usage_error(message: str) -> typer.Exit:
@@ -161,6 +162,21 @@ def serve(
         "llguidance ($NIM_GUIDED_DECODING_BACKEND; llguidance)."),
     reasoner_model_name: Optional[str] = _nim(
         "Name reported as `model` (default: the model id or path)."),
+    # --- scale-out (issue 15): docs/scale-out.md
+    cluster: Optional[str] = typer.Option(
+        None, rich_help_panel=CLUSTER_PANEL,
+        help="'ray': serve on a Ray Serve cluster (extra worldserve[ray])."
+    ),
+    ray_address: Optional[str] = typer.Option(
+        None, rich_help_panel=CLUSTER_PANEL,
+        help="With --cluster ray: join this Ray cluster [default: start a local one]."
+    ),
+    replicas: Optional[str] = typer.Option(
+        None, rich_help_panel=CLUSTER_PANEL,
+        help="With --cluster ray: replicas per stage, e.g. generation=2,reasoner=1."
+    ),
+    api_replicas: int = typer.Option(1, min=1, rich_help_panel=CLUSTER_PANEL,
+                                     help="With --cluster ray: api replicas."),
 ) -> None:
     """Start the api process and its stage processes."""
     streaming = "stages.reasoner.streaming"
@@ -208,11 +224,32 @@ def serve(
         level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     cfg = _fill_dev_model_paths(cfg)
+    if cluster is not None or ray_address is not None or replicas is not None:
+        raise typer.Exit(code=_serve_cluster(cfg, key, cluster, ray_address, replicas,
+                                             api_replicas))
     try:
         code = asyncio.run(_serve(cfg, key))
     except KeyboardInterrupt:
         code = 130
     raise typer.Exit(code=code)
+
+
+def _serve_cluster(cfg: ServerConfig, key: str | None, cluster: str | None,
+                   ray_address: str | None, replicas: str | None, api_replicas: int) -> int:
+    """`--cluster ray`: the only path that imports Ray (worldserve/cluster)."""
+    if cluster != "ray":
+        raise _usage_error("--ray-address and --replicas need --cluster ray"
+                           if cluster is None else f"--cluster must be 'ray' (got '{cluster}')")
+    try:
+        from worldserve.cluster.app import ClusterOptions, parse_replicas, run
+    except ImportError as exc:
+        raise _usage_error(f"--cluster ray needs Ray Serve: pip install 'worldserve[ray]' ({exc})")
+    try:
+        counts = parse_replicas(replicas)
+    except ValueError as exc:
+        raise _usage_error(str(exc))
+    options = ClusterOptions(ray_address=ray_address, replicas=counts, api_replicas=api_replicas)
+    return run(cfg, key, options)
 
 
 async def _serve(cfg: ServerConfig, key: str | None) -> int:

@@ -70,6 +70,7 @@ class MediaService:
             self.config.resolved_output_dir(),
             runtime.config.output_ttl_s,
             runtime.config.max_job_records,
+            id_tag=runtime.id_tag,
         )
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.in_flight = 0

@@ -138,7 +138,8 @@ class StreamingService:
         sampling = build_sampling(body.sampling, caps.sampling)
         await self.registry.reap_expired()
         request = CreateSession(request_id=new_request_id("create"),
-                                session_id=f"sess-{uuid.uuid4()}", system_prompt=body.system_prompt,
+                                session_id=f"sess-{uuid.uuid4()}{self.runtime.id_tag}",
+                                system_prompt=body.system_prompt,
                                 retention=retention, sampling=sampling, question=body.question)
         try:
             reply = await client.call(request, timeout_s=CREATE_TIMEOUT_S)
