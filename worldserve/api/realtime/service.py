@@ -98,6 +98,9 @@ class RealtimeService:
         if init.first_frame is not None and not facts.supports_first_frame:
             raise InvalidRequest(f"first_frame: pipeline {facts.pipeline} is not image-"
                                  "conditioned; remove first_frame", param="first_frame")
+        if init.first_frame is None and facts.requires_first_frame:
+            raise InvalidRequest(f"first_frame: pipeline {facts.pipeline} starts sessions from "
+                                 "an image; first_frame is required", param="first_frame")
         first_frame = await resolve_first_frame(init.first_frame, self.media_policy)
         fmt = init.output_format
         return RealtimeConnectionSettings(

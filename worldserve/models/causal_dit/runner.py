@@ -23,7 +23,7 @@ from worldserve.models.causal_dit.vae_stream import (
     to_rgb24,
 )
 from worldserve.models.common import count_parameters, resolve_dtype
-from worldserve.models.types import ChunkRunOutput, WorldSessionSettings
+from worldserve.models.types import ChunkRunOutput, RealtimeModelFacts, WorldSessionSettings
 
 
 def dmd_sigmas(num_steps: int, shift: float) -> list[float]:
@@ -37,6 +37,20 @@ def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu")
     return CausalRunner(load_realtime_model(model_dir, device, resolve_dtype(dtype)))
 
 
+def model_facts(model: RealtimeModel) -> RealtimeModelFacts:
+    """The engine's view of a causal checkpoint: text-to-video, no CFG (few-step distilled)."""
+    mc, dit = model.config, model.dit.cfg
+    return RealtimeModelFacts(
+        pipeline=mc.pipeline, frames_per_block=mc.frames_per_block,
+        default_sink_frames=mc.default_sink_frames,
+        default_window_frames=mc.default_window_frames, max_window_frames=dit.max_rope_frames,
+        default_num_inference_steps=mc.default_num_inference_steps, default_fps=mc.default_fps,
+        default_width=mc.default_width, default_height=mc.default_height,
+        size_multiple=model.spatial_factor, max_script_frames=mc.max_script_frames,
+        min_pulse_items=mc.min_pulse_items,
+        kv_bytes_per_token=2 * dit.num_layers * dit.dim * model.dtype.itemsize)
+
+
 class CausalRunner:
     """Stateless over sessions: every tensor of a session lives in its `CausalSession`."""
 
@@ -45,6 +59,7 @@ class CausalRunner:
         self.upsampling = temporal_upsampling(model.vae)
         self.num_params = sum(count_parameters(m)
                               for m in (model.dit, model.vae, model.text_encoder))
+        self.facts = model_facts(model)
 
     # ------------------------------------------------------------------ sessions
 
