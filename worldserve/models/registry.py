@@ -17,13 +17,14 @@ from worldserve.models.action_head.family import FAMILY as ACTION_HEAD
 from worldserve.models.causal_dit.family import FAMILY as CAUSAL_DIT
 from worldserve.models.detect import describe
 from worldserve.models.qwen_vl.family import FAMILY as QWEN_VL
+from worldserve.models.sana_wm.family import FAMILY as SANA_WM
 from worldserve.models.types import ModelFamily, ModelLoadError
 from worldserve.models.wan.family import FAMILY as WAN
 
 __all__ = ["FAMILIES", "ModelFamily", "load_runner", "resolve", "supported"]
 
 # Order matters: the first family whose `detect` matches (and that serves the stage kind) wins.
-FAMILIES: tuple[ModelFamily, ...] = (WAN, ACTION_HEAD, QWEN_VL, CAUSAL_DIT)
+FAMILIES: tuple[ModelFamily, ...] = (WAN, ACTION_HEAD, QWEN_VL, CAUSAL_DIT, SANA_WM)
 
 
 def supported(stage_kind: str) -> list[str]:
