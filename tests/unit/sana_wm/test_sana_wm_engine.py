@@ -120,4 +120,4 @@ def test_websocket_init_without_first_frame_is_invalid(runner, clients):
             ws.send_bytes(msgpack.packb({"type": "init", "prompt": "a road", "size": "64x64"}))
             error = msgpack.unpackb(ws.receive_bytes())
     assert error["type"] == "error" and error["code"] == "invalid_init"
-    assert "first_frame" in error["content"] and "required" in error["content"]
+    assert "first_frame is required" in error["detail"]
