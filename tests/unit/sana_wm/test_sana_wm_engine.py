@@ -121,3 +121,16 @@ def test_websocket_init_without_first_frame_is_invalid(runner, clients):
             error = msgpack.unpackb(ws.receive_bytes())
     assert error["type"] == "error" and error["code"] == "invalid_init"
     assert "first_frame is required" in error["detail"]
+
+
+def test_registry_loads_a_saved_directory_with_its_refiner(tmp_path, first_frame):
+    from worldserve.models import registry
+    from worldserve.models.sana_wm.dev import build_sana_wm
+
+    build_sana_wm(tmp_path, 0)
+    loaded = registry.load_runner("realtime", tmp_path)
+    assert loaded.refiner is not None and loaded.facts.first_frame == "required"
+    engine = make_engine(loaded)
+    replies = run_session(engine, "s", 2, first_frame=first_frame, width=SIZE, height=SIZE)
+    assert [r.num_frames for r in replies] == [NEW_FRAMES + 1, NEW_FRAMES]
+    assert replies[-1].cached_frames == 7  # refiner sink + two refined blocks
