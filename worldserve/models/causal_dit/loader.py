@@ -47,6 +47,11 @@ class RealtimePipelineConfig:
     # Control-queue facts the api needs (spec 3.3): LingBot-style single-frame pulses.
     min_pulse_items: int = 1
     max_script_frames: int = 512
+    # Trained with a clean first latent frame (image-to-video): an init may carry first_frame.
+    image_conditioning: bool = False
+    # Few-step distilled without CFG: guidance_scale != 1 is refused. False: the model needs
+    # classifier-free guidance and a session with guidance_scale != 1 runs two forwards a step.
+    guidance_distilled: bool = True
 
     def save(self, directory: Path) -> None:
         (directory / PIPELINE_CONFIG_NAME).write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -75,6 +80,25 @@ class RealtimeModel:
     @property
     def dtype(self) -> torch.dtype:
         return next(self.dit.parameters()).dtype
+
+    @torch.inference_mode()
+    def encode_image(self, image: Any, width: int, height: int) -> torch.Tensor:
+        """An RGB PIL image -> its model-space first latent frame (1, C, 1, h, w): resized to
+        cover width x height, centre-cropped, encoded by the VAE (posterior mode) and
+        normalised like the Wan pipelines (`(z - mean) / std`)."""
+        scale = max(width / image.width, height / image.height)
+        size = (max(width, round(image.width * scale)), max(height, round(image.height * scale)))
+        image = image.resize(size, resample=3)  # bicubic
+        left, top = (size[0] - width) // 2, (size[1] - height) // 2
+        image = image.crop((left, top, left + width, top + height))
+        pixels = torch.tensor(list(image.getdata()), dtype=torch.float32)
+        pixels = pixels.view(height, width, 3).permute(2, 0, 1) / 127.5 - 1.0
+        x = pixels[None, :, None].to(self.device, self.vae.dtype)
+        z = self.vae.encode(x).latent_dist.mode()
+        dim = self.vae.config.z_dim
+        mean = torch.tensor(self.vae.config.latents_mean).view(1, dim, 1, 1, 1).to(z)
+        std = torch.tensor(self.vae.config.latents_std).view(1, dim, 1, 1, 1).to(z)
+        return ((z - mean) / std).to(self.dtype)
 
     @torch.inference_mode()
     def encode_prompt(self, prompt: str) -> list[KV]:
