@@ -57,6 +57,7 @@ class RealtimeModelFacts:
     min_pulse_items: int = 1
     kv_bytes_per_token: int = 0
     camera_keys: str = "wasdijkl"
+    camera_conditioning: bool = True
     first_frame: str = "unsupported"
     guidance: bool = False
 

@@ -9,40 +9,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from tests.unit.realtime.helpers import upstream_wan_state
 from worldserve.models.causal_dit.upstream import load_upstream_transformer
 from worldserve.models.types import ModelLoadError
 
 DIM, LAYERS, FFN, TEXT, FREQ, CHANNELS, PATCH = 16, 2, 32, 8, 16, 4, (1, 2, 2)
-
-
-def upstream_wan_state(seed: int = 0) -> dict[str, torch.Tensor]:
-    """The original WanModel parameter names and shapes, written out by hand."""
-    g = torch.Generator().manual_seed(seed)
-
-    def t(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=g)
-
-    state = {"patch_embedding.weight": t(DIM, CHANNELS, *PATCH), "patch_embedding.bias": t(DIM),
-             "text_embedding.0.weight": t(DIM, TEXT), "text_embedding.0.bias": t(DIM),
-             "text_embedding.2.weight": t(DIM, DIM), "text_embedding.2.bias": t(DIM),
-             "time_embedding.0.weight": t(DIM, FREQ), "time_embedding.0.bias": t(DIM),
-             "time_embedding.2.weight": t(DIM, DIM), "time_embedding.2.bias": t(DIM),
-             "time_projection.1.weight": t(6 * DIM, DIM), "time_projection.1.bias": t(6 * DIM),
-             "head.modulation": t(1, 2, DIM), "head.head.weight": t(CHANNELS * 4, DIM),
-             "head.head.bias": t(CHANNELS * 4)}
-    for i in range(LAYERS):
-        b = f"blocks.{i}."
-        state[b + "modulation"] = t(1, 6, DIM)
-        for attn in ("self_attn", "cross_attn"):
-            for proj in "qkvo":
-                state[f"{b}{attn}.{proj}.weight"] = t(DIM, DIM)
-                state[f"{b}{attn}.{proj}.bias"] = t(DIM)
-            state[f"{b}{attn}.norm_q.weight"] = t(DIM)
-            state[f"{b}{attn}.norm_k.weight"] = t(DIM)
-        state[b + "norm3.weight"], state[b + "norm3.bias"] = t(DIM), t(DIM)
-        state[b + "ffn.0.weight"], state[b + "ffn.0.bias"] = t(FFN, DIM), t(FFN)
-        state[b + "ffn.2.weight"], state[b + "ffn.2.bias"] = t(DIM, FFN), t(DIM)
-    return state
 
 
 def check_mapped(model, state: dict[str, torch.Tensor]) -> None:

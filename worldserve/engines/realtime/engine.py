@@ -91,7 +91,7 @@ class RealtimeEngine:
             default_sink_frames=self.default_sink,
             default_window_frames=self.default_window,
             max_window_frames=mc.max_window_frames,
-            camera_conditioning=True,
+            camera_conditioning=mc.camera_conditioning,
             camera_keys=mc.camera_keys,
             supports_first_frame=mc.first_frame != "unsupported",
             requires_first_frame=mc.first_frame == "required",

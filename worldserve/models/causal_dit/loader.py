@@ -47,6 +47,9 @@ class RealtimePipelineConfig:
     # Control-queue facts the api needs (spec 3.3): LingBot-style single-frame pulses.
     min_pulse_items: int = 1
     max_script_frames: int = 512
+    # Wan-style text conditioning: encoder states zero-padded to this many tokens (Wan: 512);
+    # 0 = no padding (the project's CausalDiT).
+    pad_text_tokens: int = 0
     # Trained with a clean first latent frame (image-to-video): an init may carry first_frame.
     image_conditioning: bool = False
     # Few-step distilled without CFG: guidance_scale != 1 is refused. False: the model needs
@@ -109,6 +112,9 @@ class RealtimeModel:
         if input_ids.shape[1] == 0:  # an empty prompt still needs one key to attend to
             input_ids = torch.full((1, 1), self.tokenizer.pad_token_id, dtype=torch.long)
         hidden = self.text_encoder(input_ids=input_ids.to(self.device)).last_hidden_state
+        pad = self.config.pad_text_tokens - hidden.shape[1]
+        if pad > 0:
+            hidden = torch.cat([hidden, hidden.new_zeros(hidden.shape[0], pad, hidden.shape[2])], 1)
         return self.dit.text_kv(hidden.to(self.dtype))
 
 
@@ -126,9 +132,20 @@ def _refuse_foreign_layouts(path: Path) -> None:
         "context does not map onto a sink + sliding-window cache)")
 
 
-def load_dit(directory: Path) -> CausalDiT:
+def load_dit(directory: Path) -> Any:
+    """`transformer/`: the project's CausalDiT, or an upstream causal Wan checkpoint
+    (a Self-Forcing-style `*.pt` pickle, or `WanModel` config.json + safetensors) mapped onto
+    diffusers' Wan DiT and run block-causally (`wan_causal.CausalWanDiT`)."""
     from safetensors.torch import load_file
 
+    config = directory / "config.json"
+    declared = json.loads(config.read_text()).get("_class_name") if config.is_file() else None
+    if declared != "WorldserveCausalDiT":
+        from worldserve.models.causal_dit.upstream import load_upstream_transformer
+        from worldserve.models.causal_dit.wan_causal import CausalWanDiT
+
+        pickles = sorted(directory.glob("*.pt"))
+        return CausalWanDiT(load_upstream_transformer(pickles[0] if pickles else directory))
     dit = CausalDiT(CausalDiTConfig.load(directory))
     state = load_file(str(directory / WEIGHTS_NAME))
     missing, unexpected = dit.load_state_dict(state, strict=False)
