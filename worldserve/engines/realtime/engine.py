@@ -163,6 +163,8 @@ class RealtimeEngine:
                                         item.request.prompt if item.request.chunk_index else None,
                                         item.request.refresh_kv)
         except WorldserveError as exc:
+            if item.request.chunk_index == 0:  # a session whose first chunk failed has no state
+                self.sessions.pop(item.request.session_id)
             self._fail(item, exc)
             return
         except Exception as exc:  # a failed chunk ends its session, never the stage
