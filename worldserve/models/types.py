@@ -29,6 +29,7 @@ class WorldSessionSettings:
     guidance_scale: float = 1.0
     negative_prompt: str = ""
     first_frame: bytes | None = None  # encoded image (PNG/JPEG/...), validated by the runner
+    intrinsics: tuple[float, ...] | None = None  # [fx, fy, cx, cy] in first_frame pixels
 
 
 FIRST_FRAME_MODES = ("unsupported", "optional", "required")

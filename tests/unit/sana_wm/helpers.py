@@ -25,13 +25,15 @@ def frames_of(output, size: int = SIZE) -> np.ndarray:
 
 
 def reference_chunks(pipe, image: Image.Image, cameras: list, seed: int = 3,
-                     steps: int = 2, guidance_scale: float = 1.0) -> tuple[list, list]:
+                     steps: int = 2, guidance_scale: float = 1.0,
+                     intrinsics: list[float] | None = None) -> tuple[list, list]:
     """What a client gets by chaining `SanaWMPipeline.__call__` itself: each call starts from
     the previous call's last frame with that chunk's actions; one generator throughout.
     Returns (emitted uint8 frames per chunk, new stage-1 latents per chunk)."""
     generator = torch.Generator().manual_seed(seed)
     focal = float(max(image.size))
-    intrinsics = np.asarray([[focal, focal, image.width / 2, image.height / 2]], np.float32)
+    intrinsics = np.asarray([intrinsics or [focal, focal, image.width / 2, image.height / 2]],
+                            np.float32)
     frames_out, latents_out = [], []
     for k, camera in enumerate(cameras):
         entries = (camera or [])[1:] if k == 0 else camera

@@ -134,3 +134,35 @@ def test_registry_loads_a_saved_directory_with_its_refiner(tmp_path, first_frame
     replies = run_session(engine, "s", 2, first_frame=first_frame, width=SIZE, height=SIZE)
     assert [r.num_frames for r in replies] == [NEW_FRAMES + 1, NEW_FRAMES]
     assert replies[-1].cached_frames == 7  # refiner sink + two refined blocks
+
+
+def test_intrinsics_from_the_init_reach_the_pipeline(runner, sana_pipe, first_frame):
+    engine = make_engine(runner)
+    intrinsics = [30.0, 34.0, 44.0, 20.0]  # in first_frame (80x48) pixels
+    replies = run_session(engine, "s", 2, first_frame=first_frame, width=SIZE, height=SIZE,
+                          seed=3, prompt="a road", intrinsics=intrinsics)
+    image = Image.open(io.BytesIO(first_frame)).convert("RGB")
+    want, _ = reference_chunks(sana_pipe, image, [None, None], intrinsics=intrinsics)
+    default, _ = reference_chunks(sana_pipe, image, [None, None])
+    for reply, expected in zip(replies, want):
+        np.testing.assert_array_equal(frames(reply), expected)
+    assert not np.array_equal(frames(replies[0]), default[0])
+
+
+@pytest.mark.parametrize("intrinsics, ok", [
+    ([40, 40, 32, 32], True), ([[40, 0, 32], [0, 40, 32], [0, 0, 1]], True),
+    ([40, 40, 32], False), ([0, 40, 32, 32], False), (["a", 1, 2, 3], False),
+])
+def test_websocket_checks_intrinsics(runner, first_frame, clients, intrinsics, ok):
+    app = app_for(runner, clients)
+    with TestClient(app) as http:
+        with http.websocket_connect("/v1/realtime_video/generate") as ws:
+            ws.send_bytes(msgpack.packb({"type": "init", "prompt": "a road", "size": "64x64",
+                                         "max_chunks": 1, "first_frame": first_frame,
+                                         "condition_inputs": {"intrinsics": intrinsics}}))
+            if ok:
+                assert len(read_chunk(ws)) == NEW_FRAMES + 1
+            else:
+                error = msgpack.unpackb(ws.receive_bytes())
+                assert error["code"] == "invalid_init"
+                assert "intrinsics" in error["detail"], error

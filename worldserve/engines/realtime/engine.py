@@ -253,7 +253,8 @@ class RealtimeEngine:
                                     window_frames=window, frames_per_block=self.frames_per_block,
                                     guidance_scale=req.guidance_scale,
                                     negative_prompt=req.negative_prompt or "",
-                                    first_frame=req.first_frame)
+                                    first_frame=req.first_frame,
+                                    intrinsics=tuple(req.intrinsics) if req.intrinsics else None)
 
     def _check_conditioning(self, req: RealtimeChunk) -> None:
         """first_frame and guidance_scale against what the checkpoint declares."""

@@ -190,7 +190,8 @@ class SanaWMRunner:
                                  f"multiple of the refiner's block ({block})")
         image = decode_image(settings.first_frame)
         focal = self.defaults.focal_fraction * max(image.size)
-        intrinsics = [focal, focal, image.width / 2, image.height / 2]
+        intrinsics = (list(settings.intrinsics) if settings.intrinsics
+                      else [focal, focal, image.width / 2, image.height / 2])
         _, cropped = self.model.image_processor.preprocess_with_intrinsics(
             image, np.asarray([intrinsics], np.float32), settings.height, settings.width)
         stream = None
