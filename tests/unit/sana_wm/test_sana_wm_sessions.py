@@ -90,6 +90,7 @@ def test_refiner_stream_any_split_equals_one_call(sana_refiner):
 
 def test_per_session_state_is_bounded(refined_runner, first_frame):
     session = refined_runner.new_session("s", settings(first_frame), "a road")
+    assert session.settings.first_frame is None  # the decoded image is the state, not the PNG
     sizes = []
     for _ in range(5):
         refined_runner.run_chunk(session, None)

@@ -8,6 +8,7 @@ on the clean block that writes its K/V -> decode the block's frames.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import time
 from pathlib import Path
@@ -100,6 +101,8 @@ class CausalRunner:
             image = decode_image(settings.first_frame)
             session.image_latent = self.model.encode_image(image, settings.width,
                                                            settings.height)
+            # The encoded image is not kept (up to the media limit per session): the latent is.
+            session.settings = dataclasses.replace(settings, first_frame=None)
         return session
 
     def chunk_frames(self, chunk_index: int, frames_per_block: int) -> int:

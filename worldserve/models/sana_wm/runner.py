@@ -18,6 +18,7 @@ each chunk. The refiner's KV is bounded by `kv_max_frames` (the session's window
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import time
 from dataclasses import dataclass
@@ -109,7 +110,8 @@ class SanaWMSession:
                  image: Image.Image, intrinsics: list[float], cropped_intrinsics: list[float],
                  embeds: tuple[torch.Tensor, ...], refiner: RefinerStream | None) -> None:
         self.session_id = session_id
-        self.settings = settings
+        # The encoded first_frame (up to the media limit) is not kept: `image` is the state.
+        self.settings = dataclasses.replace(settings, first_frame=None)
         self.prompt = prompt
         self.image: Image.Image | None = image
         self.intrinsics = intrinsics  # chunk 0: in first_frame pixels; then at session size
