@@ -27,9 +27,9 @@ from transformers import Gemma2Config, Gemma2Model, Gemma3TextConfig, Gemma3Text
 
 from worldserve.models.dev.seeding import seeded
 from worldserve.models.dev.tokenizer import build_tokenizer
+from worldserve.models.sana_wm.family import REFINER_DIR
 
 SERVED_MODEL_NAME = "worldserve-dev-sana-wm"
-REFINER_DIR = "refiner"
 TEXT_DIM = 16  # Gemma hidden size = the DiT's caption_channels
 LATENT_CHANNELS = 8
 

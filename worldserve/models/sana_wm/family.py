@@ -9,6 +9,7 @@ from worldserve.models.detect import diffusers_class
 from worldserve.models.types import ModelFamily
 
 PIPELINE_NAME = "SanaWMPipeline"
+REFINER_DIR = "refiner"  # optional sub-directory holding a SanaWMLTX2Refiner
 
 
 def detect(model_dir: Path) -> bool:

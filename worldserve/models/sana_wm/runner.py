@@ -32,8 +32,7 @@ from PIL import Image, UnidentifiedImageError
 from worldserve.errors import InvalidRequest
 from worldserve.models.common import count_parameters, require_local_dir, resolve_dtype
 from worldserve.models.sana_wm.camera import action_string, check_camera
-from worldserve.models.sana_wm.dev import REFINER_DIR
-from worldserve.models.sana_wm.family import PIPELINE_NAME
+from worldserve.models.sana_wm.family import PIPELINE_NAME, REFINER_DIR
 from worldserve.models.sana_wm.refiner_stream import RefinerStream
 from worldserve.models.types import (
     ChunkRunOutput,
