@@ -115,3 +115,32 @@ def test_guidance_doubles_the_batch_and_changes_frames(runner, sana_pipe, first_
                                    [None], guidance_scale=3.0)
     np.testing.assert_array_equal(frames_of(guided[0]), expected[0])
     assert not np.array_equal(frames_of(guided[0]), frames_of(plain[0]))
+
+
+def test_refined_frames_equal_one_decode_of_the_whole_refined_video(refined_runner, sana_pipe,
+                                                                     first_frame):
+    """The session's streaming LTX-2 decoder: chunk by chunk == decoding everything at once."""
+    refined = run(refined_runner, first_frame, CAMERAS)
+    streamed = np.concatenate([frames_of(o) for o in refined])
+    latents = torch.cat([o.latents for o in refined], dim=2)
+    with torch.no_grad():
+        pixels = sana_pipe._decode_latents(latents)
+    whole = sana_pipe.video_processor.postprocess_video(pixels, output_type="np")[0]
+    whole = (whole * 255).round().clip(0, 255).astype(np.uint8)
+    assert streamed.shape == whole.shape == (1 + 3 * NEW_FRAMES, 64, 64, 3)
+    assert np.abs(streamed.astype(int) - whole.astype(int)).max() <= 1  # float rounding only
+
+
+def test_streaming_decoder_any_split_equals_one_decode(sana_pipe):
+    from worldserve.models.sana_wm.vae_stream import StreamingLTX2Decoder
+
+    torch.manual_seed(0)
+    latents = torch.randn(1, 8, 10, 2, 2)
+    with torch.no_grad():
+        whole = sana_pipe.vae.decode(latents, return_dict=False)[0]
+    decoder = StreamingLTX2Decoder(sana_pipe.vae)
+    parts = [decoder(latents[:, :, a:b]) for a, b in ((0, 4), (4, 7), (7, 8), (8, 10))]
+    assert [p.shape[2] for p in parts] == [25, 24, 8, 16]
+    torch.testing.assert_close(torch.cat(parts, dim=2), whole, rtol=0, atol=1e-4)
+    plain = sana_pipe.vae.decode(latents[:, :, 4:7], return_dict=False)[0]
+    assert plain.shape[2] == 17  # the shared VAE is untouched after a streamed call

@@ -34,6 +34,7 @@ from worldserve.models.common import count_parameters, require_local_dir, resolv
 from worldserve.models.sana_wm.camera import action_string, check_camera
 from worldserve.models.sana_wm.family import PIPELINE_NAME, REFINER_DIR
 from worldserve.models.sana_wm.refiner_stream import RefinerStream
+from worldserve.models.sana_wm.vae_stream import StreamingLTX2Decoder, can_stream
 from worldserve.models.types import (
     ChunkRunOutput,
     RealtimeModelFacts,
@@ -99,7 +100,8 @@ class SanaWMCache:
     def nbytes(self) -> int:
         s = self._session
         image = s.image.width * s.image.height * 3 if s.image is not None else 0
-        return image + (s.refiner.nbytes() if s.refiner is not None else 0)
+        decoder = s.decoder.nbytes() if s.decoder is not None else 0
+        return image + decoder + (s.refiner.nbytes() if s.refiner is not None else 0)
 
 
 class SanaWMSession:
@@ -117,7 +119,10 @@ class SanaWMSession:
         self.cropped_intrinsics = cropped_intrinsics
         self.embeds: tuple[torch.Tensor, ...] | None = embeds
         self.refiner = refiner
-        self.last_refined: torch.Tensor | None = None  # decode context of the next block
+        # Refined latents are decoded by a streaming decoder when the VAE allows it, else with
+        # the previous block's last latent as context (`last_refined`).
+        self.decoder: StreamingLTX2Decoder | None = None
+        self.last_refined: torch.Tensor | None = None
         # Noise is drawn on the CPU so a seed gives the same frames on every device.
         self.generator = torch.Generator(device="cpu").manual_seed(settings.seed)
         self.next_chunk = 0
@@ -129,7 +134,9 @@ class SanaWMSession:
             return
         if self.refiner is not None:
             self.refiner.release()
-        self.refiner = None
+        if self.decoder is not None:
+            self.decoder.release()
+        self.refiner = self.decoder = None
         self.image = self.embeds = self.last_refined = None
         self.state = WorldSessionState.RELEASED
 
@@ -201,9 +208,12 @@ class SanaWMRunner:
                                    seed=settings.seed, sink_size=settings.sink_frames,
                                    block_size=self.defaults.refiner_block_frames,
                                    kv_max_frames=settings.window_frames)
-        return SanaWMSession(session_id, settings, prompt, image, intrinsics,
-                             [float(v) for v in cropped[0]],
-                             self.encode_prompt(prompt, settings.negative_prompt), stream)
+        session = SanaWMSession(session_id, settings, prompt, image, intrinsics,
+                                [float(v) for v in cropped[0]],
+                                self.encode_prompt(prompt, settings.negative_prompt), stream)
+        if stream is not None and can_stream(self.model.vae):
+            session.decoder = StreamingLTX2Decoder(self.model.vae)
+        return session
 
     def encode_prompt(self, prompt: str, negative_prompt: str = "") -> tuple[torch.Tensor, ...]:
         from diffusers.pipelines.sana_wm.pipeline_sana_wm import DEFAULT_CHI_PROMPT
@@ -261,13 +271,25 @@ class SanaWMRunner:
 
     def _decode_refined(self, session: SanaWMSession, refined: torch.Tensor,
                         first: bool) -> np.ndarray:
-        """Decode the refined block with the previous block's last latent as temporal
-        context (chunk 0 starts at its sink frame); drop the context frame."""
+        """Streamed: the session's LTX-2 decoder continues where the last chunk stopped (equal
+        to one decode of the whole refined video). Otherwise (a non-causal decoder): decode
+        with the previous block's last latent as temporal context and drop that frame."""
+        if session.decoder is not None:
+            pixels = session.decoder(self._vae_space(refined))
+            return to_uint8(self.model.video_processor.postprocess_video(pixels, "np")[0])
         context = refined if first else torch.cat([session.last_refined, refined], dim=2)
         session.last_refined = refined[:, :, -1:]
         pixels = self.model._decode_latents(context)
         frames = to_uint8(self.model.video_processor.postprocess_video(pixels, output_type="np")[0])
         return frames if first else frames[1:]
+
+    def _vae_space(self, latents: torch.Tensor) -> torch.Tensor:
+        """Model-space latents -> the VAE's (the inverse of the pipeline's normalisation)."""
+        vae = self.model.vae
+        latents = latents.to(vae.dtype)
+        mean = vae.latents_mean.view(1, -1, 1, 1, 1).to(latents)
+        std = vae.latents_std.view(1, -1, 1, 1, 1).to(latents)
+        return latents / vae.config.scaling_factor * std + mean
 
     def _switch_prompt(self, session: SanaWMSession, prompt: str) -> None:
         """A new prompt: new stage-1 embeddings and refiner embeddings; the refiner's history
