@@ -70,6 +70,7 @@ class MediaService:
             self.config.resolved_output_dir(),
             runtime.config.output_ttl_s,
             runtime.config.max_job_records,
+            id_tag=runtime.id_tag,
         )
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.in_flight = 0
@@ -219,6 +220,7 @@ class MediaService:
             action_horizon=params.action_horizon,
             seed=params.seed if params.seed is not None else 42,
             num_candidates=params.candidate_count or 1,
+            lora=env.lora,
         )
         with self.admit():
             result = await self.client().call(msg, timeout_s=ACTION_TIMEOUT_S)

@@ -19,6 +19,7 @@ from typing import Any
 
 from worldserve.config import GenerationStageConfig, ServerConfig
 from worldserve.engines.common import model_dir, served_model_name
+from worldserve.engines.generation.admin import GenerationAdmin
 from worldserve.engines.generation.batch import (
     MediaJob,
     Phase,
@@ -50,6 +51,7 @@ from worldserve.ipc.capabilities import (
     GenerationDefaults,
 )
 from worldserve.ipc.messages import (
+    AdminRequest,
     ErrorReply,
     GenerateActions,
     GenerateMedia,
@@ -93,6 +95,7 @@ class GenerationEngine:
         self.by_id: dict[str, ScheduledRequest] = {}
         self.action_queue: list[tuple[GenerateActions, ReplyFn]] = []
         self.num_finished = 0
+        self.admin = GenerationAdmin(self)
         self.warmup = WarmupPlan.create(stage_config, self.defaults, self.runner)
         for params in self.warmup.requests():
             self._enqueue(f"warmup-{len(self.by_id)}", params,
@@ -115,22 +118,35 @@ class GenerationEngine:
         )
 
     def state(self) -> EngineState:
+        if self.admin.released:
+            return "released"
         return "warming" if self.warmup.blocking and not self.warmup.done else "ready"
 
     def submit(self, request: Request, reply: ReplyFn) -> None:
-        if isinstance(request, GenerateMedia):
+        if isinstance(request, AdminRequest):
+            self.admin.submit(request, reply)
+        elif isinstance(request, GenerateMedia):
             self._submit_media(request, reply)
         elif isinstance(request, GenerateActions):
-            if self.actions is None:
-                raise InvalidRequest("this checkpoint has no action head")
-            self.action_queue.append((request, reply))
+            self._submit_actions(request, reply)
         else:
             raise InvalidRequest(f"the generation stage does not handle {type(request).__name__}")
 
+    def _submit_actions(self, msg: GenerateActions, reply: ReplyFn) -> None:
+        if self.actions is None:
+            raise InvalidRequest("this checkpoint has no action head")
+        self.admin.check_servable()
+        if msg.lora:
+            raise InvalidRequest("this model's action head does not use LoRA adapters (they "
+                                 "apply to the generation transformer)", param="lora")
+        self.action_queue.append((msg, reply))
+
     def _submit_media(self, msg: GenerateMedia, reply: ReplyFn) -> None:
+        self.admin.check_servable()
         params = msg.params
         params.num_frames = self.runner.snap_frames(params.num_frames)
         self.runner.check(params)
+        params.lora = self.admin.resolve(params.lora)
         output_names(msg.output_stem, msg.output_format, len(params.seeds))  # validates
         position = self._enqueue(msg.request_id, params, MediaJob(msg=msg, reply=reply))
         reply(GenerationAccepted(request_id=msg.request_id, num_frames=params.num_frames,
@@ -165,9 +181,14 @@ class GenerationEngine:
                 return
 
     def has_work(self) -> bool:
-        return bool(self.running or len(self.scheduler) or self.action_queue)
+        if self.admin.paused:
+            return False  # running batches hold at this step boundary until continue
+        return bool(self.running or len(self.scheduler) or self.action_queue
+                    or self.admin.pending)
 
     def step(self) -> None:
+        if self.admin.paused or self.admin.apply_due():
+            return
         scheduled = self._schedule()
         if scheduled is None:
             time.sleep(min(MAX_WAIT_SLEEP_S, self.scheduler.wait_s()))
@@ -181,9 +202,26 @@ class GenerationEngine:
 
     def stats(self) -> dict[str, Any]:
         return {"queue_depth": len(self.scheduler) + len(self.action_queue),
-                "running": self._num_running(),
+                "running": self.num_running(),
                 "extra": {"finished": self.num_finished, "warmup_done": self.warmup.done,
-                          "running_batches": len(self.running)}}
+                          "running_batches": len(self.running), "paused": self.admin.paused,
+                          "memory": "released" if self.admin.released else "resident"}}
+
+    def fail_waiting(self, error: WorldserveError) -> int:
+        """Fail every queued (not yet running) request with `error`; returns how many."""
+        failed = 0
+        while self.scheduler.waiting:
+            request = self.scheduler.waiting.popleft()
+            request.transition(RequestStatus.FAILED)
+            self._finish(request)
+            request.payload.reply(ErrorReply(request_id=request.request_id, code=error.code,
+                                             message=error.message))
+            failed += 1
+        for msg, reply in self.action_queue:
+            reply(ErrorReply(request_id=msg.request_id, code=error.code, message=error.message))
+            failed += 1
+        self.action_queue.clear()
+        return failed
 
     def shutdown(self) -> None:
         for request in list(self.by_id.values()):
@@ -204,12 +242,14 @@ class GenerationEngine:
             return None
         return SchedulerOutput(batch=batch, phase=batch.phase())
 
-    def _num_running(self) -> int:
+    def num_running(self) -> int:
         return sum(len(batch.requests) for batch in self.running)
 
     def _admit(self) -> RunningBatch | None:
-        room = self.config.max_running_requests - self._num_running()
-        if room <= 0 or (self.running and self.state() == "warming"):
+        room = self.config.max_running_requests - self.num_running()
+        if room <= 0 or self.admin.blocks_admission():
+            return None  # full, or an admin operation waits for the running batches to finish
+        if self.running and self.state() == "warming":
             return None  # a blocking warmup runs alone: requests queue behind it
         requests = self.scheduler.schedule(max_requests=room)
         if requests is None:
@@ -235,6 +275,8 @@ class GenerationEngine:
             return RunnerOutput(actions=self.actions.run(scheduled.action[0]))
         batch = scheduled.batch
         assert batch is not None
+        if scheduled.phase in (Phase.PREPARE, Phase.DENOISE):
+            self.admin.activate(batch.requests[0].params.lora)  # rows share one selection
         if scheduled.phase is Phase.PREPARE:
             batch.state = self.runner.prepare(*self._rows(batch))
         elif scheduled.phase is Phase.DENOISE:

@@ -71,6 +71,11 @@ BUILDERS: dict[str, DevModelBuilder] = {
     "realtime": DevModelBuilder(
         "worldserve-dev-causal-wan", "worldserve.models.causal_dit.dev:build_realtime"
     ),
+    # A standalone Cosmos3 Omni reasoner (the Cosmos3 dev directory holds one beside its
+    # generator); served with `--model-path <root>/cosmos3-reasoner`.
+    "cosmos3-reasoner": DevModelBuilder(
+        "worldserve-dev-cosmos3-reasoner", "worldserve.models.cosmos3_reasoner.dev:build_omni"
+    ),
 }
 
 

@@ -25,6 +25,13 @@ from PIL import Image
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import GenerationParams
 from worldserve.models.common import count_parameters
+from worldserve.models.diffusers_admin import (
+    LoraAdapters,
+    Selection,
+    move_pipeline,
+    parameter_bytes,
+    update_weights,
+)
 from worldserve.models.types import ModelLoadError, RowExtras, RunnerFeatures
 from worldserve.models.wan.loader import load_pipeline
 
@@ -106,6 +113,41 @@ class DiffusionRunner:
         vae_cfg = pipe.vae.config
         self.latents_mean = torch.tensor(vae_cfg.latents_mean).view(1, vae_cfg.z_dim, 1, 1, 1)
         self.latents_std = torch.tensor(vae_cfg.latents_std).view(1, vae_cfg.z_dim, 1, 1, 1)
+        self.lora = LoraAdapters(pipe)
+
+    # ------------------------------------------------------------------ admin (optional contract)
+
+    def describe(self) -> dict[str, Any]:
+        return {"family": "wan", "pipeline": type(self.pipe).__name__,
+                "dtype": str(self.transformer_dtype).removeprefix("torch."),
+                "device": str(self.device), "lora_supported": True,
+                "lora": self.lora.describe()}
+
+    def load_lora(self, name: str, path: str, scale: float) -> dict[str, Any]:
+        return self.lora.load(name, path, scale)
+
+    def unload_lora(self, name: str) -> None:
+        self.lora.unload(name)
+
+    def list_lora(self) -> list[dict[str, Any]]:
+        return self.lora.describe()
+
+    def resolve_lora(self, refs: list[tuple[str, float | None]]) -> Selection:
+        return self.lora.resolve(refs)
+
+    def activate_lora(self, selection: Selection) -> None:
+        self.lora.activate(selection)
+
+    def update_weights(self, path: str) -> dict[str, Any]:
+        return update_weights(self.pipe, path)
+
+    def release_memory(self) -> dict[str, Any]:
+        move_pipeline(self.pipe, "cpu")
+        return {"device": "cpu", "bytes": parameter_bytes(self.pipe)}
+
+    def resume_memory(self) -> dict[str, Any]:
+        move_pipeline(self.pipe, self.device)
+        return {"device": str(self.device), "bytes": parameter_bytes(self.pipe)}
 
     # ------------------------------------------------------------------ checks
 
