@@ -52,6 +52,7 @@ class RowState:
     action_scheduler: Any
     timesteps: torch.Tensor
     mixed_precision: Any
+    device: Any  # the pipeline's execution device, resolved once per row
 
 
 @dataclass
@@ -192,7 +193,7 @@ class Cosmos3Runner:
             action_mode=action.mode if action is not None else None, scheduler=scheduler,
             sound_scheduler=copy.deepcopy(scheduler) if sound_latents is not None else None,
             action_scheduler=copy.deepcopy(scheduler) if action_latents is not None else None,
-            timesteps=timesteps, mixed_precision=self._mixed_precision())
+            timesteps=timesteps, mixed_precision=self._mixed_precision(), device=device)
 
     def _action_canvas(self, action: Any) -> tuple[int, int, int]:
         """Frames and the padded canvas of an action run, as `__call__` resolves them."""
@@ -287,7 +288,7 @@ class Cosmos3Runner:
                                            len(row.timesteps), trace=None)
         t = row.timesteps[i]
         sigma = float(row.scheduler.sigmas[i])
-        device, dtype = pipe._get_execution_device(), transformer.dtype
+        device, dtype = row.device, transformer.dtype
         tokens = {
             "vision": row.latents.to(device=device, dtype=dtype),
             "sound": (row.sound_latents.to(device=device, dtype=dtype)
@@ -319,7 +320,7 @@ class Cosmos3Runner:
                     t: torch.Tensor, i: int, sigma: float, name: str) -> list[Any]:
         """One forward (cond or uncond) and its masked velocities, as float32."""
         pipe = self.pipe
-        device = pipe._get_execution_device()
+        device = row.device
         timestep = t.item()
         vision_t = torch.full((packed["num_noisy_vision_tokens"],), timestep, device=device)
         sound_t = (torch.full((packed["sound_len"],), timestep, device=device)
