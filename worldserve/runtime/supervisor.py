@@ -71,8 +71,9 @@ class StageProcess:
 
     def failure_message(self) -> str:
         """The stage's own last words, else how it ended."""
+        # (a colocated stage shares its host's stderr: only this stage's own line counts)
         for line in reversed(self.stderr_tail):
-            if "failed to start" in line or "cannot bind" in line:
+            if f"{self.name} failed to start" in line or f"{self.name}: cannot bind" in line:
                 return line.split("failed to start: ", 1)[-1]
         tail = [line for line in self.stderr_tail if line.strip()]
         reason = self.exit_reason or "unknown"
