@@ -85,6 +85,12 @@ class StageUnavailable(WorldserveError):
         self.stage = stage
 
 
+class WeightsReleased(StageUnavailable):
+    """The stage is up but its weights are off the device (POST /admin/memory/release)."""
+
+    code = "weights_released"
+
+
 class RequestTimeout(WorldserveError, TimeoutError):
     code = "timeout"
     error_type = "timeout_error"
@@ -102,6 +108,20 @@ class InternalError(WorldserveError):
     error_type = "server_error"
 
 
+class SessionLost(WorldserveError):
+    """The replica that held the session's state is gone (cluster mode); nothing migrates."""
+
+    code = "session_lost"
+    error_type = "session_lost_error"
+
+
+class ReplicaLost(WorldserveError):
+    """The replica running an unfinished job is gone (cluster mode); the job failed."""
+
+    code = "replica_lost"
+    error_type = "server_error"
+
+
 # class -> (HTTP status, WebSocket close code). The one place where statuses and close codes
 # are decided. Close codes follow streaming-reasoning §8.4: 1008 for protocol, configuration,
 # admission (capacity included), session and idle errors; 1011 for failures on our side. (1009
@@ -113,13 +133,16 @@ _TABLE: dict[type[WorldserveError], tuple[int, int]] = {
     NotFound: (404, 1008),
     IdleTimeout: (408, 1008),
     Conflict: (409, 1008),
+    SessionLost: (410, 1008),
     PayloadTooLarge: (413, 1008),
     UnsupportedMediaType: (415, 1008),
     NotSupported: (501, 1011),
     UpstreamError: (502, 1011),
     CapacityExceeded: (503, 1008),
     StageUnavailable: (503, 1011),
+    WeightsReleased: (503, 1011),
     RequestTimeout: (504, 1011),
+    ReplicaLost: (503, 1011),
     InternalError: (500, 1011),
     WorldserveError: (500, 1011),
 }

@@ -28,6 +28,7 @@ from worldserve.errors import (
     InternalError,
     InvalidRequest,
     StageUnavailable,
+    WeightsReleased,
     WorldserveError,
     error_body,
     http_status,
@@ -65,10 +66,16 @@ def _log_server_error(request: Request, status: int, exc: WorldserveError) -> No
 # --------------------------------------------------------------------------- app-wide handlers
 
 
+def challenge_headers(status: int) -> dict[str, str] | None:
+    """A 401 names the scheme it wants (RFC 9110 §11.6.1; native-media.md §1.1)."""
+    return {"WWW-Authenticate": "Bearer"} if status == 401 else None
+
+
 async def _worldserve_error(request: Request, exc: WorldserveError) -> JSONResponse:
     status = http_status(exc)
     _log_server_error(request, status, exc)
-    return JSONResponse(status_code=status, content=error_body(exc))
+    return JSONResponse(status_code=status, content=error_body(exc),
+                        headers=challenge_headers(status))
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -111,11 +118,13 @@ def native_envelope(status: int, detail: Any, message: str,
 
 def native_response(request: Request, exc: WorldserveError) -> JSONResponse:
     status = http_status(exc)
-    message = STAGE_STOPPED_DETAIL if isinstance(exc, StageUnavailable) else exc.message
+    detail = STAGE_STOPPED_DETAIL if isinstance(exc, StageUnavailable) else exc.message
+    # `detail` keeps the contract's fixed 503 text; the message says why the weights are gone.
+    message = exc.message if isinstance(exc, WeightsReleased) else detail
     headers = {"Retry-After": "1"} if isinstance(exc, CapacityExceeded) else None
     _log_server_error(request, status, exc)
     return JSONResponse(status_code=status, headers=headers,
-                        content=native_envelope(status, message, message, exc.param))
+                        content=native_envelope(status, detail, message, exc.param))
 
 
 def native_validation_response(errors: list[dict[str, Any]]) -> JSONResponse:
@@ -164,7 +173,8 @@ def nim_response(request: Request, exc: WorldserveError) -> JSONResponse:
 def openai_response(request: Request, exc: WorldserveError) -> JSONResponse:
     status = http_status(exc)
     _log_server_error(request, status, exc)
-    return JSONResponse(status_code=status, content=error_body(exc))
+    return JSONResponse(status_code=status, content=error_body(exc),
+                        headers=challenge_headers(status))
 
 
 def _enveloped(handler: Handler, render: Renderer) -> Handler:

@@ -22,7 +22,8 @@ from worldserve.ipc.capabilities import (  # noqa: F401  (re-exported: session p
     ReasonerSampling,
 )
 
-StageState = Literal["starting", "loading", "warming", "ready", "failed", "stopped"]
+# `released`: the stage is up but its weights are off the device (POST /admin/memory/release).
+StageState = Literal["starting", "loading", "warming", "ready", "released", "failed", "stopped"]
 
 
 class Message(msgspec.Struct, tag=True, kw_only=True, omit_defaults=True):
@@ -118,11 +119,30 @@ class ErrorReply(Reply):
 # generation engine owns batching, denoising, decoding and writing files under output_dir.
 
 
+class LoraRef(msgspec.Struct, kw_only=True):
+    """One LoRA adapter a request selects; `scale` None = the scale it was loaded with."""
+
+    name: str
+    scale: float | None = None
+class ActionCondition(msgspec.Struct, kw_only=True):
+    """A Cosmos3 action run (`CosmosActionCondition`): the observation is the request's
+    `condition_images[0]` (policy, forward_dynamics) or `condition_video` (any mode)."""
+
+    mode: str  # policy | forward_dynamics | inverse_dynamics
+    chunk_size: int  # action_horizon; the clip has chunk_size + 1 frames
+    domain_name: str
+    resolution_tier: int = 480
+    view_point: str = "ego_view"
+    raw_actions: list[list[float]] | None = None  # forward_dynamics: [T][raw_action_dim]
+
+
 class GenerationParams(msgspec.Struct, kw_only=True):
     """Resolved sampling parameters of one generation request (every field explicit).
 
     `num_frames` 1 is an image. `condition_images` are encoded image files (PNG/JPEG/WebP);
     their presence makes the request image-conditioned (never batched with others).
+    `condition_video` (an encoded video file) and `action` condition a request likewise.
+    Models that do not declare a field never see it set (the api refuses it first).
     """
 
     prompt: str
@@ -137,6 +157,15 @@ class GenerationParams(msgspec.Struct, kw_only=True):
     condition_images: list[bytes] = []
     strength: float = 0.7
     max_sequence_length: int | None = None
+    # LoRA adapters active for this request (loaded with POST /admin/lora/load); [] = the base
+    # model. Requests with different selections never share a batch.
+    lora: list[LoraRef] = []
+    fps: float | None = None  # models whose sampling depends on it (Cosmos3)
+    generate_sound: bool = False
+    condition_video: bytes | None = None
+    condition_frame_indexes_vision: list[int] | None = None
+    condition_video_keep: str | None = None  # first | last
+    action: ActionCondition | None = None
 
 
 class GenerateMedia(Request):
@@ -172,6 +201,15 @@ class GenerationProgress(Reply):
     phase: str = "denoising"
 
 
+class ActionOutput(msgspec.Struct, kw_only=True):
+    """Predicted actions of one output: float32 C-order bytes of `shape`."""
+
+    values: bytes
+    shape: list[int]
+    action_mode: str
+    domain_id: int | None = None
+
+
 class GenerationResult(Reply):
     file_names: list[str]
     width: int
@@ -179,6 +217,7 @@ class GenerationResult(Reply):
     num_frames: int
     inference_time_s: float
     peak_memory_mb: float | None = None
+    actions: list[ActionOutput] = []  # one per output, for action runs that predict actions
 
 
 class GenerationCancelled(Reply):
@@ -200,6 +239,7 @@ class GenerateActions(Request):
     action_horizon: int | None = None
     seed: int = 42
     num_candidates: int = 1
+    lora: list[LoraRef] = []
 
 
 class ActionsResult(Reply):
@@ -211,6 +251,63 @@ class ActionsResult(Reply):
     action_dim: int
     num_inference_steps: int
     infer_ms: float
+
+
+# --------------------------------------------------------------------------- admin
+# Operator operations on a stage's model (POST /admin/...), relayed to the stage that owns the
+# model. The engine applies them between two steps; each gets one `AdminResult` or `ErrorReply`.
+
+
+class AdminRequest(Request):
+    """Base of the operator operations (the stage loop hands them to the engine)."""
+
+
+class ModelInfoRequest(AdminRequest):
+    pass
+
+
+class LoraLoad(AdminRequest):
+    """Load the adapter at `path` (a diffusers/PEFT LoRA directory or .safetensors file)."""
+
+    name: str
+    path: str
+    scale: float = 1.0
+
+
+class LoraUnload(AdminRequest):
+    name: str
+
+
+class LoraList(AdminRequest):
+    pass
+
+
+class WeightsUpdate(AdminRequest):
+    """Swap in weights of the same architecture from the directory `path`."""
+
+    path: str
+
+
+class MemoryRelease(AdminRequest):
+    pass
+
+
+class MemoryResume(AdminRequest):
+    pass
+
+
+class GenerationPause(AdminRequest):
+    pass
+
+
+class GenerationContinue(AdminRequest):
+    pass
+
+
+class AdminResult(Reply):
+    """The operation's JSON-ready outcome (what the admin route answers)."""
+
+    data: dict[str, Any] = {}
 
 
 # --------------------------------------------------------------------------- reasoner

@@ -15,6 +15,7 @@ from typing import Any
 
 from worldserve.models.action_head.family import FAMILY as ACTION_HEAD
 from worldserve.models.causal_dit.family import FAMILY as CAUSAL_DIT
+from worldserve.models.cosmos3.family import FAMILY as COSMOS3
 from worldserve.models.cosmos3_reasoner.family import FAMILY as COSMOS3_REASONER
 from worldserve.models.detect import describe
 from worldserve.models.qwen_vl.family import FAMILY as QWEN_VL
@@ -24,7 +25,14 @@ from worldserve.models.wan.family import FAMILY as WAN
 __all__ = ["FAMILIES", "ModelFamily", "load_runner", "resolve", "stage_kinds", "supported"]
 
 # Order matters: the first family whose `detect` matches (and that serves the stage kind) wins.
-FAMILIES: tuple[ModelFamily, ...] = (WAN, ACTION_HEAD, QWEN_VL, COSMOS3_REASONER, CAUSAL_DIT)
+FAMILIES: tuple[ModelFamily, ...] = (
+    COSMOS3,
+    WAN,
+    ACTION_HEAD,
+    QWEN_VL,
+    COSMOS3_REASONER,
+    CAUSAL_DIT,
+)
 
 
 def supported(stage_kind: str) -> list[str]:

@@ -15,7 +15,7 @@ from worldserve.ipc.capabilities import Capabilities
 from worldserve.ipc.messages import Message, Request
 
 ReplyFn = Callable[[Message], None]
-EngineState = Literal["warming", "ready"]
+EngineState = Literal["warming", "ready", "released"]
 
 # (stage, backend) -> "module:EngineClass", called as `EngineClass(stage_config, server_config)`.
 # The one factory table; imported lazily inside the stage process only (the api process never

@@ -22,12 +22,14 @@ from worldserve import envs
 from worldserve.config import ServerConfig
 from worldserve.errors import WorldserveError
 from worldserve.ipc.messages import (
+    AdminResult,
     Cancel,
     Echo,
     EchoReply,
     ErrorReply,
     Hello,
     Message,
+    ModelInfoRequest,
     Ping,
     Request,
     StageInfo,
@@ -78,6 +80,13 @@ class StageLoop:
             capabilities=self.engine.capabilities(),
         )
 
+    def model_info(self) -> dict:
+        """GET /admin/model_info for an engine without admin operations: what StageInfo says."""
+        info = self.info("model-info")
+        return {"stage": self.stage, "model": info.model, "path": info.model_path,
+                "num_params": info.num_params, "state": info.state,
+                "lora": {"supported": False, "adapters": []}}
+
     def run(self) -> None:
         while self.running:
             self.tick(IDLE_POLL_MS)
@@ -111,6 +120,9 @@ class StageLoop:
             self._schedule_echo(peer, msg)
         elif isinstance(msg, Cancel):
             self.engine.cancel(msg.target_id)
+        elif isinstance(msg, ModelInfoRequest) and not hasattr(self.engine, "admin"):
+            self.server.send(peer, AdminResult(request_id=msg.request_id,
+                                               data=self.model_info()))
         elif isinstance(msg, Request):
             self._submit(peer, msg)
         else:

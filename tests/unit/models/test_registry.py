@@ -22,6 +22,7 @@ def write(directory: Path, name: str, data: dict) -> Path:
 @pytest.mark.parametrize("stage, name, data, family", [
     ("generation", "model_index.json", {"_class_name": "WanPipeline"}, "wan"),
     ("generation", "model_index.json", {"_class_name": "WanImageToVideoPipeline"}, "wan"),
+    ("generation", "model_index.json", {"_class_name": "Cosmos3OmniPipeline"}, "cosmos3"),
     ("reasoner", "config.json", {"model_type": "qwen2_5_vl"}, "qwen_vl"),
     ("reasoner", "config.json", {"model_type": "qwen3_vl"}, "qwen_vl"),
     ("reasoner", "config.json", {"model_type": "cosmos3_omni"}, "cosmos3_reasoner"),
@@ -40,7 +41,7 @@ def test_unknown_directory_names_what_was_found_and_the_families(tmp_path):
     with pytest.raises(ModelLoadError) as info:
         registry.resolve("generation", model)
     message = str(info.value)
-    assert "_class_name='FluxPipeline'" in message and "families: wan" in message
+    assert "_class_name='FluxPipeline'" in message and "families: cosmos3, wan" in message
     with pytest.raises(ModelLoadError, match="no model_index.json, config.json"):
         registry.resolve("reasoner", tmp_path / "empty")
 

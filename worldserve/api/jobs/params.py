@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from worldserve.api.schemas.images import ImageGenerationRequest, SamplingFields
+from worldserve.api.schemas.lora import parse_lora
 from worldserve.api.schemas.videos import VideoCreateRequest
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.capabilities import GenerationDefaults
@@ -112,6 +113,7 @@ def _params(
         else defaults.negative_prompt,
         seeds=_seeds(req, defaults.seed),
         max_sequence_length=max_len or defaults.max_sequence_length,
+        lora=parse_lora(req.lora),
     )
 
 

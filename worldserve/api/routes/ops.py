@@ -18,7 +18,8 @@ STATS_TIMEOUT_S = 0.5
 
 
 def overall_status(states: dict[str, str]) -> str:
-    """`ok` when every stage is ready; else the worst state: unhealthy > starting > warming."""
+    """`ok` when every stage is ready; else the worst state: unhealthy > starting > released
+    (weights moved off the device by POST /admin/memory/release) > warming."""
     values = set(states.values())
     if values <= {"ready"}:
         return "ok"
@@ -26,6 +27,8 @@ def overall_status(states: dict[str, str]) -> str:
         return "unhealthy"
     if values & {"starting", "loading"}:
         return "starting"
+    if "released" in values:
+        return "released"
     return "warming"
 
 
@@ -46,10 +49,23 @@ async def live() -> dict:
     return {"object": "health.response", "status": "live", "message": "Service is live."}
 
 
+# The stage whose readiness /v1/health/ready (the NIM probe) reports: a NIM-style client only
+# talks to the reasoner, so generation warm-up or a crashed realtime stage must not hide it.
+PROBE_STAGE = "reasoner"
+
+
+def probe_status(states: dict[str, str]) -> str:
+    """`ok` once the reasoner stage is ready, whatever the other stages do; without a reasoner
+    stage, every stage counts (as in /health)."""
+    if PROBE_STAGE in states:
+        return overall_status({PROBE_STAGE: states[PROBE_STAGE]})
+    return overall_status(states)
+
+
 @router.get("/v1/health/ready")
 async def ready(request: Request) -> JSONResponse:
     states = _runtime(request).stage_states()
-    status = overall_status(states)
+    status = probe_status(states)
     if status == "ok":
         body = {"object": "health.response", "status": "ready", "message": "Service is ready."}
         return JSONResponse(status_code=200, content=body)

@@ -17,7 +17,9 @@ import numpy as np
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 
+from worldserve.api.schemas.lora import parse_lora
 from worldserve.errors import InvalidRequest
+from worldserve.ipc.messages import LoraRef
 
 REFUSED_DTYPE_KINDS = "OVMm"
 
@@ -52,6 +54,7 @@ class ActionEnvelope:
     references: list[str] = field(default_factory=list)
     parameters: ActionParameters = field(default_factory=ActionParameters)
     runtime: ActionRuntime = field(default_factory=ActionRuntime)
+    lora: list[LoraRef] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------- numpy convention
@@ -201,6 +204,7 @@ def parse_envelope(payload: dict[str, Any]) -> ActionEnvelope:
             raise InvalidRequest(f"{loc}: {first['msg']}", param=loc) from None
         raise
     rid = payload.get("request_id") or payload.get("id")
+    lora = parse_lora(payload.get("lora", getattr(parameters, "lora", None)))
     return ActionEnvelope(request_id=str(rid) if rid is not None else None, task=task,
                           images=images, state=state, noise=noise, references=refs,
-                          parameters=parameters, runtime=runtime)
+                          parameters=parameters, runtime=runtime, lora=lora)

@@ -43,6 +43,8 @@ class SamplingFields(_Open):
     upscaling_scale: int | None = 4
     diffusers_kwargs: dict[str, Any] | None = None
     enhance_prompt: bool | None = False
+    # Loaded LoRA adapter(s) to apply: "name", {"name", "scale"} or a list (schemas/lora.py).
+    lora: Any = None
 
 
 class ImageGenerationRequest(SamplingFields):

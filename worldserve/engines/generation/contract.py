@@ -8,11 +8,12 @@ runner owns the model and the tensors of each running batch (the `RunnerBatch` i
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from worldserve.ipc.messages import ActionsResult, GenerateActions, GenerationParams
+from worldserve.models.types import RowExtras, RunnerFeatures
 
 
 class RunnerBatch(Protocol):
@@ -39,6 +40,7 @@ class GenerationRunner(Protocol):
     size_multiple: int  # width and height must be multiples of it
     temporal_stride: int  # num_frames must be 1 mod it
     num_params: int
+    features: RunnerFeatures  # sound, video conditioning, action generation, ...
 
     def snap_frames(self, num_frames: int) -> int:
         """The nearest frame count the model can produce (at most `num_frames`)."""
@@ -55,6 +57,58 @@ class GenerationRunner(Protocol):
 
     def decode(self, state: Any, row: int) -> np.ndarray:
         """Frames of one row as floats in [0, 1], (T, H, W, 3)."""
+
+    def extras(self, state: Any, row: int) -> RowExtras | None:
+        """A decoded row's sound track and predicted actions (None: frames only)."""
+
+
+# ---------------------------------------------------------------- optional capabilities
+# A runner may also satisfy any of these (checked with isinstance); the admin routes answer
+# 501 for what the loaded model's runner does not support.
+
+# One active LoRA selection: ((adapter name, scale), ...); () = the base model.
+LoraSelection = tuple[tuple[str, float], ...]
+
+
+@runtime_checkable
+class DescribedRunner(Protocol):
+    def describe(self) -> dict[str, Any]:
+        """Model facts for GET /admin/model_info: family, pipeline, dtype, device, lora."""
+
+
+@runtime_checkable
+class LoraRunner(Protocol):
+    """LoRA adapters loaded by name; the engine activates one selection before each phase."""
+
+    def load_lora(self, name: str, path: str, scale: float) -> dict[str, Any]:
+        """Load an adapter (InvalidRequest: missing path, wrong layout; Conflict: name taken)."""
+
+    def unload_lora(self, name: str) -> None: ...
+
+    def list_lora(self) -> list[dict[str, Any]]:
+        """`[{name, path, scale}]` of the loaded adapters."""
+
+    def resolve_lora(self, refs: list[tuple[str, float | None]]) -> LoraSelection:
+        """A request's selection with default scales filled in (InvalidRequest: unknown name)."""
+
+    def activate_lora(self, selection: LoraSelection) -> None:
+        """Make exactly `selection` active for the next forward (no adapter for ())."""
+
+
+@runtime_checkable
+class WeightsRunner(Protocol):
+    def update_weights(self, path: str) -> dict[str, Any]:
+        """Same-architecture weights from a directory; shapes are checked before anything is
+        copied (InvalidRequest naming the first mismatching tensor)."""
+
+
+@runtime_checkable
+class OffloadRunner(Protocol):
+    def release_memory(self) -> dict[str, Any]:
+        """Move the weights off the accelerator (to host memory)."""
+
+    def resume_memory(self) -> dict[str, Any]:
+        """Move them back to the device the model was loaded on."""
 
 
 class ActionRunner(Protocol):

@@ -19,6 +19,7 @@ from typing import Any
 
 from worldserve.config import GenerationStageConfig, ServerConfig
 from worldserve.engines.common import model_dir, served_model_name
+from worldserve.engines.generation.admin import GenerationAdmin
 from worldserve.engines.generation.batch import (
     MediaJob,
     Phase,
@@ -28,7 +29,12 @@ from worldserve.engines.generation.batch import (
 )
 from worldserve.engines.generation.contract import ActionRunner, GenerationRunner
 from worldserve.engines.generation.defaults import sampling_defaults
-from worldserve.engines.generation.outputs import output_names, to_uint8, write_output
+from worldserve.engines.generation.outputs import (
+    action_output,
+    output_names,
+    to_uint8,
+    write_output,
+)
 from worldserve.engines.generation.scheduler import (
     RequestStatus,
     ScheduledRequest,
@@ -39,11 +45,13 @@ from worldserve.engines.generation.warmup import WarmupPlan
 from worldserve.enhancer_config import load_enhancer_config
 from worldserve.errors import InternalError, InvalidRequest, WorldserveError
 from worldserve.ipc.capabilities import (
+    ActionGenerationCapabilities,
     ActionHeadCapabilities,
     GenerationCapabilities,
     GenerationDefaults,
 )
 from worldserve.ipc.messages import (
+    AdminRequest,
     ErrorReply,
     GenerateActions,
     GenerateMedia,
@@ -54,6 +62,7 @@ from worldserve.ipc.messages import (
     Request,
 )
 from worldserve.models import registry
+from worldserve.models.types import RunnerFeatures
 from worldserve.runtime.engine import EngineState, ReplyFn
 
 log = logging.getLogger("worldserve.generation")
@@ -71,10 +80,11 @@ class GenerationEngine:
         self.output_dir = stage_config.resolved_output_dir()
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.runner: GenerationRunner = runner or registry.load_runner(
-            "generation", path, dtype=stage_config.dtype, device=stage_config.device)
+            "generation", path, dtype=stage_config.dtype, device=stage_config.device,
+            safety_checker=stage_config.safety_checker)
         self.pipe = self.runner.pipe
         self.actions = _load_actions(path)
-        self.defaults = sampling_defaults(path)
+        self.defaults = sampling_defaults(path, self.runner.features.family)
         self.model_name = served_model_name(stage_config, path)
         self.model_path = str(path)
         self.num_params = self.runner.num_params
@@ -85,6 +95,7 @@ class GenerationEngine:
         self.by_id: dict[str, ScheduledRequest] = {}
         self.action_queue: list[tuple[GenerateActions, ReplyFn]] = []
         self.num_finished = 0
+        self.admin = GenerationAdmin(self)
         self.warmup = WarmupPlan.create(stage_config, self.defaults, self.runner)
         for params in self.warmup.requests():
             self._enqueue(f"warmup-{len(self.by_id)}", params,
@@ -103,25 +114,39 @@ class GenerationEngine:
             max_input_images=4,
             output_dir=str(self.output_dir),
             actions=ActionHeadCapabilities(**self.actions.metadata()) if self.actions else None,
+            **_feature_capabilities(self.runner.features),
         )
 
     def state(self) -> EngineState:
+        if self.admin.released:
+            return "released"
         return "warming" if self.warmup.blocking and not self.warmup.done else "ready"
 
     def submit(self, request: Request, reply: ReplyFn) -> None:
-        if isinstance(request, GenerateMedia):
+        if isinstance(request, AdminRequest):
+            self.admin.submit(request, reply)
+        elif isinstance(request, GenerateMedia):
             self._submit_media(request, reply)
         elif isinstance(request, GenerateActions):
-            if self.actions is None:
-                raise InvalidRequest("this checkpoint has no action head")
-            self.action_queue.append((request, reply))
+            self._submit_actions(request, reply)
         else:
             raise InvalidRequest(f"the generation stage does not handle {type(request).__name__}")
 
+    def _submit_actions(self, msg: GenerateActions, reply: ReplyFn) -> None:
+        if self.actions is None:
+            raise InvalidRequest("this checkpoint has no action head")
+        self.admin.check_servable()
+        if msg.lora:
+            raise InvalidRequest("this model's action head does not use LoRA adapters (they "
+                                 "apply to the generation transformer)", param="lora")
+        self.action_queue.append((msg, reply))
+
     def _submit_media(self, msg: GenerateMedia, reply: ReplyFn) -> None:
+        self.admin.check_servable()
         params = msg.params
         params.num_frames = self.runner.snap_frames(params.num_frames)
         self.runner.check(params)
+        params.lora = self.admin.resolve(params.lora)
         output_names(msg.output_stem, msg.output_format, len(params.seeds))  # validates
         position = self._enqueue(msg.request_id, params, MediaJob(msg=msg, reply=reply))
         reply(GenerationAccepted(request_id=msg.request_id, num_frames=params.num_frames,
@@ -156,9 +181,14 @@ class GenerationEngine:
                 return
 
     def has_work(self) -> bool:
-        return bool(self.running or len(self.scheduler) or self.action_queue)
+        if self.admin.paused:
+            return False  # running batches hold at this step boundary until continue
+        return bool(self.running or len(self.scheduler) or self.action_queue
+                    or self.admin.pending)
 
     def step(self) -> None:
+        if self.admin.paused or self.admin.apply_due():
+            return
         scheduled = self._schedule()
         if scheduled is None:
             time.sleep(min(MAX_WAIT_SLEEP_S, self.scheduler.wait_s()))
@@ -172,9 +202,26 @@ class GenerationEngine:
 
     def stats(self) -> dict[str, Any]:
         return {"queue_depth": len(self.scheduler) + len(self.action_queue),
-                "running": self._num_running(),
+                "running": self.num_running(),
                 "extra": {"finished": self.num_finished, "warmup_done": self.warmup.done,
-                          "running_batches": len(self.running)}}
+                          "running_batches": len(self.running), "paused": self.admin.paused,
+                          "memory": "released" if self.admin.released else "resident"}}
+
+    def fail_waiting(self, error: WorldserveError) -> int:
+        """Fail every queued (not yet running) request with `error`; returns how many."""
+        failed = 0
+        while self.scheduler.waiting:
+            request = self.scheduler.waiting.popleft()
+            request.transition(RequestStatus.FAILED)
+            self._finish(request)
+            request.payload.reply(ErrorReply(request_id=request.request_id, code=error.code,
+                                             message=error.message))
+            failed += 1
+        for msg, reply in self.action_queue:
+            reply(ErrorReply(request_id=msg.request_id, code=error.code, message=error.message))
+            failed += 1
+        self.action_queue.clear()
+        return failed
 
     def shutdown(self) -> None:
         for request in list(self.by_id.values()):
@@ -195,12 +242,14 @@ class GenerationEngine:
             return None
         return SchedulerOutput(batch=batch, phase=batch.phase())
 
-    def _num_running(self) -> int:
+    def num_running(self) -> int:
         return sum(len(batch.requests) for batch in self.running)
 
     def _admit(self) -> RunningBatch | None:
-        room = self.config.max_running_requests - self._num_running()
-        if room <= 0 or (self.running and self.state() == "warming"):
+        room = self.config.max_running_requests - self.num_running()
+        if room <= 0 or self.admin.blocks_admission():
+            return None  # full, or an admin operation waits for the running batches to finish
+        if self.running and self.state() == "warming":
             return None  # a blocking warmup runs alone: requests queue behind it
         requests = self.scheduler.schedule(max_requests=room)
         if requests is None:
@@ -226,12 +275,16 @@ class GenerationEngine:
             return RunnerOutput(actions=self.actions.run(scheduled.action[0]))
         batch = scheduled.batch
         assert batch is not None
+        if scheduled.phase in (Phase.PREPARE, Phase.DENOISE):
+            self.admin.activate(batch.requests[0].params.lora)  # rows share one selection
         if scheduled.phase is Phase.PREPARE:
             batch.state = self.runner.prepare(*self._rows(batch))
         elif scheduled.phase is Phase.DENOISE:
             self.runner.denoise_step(batch.state)
         elif scheduled.phase is Phase.DECODE:
-            return RunnerOutput(frames=to_uint8(self.runner.decode(batch.state, batch.next_row)))
+            row = batch.next_row
+            return RunnerOutput(frames=to_uint8(self.runner.decode(batch.state, row)),
+                                extras=self.runner.extras(batch.state, row))
         else:
             return RunnerOutput(file_names=self._write(batch, batch.requests[0]))
         return RunnerOutput()
@@ -257,8 +310,10 @@ class GenerationEngine:
         rows = batch.rows_of(request.request_id)
         names = output_names(msg.output_stem, msg.output_format, len(rows))
         for name, row in zip(names, rows):
+            extras = batch.extras.get(row)
             write_output(self.output_dir, name, batch.decoded[row], msg.output_format, msg.fps,
-                         msg.compression)
+                         msg.compression, audio=extras.audio if extras else None,
+                         sample_rate=extras.sample_rate if extras else None)
         return names
 
     # ------------------------------------------------------------------ update
@@ -275,6 +330,7 @@ class GenerationEngine:
             self._report_steps(batch)
         elif scheduled.phase is Phase.DECODE:
             batch.decoded[batch.next_row] = output.frames
+            batch.extras[batch.next_row] = output.extras
             batch.next_row += 1
             if batch.next_row == len(batch.state.row_owner):
                 self._report(batch.requests, 95, "decoded")
@@ -303,14 +359,17 @@ class GenerationEngine:
         """Send the first request's result (its files are written) and drop it from the batch."""
         request = batch.requests[0]
         job: MediaJob = request.payload
-        frames = batch.decoded[batch.rows_of(request.request_id)[0]]
+        rows = batch.rows_of(request.request_id)
+        frames = batch.decoded[rows[0]]
+        actions = [action_output(batch.extras.get(row)) for row in rows]
         request.transition(RequestStatus.FINISHED)
         self._drop_from_batch(request)
         self._finish(request)
         job.reply(GenerationResult(
             request_id=request.request_id, file_names=names, width=int(frames.shape[2]),
             height=int(frames.shape[1]), num_frames=int(frames.shape[0]),
-            inference_time_s=time.perf_counter() - job.started_s, peak_memory_mb=_peak_memory_mb()))
+            inference_time_s=time.perf_counter() - job.started_s, peak_memory_mb=_peak_memory_mb(),
+            actions=[a for a in actions if a is not None]))
 
     def _finish(self, request: ScheduledRequest) -> None:
         self.by_id.pop(request.request_id, None)
@@ -353,6 +412,20 @@ def _rows_per_batch(config: GenerationStageConfig, runner: GenerationRunner) -> 
     if runner.max_batch_size is None:
         return config.max_batch_size
     return max(1, min(config.max_batch_size, runner.max_batch_size))
+
+
+def _feature_capabilities(features: RunnerFeatures) -> dict[str, Any]:
+    """The runner's features as GenerationCapabilities fields."""
+    actions = None
+    if features.action_generation and features.padded_action_dim is not None:
+        actions = ActionGenerationCapabilities(
+            padded_action_dim=features.padded_action_dim,
+            domains=dict(features.action_domains or {}),
+            domain_ids=dict(features.action_domain_ids or {}))
+    return {"family": features.family, "image_edits": features.image_edits,
+            "exact_num_frames": features.exact_num_frames, "sound": features.sound,
+            "sound_sample_rate": features.sound_sample_rate,
+            "video_conditioning": features.video_conditioning, "action_generation": actions}
 
 
 def _load_actions(path: Path) -> ActionRunner | None:

@@ -2,7 +2,7 @@
 
 Pure CPU logic, no torch: the engine asks `schedule(max_requests)` for a new batch whenever it
 has room for more running requests (several batches may run at once). Compatible requests
-(same size, frames, steps, guidance, sequence length; no conditioning
+(same size, frames, steps, guidance, sequence length, LoRA selection; no conditioning
 image) share a batch of at most `max_batch_size` output rows; the oldest waiting request waits
 at most `batch_wait_s` for partners. A request that failed inside a batch is retried alone
 (`solo`), so one bad request never fails its neighbours.
@@ -38,7 +38,8 @@ def batch_key(params: GenerationParams) -> Hashable | None:
     if params.condition_images:
         return None
     return (params.width, params.height, params.num_frames, params.num_inference_steps,
-            params.guidance_scale, params.guidance_scale_2, params.max_sequence_length)
+            params.guidance_scale, params.guidance_scale_2, params.max_sequence_length,
+            tuple((ref.name, ref.scale) for ref in params.lora))
 
 
 @dataclass(eq=False)

@@ -25,6 +25,14 @@ from PIL import Image
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import GenerationParams
 from worldserve.models.common import count_parameters
+from worldserve.models.diffusers_admin import (
+    LoraAdapters,
+    Selection,
+    move_pipeline,
+    parameter_bytes,
+    update_weights,
+)
+from worldserve.models.types import ModelLoadError, RowExtras, RunnerFeatures
 from worldserve.models.wan.loader import load_pipeline
 
 DEFAULT_MAX_SEQUENCE_LENGTH = 512
@@ -69,8 +77,13 @@ class BatchState:
             self.first_frame_noise = self.first_frame_noise.index_select(0, index)
 
 
-def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu") -> DiffusionRunner:
-    """The registry's generation loader for a Wan diffusers directory."""
+def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu",
+                safety_checker: bool = False) -> DiffusionRunner:
+    """The registry's generation loader for a Wan diffusers directory (Wan pipelines have no
+    safety checker, so the option is refused rather than silently ignored)."""
+    if safety_checker:
+        raise ModelLoadError(f"{model_dir}: stages.generation.safety_checker applies to Cosmos3 "
+                             "checkpoints; Wan pipelines have none (set it to false)")
     return DiffusionRunner(load_pipeline(model_dir, dtype, device))
 
 
@@ -82,6 +95,7 @@ class DiffusionRunner:
 
     # Rows of one forward: no limit of its own (the stage's `max_batch_size` decides).
     max_batch_size: int | None = None
+    features = RunnerFeatures(family="wan")
 
     def __init__(self, pipe: Any) -> None:
         self.pipe = pipe
@@ -99,6 +113,41 @@ class DiffusionRunner:
         vae_cfg = pipe.vae.config
         self.latents_mean = torch.tensor(vae_cfg.latents_mean).view(1, vae_cfg.z_dim, 1, 1, 1)
         self.latents_std = torch.tensor(vae_cfg.latents_std).view(1, vae_cfg.z_dim, 1, 1, 1)
+        self.lora = LoraAdapters(pipe)
+
+    # ------------------------------------------------------------------ admin (optional contract)
+
+    def describe(self) -> dict[str, Any]:
+        return {"family": "wan", "pipeline": type(self.pipe).__name__,
+                "dtype": str(self.transformer_dtype).removeprefix("torch."),
+                "device": str(self.device), "lora_supported": True,
+                "lora": self.lora.describe()}
+
+    def load_lora(self, name: str, path: str, scale: float) -> dict[str, Any]:
+        return self.lora.load(name, path, scale)
+
+    def unload_lora(self, name: str) -> None:
+        self.lora.unload(name)
+
+    def list_lora(self) -> list[dict[str, Any]]:
+        return self.lora.describe()
+
+    def resolve_lora(self, refs: list[tuple[str, float | None]]) -> Selection:
+        return self.lora.resolve(refs)
+
+    def activate_lora(self, selection: Selection) -> None:
+        self.lora.activate(selection)
+
+    def update_weights(self, path: str) -> dict[str, Any]:
+        return update_weights(self.pipe, path)
+
+    def release_memory(self) -> dict[str, Any]:
+        move_pipeline(self.pipe, "cpu")
+        return {"device": "cpu", "bytes": parameter_bytes(self.pipe)}
+
+    def resume_memory(self) -> dict[str, Any]:
+        move_pipeline(self.pipe, self.device)
+        return {"device": str(self.device), "bytes": parameter_bytes(self.pipe)}
 
     # ------------------------------------------------------------------ checks
 
@@ -234,3 +283,7 @@ class DiffusionRunner:
         latents = latents * self.latents_std.to(latents) + self.latents_mean.to(latents)
         video = self.pipe.vae.decode(latents, return_dict=False)[0]
         return self.pipe.video_processor.postprocess_video(video, output_type="np")[0]
+
+    def extras(self, state: BatchState, row: int) -> RowExtras | None:
+        """Wan produces frames only."""
+        return None

@@ -1,0 +1,262 @@
+"""Operator operations on a loaded diffusers pipeline, shared by the diffusers families.
+
+- `LoraAdapters`: LoRA adapters (diffusers / PEFT layout) loaded into the pipeline's
+  transformer(s) by name, and the one selection of adapters active for the next forward.
+- `update_weights`: weights of the same architecture from a directory, shapes checked from the
+  safetensors headers before anything touches the live model.
+- `move_pipeline`: weights off the device and back (memory release / resume).
+
+The transformers are diffusers `PeftAdapterMixin`s (`load_lora_adapter`, `set_adapters`,
+`delete_adapters`); LoRA needs the `peft` package (the `lora` extra).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from worldserve.errors import Conflict, InvalidRequest, NotSupported
+
+LORA_WEIGHT_NAMES = ("pytorch_lora_weights.safetensors", "adapter_model.safetensors")
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+TRANSFORMERS = ("transformer", "transformer_2")
+# Keys PEFT adds to a wrapped module; the base weight moves under `base_layer`.
+PEFT_MARKERS = (".lora_A.", ".lora_B.", ".lora_embedding_", ".lora_magnitude_vector.")
+
+# One active adapter selection: ((name, scale), ...); () = the base model.
+Selection = tuple[tuple[str, float], ...]
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _kind(path: Path, what: str) -> str:
+    """"file", "dir" or "missing"; InvalidRequest for a path the OS refuses (NUL, too long)."""
+    try:
+        if path.is_file():
+            return "file"
+        return "dir" if path.is_dir() else "missing"
+    except (OSError, ValueError) as exc:
+        raise InvalidRequest(f"{what} path {str(path)[:200]!r} is not usable: "
+                             f"{_first_line(exc)}", param="path") from None
+
+
+def lora_file(path: Path) -> Path:
+    """The adapter's weight file: the file itself, or the known name (or only .safetensors)
+    inside a directory. Raises InvalidRequest naming what is wrong."""
+    kind = _kind(path, "LoRA")
+    if kind == "missing":
+        raise InvalidRequest(f"LoRA path '{path}' does not exist", param="path")
+    if kind == "file":
+        if path.suffix != ".safetensors":
+            raise InvalidRequest(f"LoRA file '{path}' is not a .safetensors file", param="path")
+        return path
+    for name in LORA_WEIGHT_NAMES:
+        if (path / name).is_file():
+            return path / name
+    found = sorted(path.glob("*.safetensors"))
+    if len(found) == 1:
+        return found[0]
+    raise InvalidRequest(
+        f"LoRA directory '{path}' has no adapter weights: expected "
+        f"{' or '.join(LORA_WEIGHT_NAMES)} (diffusers / PEFT layout)", param="path")
+
+
+@dataclass
+class LoadedAdapter:
+    name: str
+    path: str
+    scale: float
+
+
+class LoraAdapters:
+    """Adapters loaded into `pipe` by name, and the selection active in its transformers."""
+
+    def __init__(self, pipe: Any) -> None:
+        self.pipe = pipe
+        self.loaded: dict[str, LoadedAdapter] = {}
+        self._active: Selection | None = ()
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [{"name": a.name, "path": a.path, "scale": a.scale} for a in self.loaded.values()]
+
+    def load(self, name: str, path: str, scale: float) -> dict[str, Any]:
+        if not ADAPTER_NAME.match(name):
+            raise InvalidRequest("LoRA name must be 1-64 letters, digits, '_' or '-'",
+                                 param="name")
+        if name in self.loaded:
+            raise Conflict(f"a LoRA adapter named '{name}' is already loaded; unload it first")
+        weights = lora_file(Path(path))
+        _require_peft()
+        try:
+            self.pipe.load_lora_weights(str(weights.parent), weight_name=weights.name,
+                                        adapter_name=name)
+        except Exception as exc:  # operator input: any loader failure is the file's fault
+            self._drop_partial(name)
+            raise InvalidRequest(f"cannot load LoRA '{name}' from '{path}': {_first_line(exc)}",
+                                 param="path") from None
+        self.loaded[name] = LoadedAdapter(name=name, path=str(path), scale=scale)
+        self._active = None  # loading activates the new adapter: select again before a step
+        return {"name": name, "path": str(path), "scale": scale, "file": weights.name}
+
+    def _drop_partial(self, name: str) -> None:
+        """A failed load may have injected layers already: take them out again."""
+        for component in TRANSFORMERS:
+            model = getattr(self.pipe, component, None)
+            if model is not None and name in (getattr(model, "peft_config", None) or {}):
+                model.delete_adapters(name)
+        self._active = None
+
+    def unload(self, name: str) -> None:
+        self.require([name])
+        self.pipe.delete_adapters(name)
+        del self.loaded[name]
+        self._active = None
+
+    def require(self, names: list[str]) -> None:
+        for name in names:
+            if name not in self.loaded:
+                known = ", ".join(self.loaded) or "none"
+                raise InvalidRequest(f"unknown LoRA adapter '{name}' (loaded: {known})",
+                                     param="lora")
+
+    def resolve(self, refs: list[tuple[str, float | None]]) -> Selection:
+        """Names and scales of a request's selection, defaults filled in (InvalidRequest for an
+        unknown name)."""
+        self.require([name for name, _ in refs])
+        return tuple((name, self.loaded[name].scale if scale is None else float(scale))
+                     for name, scale in refs)
+
+    def activate(self, selection: Selection) -> None:
+        """Make exactly `selection` active (no adapter for ()); cheap when already active."""
+        if selection == self._active:
+            return
+        if not selection:
+            if self.loaded:
+                self.pipe.disable_lora()
+        else:
+            self.pipe.enable_lora()
+            self.pipe.set_adapters([n for n, _ in selection],
+                                   adapter_weights=[s for _, s in selection])
+        self._active = selection
+
+
+def _require_peft() -> None:
+    try:
+        import peft  # noqa: F401
+    except ImportError:
+        raise NotSupported("LoRA needs the 'peft' package: pip install 'worldserve[lora]'") \
+            from None
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def _component_dirs(pipe: Any, path: Path) -> dict[str, Path]:
+    """Which folder holds the new weights of each transformer of the pipeline."""
+    if _kind(path, "weights") != "dir":
+        raise InvalidRequest(f"weights path '{path}' is not a directory", param="path")
+    if (path / "transformer").is_dir():
+        return {name: path / name for name in TRANSFORMERS
+                if getattr(pipe, name, None) is not None and (path / name).is_dir()}
+    return {"transformer": path}
+
+
+def live_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The module's checkpoint tensors by checkpoint name (PEFT wrapping undone)."""
+    out = {}
+    for key, tensor in module.state_dict(keep_vars=True).items():
+        if any(marker in key for marker in PEFT_MARKERS):
+            continue
+        out[key.replace(".base_layer.", ".")] = tensor
+    return out
+
+
+def _headers(folder: Path) -> dict[str, tuple[Path, list[int]]]:
+    """Tensor name -> (file, shape), read from the safetensors headers only."""
+    from safetensors import safe_open
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise InvalidRequest(f"'{folder}' has no .safetensors files", param="path")
+    found: dict[str, tuple[Path, list[int]]] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), "pt") as handle:
+                for key in handle.keys():
+                    found[key] = (file, list(handle.get_slice(key).get_shape()))
+        except Exception as exc:  # a truncated or foreign file
+            raise InvalidRequest(f"cannot read '{file}': {_first_line(exc)}",
+                                 param="path") from None
+    return found
+
+
+def check_shapes(live: dict[str, torch.Tensor], new: dict[str, tuple[Path, list[int]]],
+                 folder: Path, component: str) -> None:
+    """InvalidRequest naming the first tensor (in model order) that does not match."""
+    for key, tensor in live.items():
+        if key not in new:
+            raise InvalidRequest(f"{component} tensor '{key}' is missing from '{folder}'",
+                                 param="path")
+        if list(tensor.shape) != new[key][1]:
+            raise InvalidRequest(
+                f"{component} tensor '{key}' has shape {new[key][1]} in '{folder}' but "
+                f"{list(tensor.shape)} in the model", param="path")
+    extra = sorted(set(new) - set(live))
+    if extra:
+        raise InvalidRequest(f"{component} tensor '{extra[0]}' in '{folder}' is not in the model",
+                             param="path")
+
+
+def update_weights(pipe: Any, path: str) -> dict[str, Any]:
+    """Validate every component's shapes first, then copy the new tensors in place."""
+    plan = []
+    for component, folder in _component_dirs(pipe, Path(path)).items():
+        live = live_tensors(getattr(pipe, component))
+        new = _headers(folder)
+        check_shapes(live, new, folder, component)
+        plan.append((component, live, new))
+    counts = {}
+    for component, live, new in plan:
+        counts[component] = _copy_in(live, new)
+    return {"path": path, "tensors": counts}
+
+
+def _copy_in(live: dict[str, torch.Tensor], new: dict[str, tuple[Path, list[int]]]) -> int:
+    from safetensors import safe_open
+
+    by_file: dict[Path, list[str]] = {}
+    for key, (file, _) in new.items():
+        by_file.setdefault(file, []).append(key)
+    with torch.no_grad():
+        for file, keys in by_file.items():
+            with safe_open(str(file), "pt") as handle:
+                for key in keys:
+                    live[key].copy_(handle.get_tensor(key))
+    return len(new)
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def parameter_bytes(pipe: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in _tensors(pipe))
+
+
+def _tensors(pipe: Any) -> Iterator[torch.Tensor]:
+    for component in pipe.components.values():
+        if isinstance(component, torch.nn.Module):
+            yield from component.parameters()
+            yield from component.buffers()
+
+
+def move_pipeline(pipe: Any, device: str | torch.device) -> None:
+    """Every module of the pipeline to `device`; frees the accelerator's cache after."""
+    pipe.to(device)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
