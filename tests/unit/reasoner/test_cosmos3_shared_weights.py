@@ -113,3 +113,21 @@ def test_tying_refuses_another_dtype(one_dir):
     runner = registry.load_runner("reasoner", target)
     with pytest.raises(WeightMismatch, match="one dtype on one device"):
         tie_text_pathway(runner.model, generator.to(torch.bfloat16), model_type)
+
+
+def test_cosmos3_dev_directory_serves_both_and_shares_in_one_process(tmp_path):
+    """The dev Cosmos3 generation directory holds its reasoner; loading the generation runner
+    then the reasoner runner in one process (a colocated stage) leaves one copy of the LLM."""
+    from worldserve.models import shared
+    from worldserve.models.cosmos3.dev import build_generation
+
+    build_generation(tmp_path, 0)
+    assert registry.stage_kinds(tmp_path) == ["generation", "reasoner"]
+    generation = registry.load_runner("generation", tmp_path)
+    try:
+        reasoner = registry.load_runner("reasoner", tmp_path)
+    finally:
+        shared.withdraw(tmp_path, shared.GENERATOR_TRANSFORMER)
+    transformer = generation.pipe.transformer
+    assert reasoner.model.get_input_embeddings().weight is transformer.embed_tokens.weight
+    assert reasoner.model.lm_head.weight is transformer.lm_head.weight
