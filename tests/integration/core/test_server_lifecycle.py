@@ -203,6 +203,14 @@ def test_stage_start_failures_exit_1_with_the_stage_message(
     assert "stage 'generation' failed to start: model path" in done.stderr
     assert "does not exist" in done.stderr and "Traceback" not in done.stderr
 
+    # colocated in the generation process: the failing stage and its cause are still named
+    config.write_text(f"stages:\n  realtime:\n    enabled: false\n  reasoner:\n"
+                      f"    model_path: {corrupt_model}\n    colocate_with_generation: true\n")
+    done = run_cli("serve", "--port", "0", "--config", str(config), cwd=tmp_path)
+    assert done.returncode == 1
+    assert "stage reasoner failed to start" in done.stderr and str(corrupt_model) in done.stderr
+    assert "Traceback" not in done.stderr
+
 
 @pytest.mark.parametrize(
     "args, message",

@@ -24,6 +24,7 @@ import torch
 
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import GenerationParams
+from worldserve.models import shared
 from worldserve.models.common import count_parameters
 from worldserve.models.cosmos3 import checks, inputs
 from worldserve.models.cosmos3.loader import load_pipeline
@@ -81,9 +82,11 @@ class Cosmos3Batch:
 
 def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu",
                 safety_checker: bool = False) -> Cosmos3Runner:
-    """The registry's generation loader for a Cosmos3 directory."""
-    return Cosmos3Runner(load_pipeline(model_dir, dtype, device, safety_checker=safety_checker),
-                         Path(model_dir))
+    """The registry's generation loader for a Cosmos3 directory. The transformer is published
+    for a reasoner loaded later in this process (a colocated stage shares its weights)."""
+    pipe = load_pipeline(model_dir, dtype, device, safety_checker=safety_checker)
+    shared.publish(model_dir, shared.GENERATOR_TRANSFORMER, pipe.transformer)
+    return Cosmos3Runner(pipe, Path(model_dir))
 
 
 class Cosmos3Runner:
