@@ -75,10 +75,20 @@ class LoadedAdapter:
 
 
 class LoraAdapters:
-    """Adapters loaded into `pipe` by name, and the selection active in its transformers."""
+    """Adapters loaded into the pipeline's transformer(s) by name, and the active selection.
 
-    def __init__(self, pipe: Any) -> None:
+    Loading goes through the pipeline's `load_lora_weights` when it has one (diffusers'
+    `*LoraLoaderMixin`, which also converts community formats, e.g. Wan's), else through the
+    transformer's own `load_lora_adapter` (every diffusers `PeftAdapterMixin`, e.g. Cosmos3).
+    Selection and deletion act on each transformer directly.
+    """
+
+    def __init__(self, pipe: Any, *, via_pipeline: bool | None = None) -> None:
         self.pipe = pipe
+        self.via_pipeline = (hasattr(pipe, "load_lora_weights") if via_pipeline is None
+                             else via_pipeline)
+        self.models = {name: getattr(pipe, name) for name in TRANSFORMERS
+                       if getattr(pipe, name, None) is not None}
         self.loaded: dict[str, LoadedAdapter] = {}
         self._active: Selection | None = ()
 
@@ -94,29 +104,38 @@ class LoraAdapters:
         weights = lora_file(Path(path))
         _require_peft()
         try:
-            self.pipe.load_lora_weights(str(weights.parent), weight_name=weights.name,
-                                        adapter_name=name)
+            self._load_file(name, weights)
         except Exception as exc:  # operator input: any loader failure is the file's fault
             self._drop_partial(name)
             raise InvalidRequest(f"cannot load LoRA '{name}' from '{path}': {_first_line(exc)}",
                                  param="path") from None
         self.loaded[name] = LoadedAdapter(name=name, path=str(path), scale=scale)
         self._active = None  # loading activates the new adapter: select again before a step
-        return {"name": name, "path": str(path), "scale": scale, "file": weights.name}
+        return {"name": name, "path": str(path), "scale": scale, "file": weights.name,
+                "components": [c for c, m in self.models.items() if _holds(m, name)]}
+
+    def _load_file(self, name: str, weights: Path) -> None:
+        if self.via_pipeline:
+            self.pipe.load_lora_weights(str(weights.parent), weight_name=weights.name,
+                                        adapter_name=name)
+        else:
+            self.models["transformer"].load_lora_adapter(
+                str(weights.parent), weight_name=weights.name, adapter_name=name,
+                prefix=_key_prefix(weights))
+        if not any(_holds(model, name) for model in self.models.values()):
+            raise ValueError("the file holds no LoRA weights for this model's transformer")
 
     def _drop_partial(self, name: str) -> None:
         """A failed load may have injected layers already: take them out again."""
-        for component in TRANSFORMERS:
-            model = getattr(self.pipe, component, None)
-            if model is not None and name in (getattr(model, "peft_config", None) or {}):
+        for model in self.models.values():
+            if _holds(model, name):
                 model.delete_adapters(name)
         self._active = None
 
     def unload(self, name: str) -> None:
         self.require([name])
-        self.pipe.delete_adapters(name)
+        self._drop_partial(name)
         del self.loaded[name]
-        self._active = None
 
     def require(self, names: list[str]) -> None:
         for name in names:
@@ -133,17 +152,37 @@ class LoraAdapters:
                      for name, scale in refs)
 
     def activate(self, selection: Selection) -> None:
-        """Make exactly `selection` active (no adapter for ()); cheap when already active."""
+        """Make exactly `selection` active in every transformer (none for ()); cheap when it
+        already is."""
         if selection == self._active:
             return
-        if not selection:
-            if self.loaded:
-                self.pipe.disable_lora()
-        else:
-            self.pipe.enable_lora()
-            self.pipe.set_adapters([n for n, _ in selection],
-                                   adapter_weights=[s for _, s in selection])
+        for model in self.models.values():
+            if not getattr(model, "peft_config", None):
+                continue  # no adapter was ever loaded into this one
+            mine = [(n, s) for n, s in selection if _holds(model, n)]
+            if mine:
+                model.enable_lora()
+                model.set_adapters([n for n, _ in mine], weights=[s for _, s in mine])
+            else:
+                model.disable_lora()
         self._active = selection
+
+
+def _holds(model: Any, name: str) -> bool:
+    return name in (getattr(model, "peft_config", None) or {})
+
+
+def _key_prefix(weights: Path) -> str | None:
+    """The prefix the file's keys carry: `transformer.` (diffusers), `base_model.model.`
+    (PEFT), or none."""
+    from safetensors import safe_open
+
+    with safe_open(str(weights), "pt") as handle:
+        keys = list(handle.keys())
+    for prefix in ("transformer", "base_model.model"):
+        if keys and all(k.startswith(prefix + ".") for k in keys):
+            return prefix
+    return None
 
 
 def _require_peft() -> None:
