@@ -193,6 +193,42 @@ def _require_peft() -> None:
             from None
 
 
+class DiffusersAdminOps:
+    """The optional generation-runner capabilities (engines/generation/contract.py: LoRA,
+    weights update, memory release) for a runner that holds a diffusers pipeline in `pipe`, a
+    `LoraAdapters` in `lora` and its load device in `device`."""
+
+    pipe: Any
+    lora: LoraAdapters
+    device: Any
+
+    def load_lora(self, name: str, path: str, scale: float) -> dict[str, Any]:
+        return self.lora.load(name, path, scale)
+
+    def unload_lora(self, name: str) -> None:
+        self.lora.unload(name)
+
+    def list_lora(self) -> list[dict[str, Any]]:
+        return self.lora.describe()
+
+    def resolve_lora(self, refs: list[tuple[str, float | None]]) -> Selection:
+        return self.lora.resolve(refs)
+
+    def activate_lora(self, selection: Selection) -> None:
+        self.lora.activate(selection)
+
+    def update_weights(self, path: str) -> dict[str, Any]:
+        return update_weights(self.pipe, path)
+
+    def release_memory(self) -> dict[str, Any]:
+        move_pipeline(self.pipe, "cpu")
+        return {"device": "cpu", "bytes": parameter_bytes(self.pipe)}
+
+    def resume_memory(self) -> dict[str, Any]:
+        move_pipeline(self.pipe, self.device)
+        return {"device": str(self.device), "bytes": parameter_bytes(self.pipe)}
+
+
 # --------------------------------------------------------------------------- weights
 
 
