@@ -26,6 +26,7 @@ from worldserve.engines.generation.contract import (
     OffloadRunner,
     WeightsRunner,
 )
+from worldserve.engines.generation.scheduler import RequestStatus
 from worldserve.errors import (
     Conflict,
     InternalError,
@@ -220,8 +221,24 @@ class GenerationAdmin:
             return {"memory": "released", "changed": False}
         data = self.engine.runner.release_memory()  # type: ignore[attr-defined]
         self.released = True
-        failed = self.engine.fail_waiting(released_error())
+        failed = self._fail_waiting(released_error())
         return {**data, "memory": "released", "changed": True, "failed_queued": failed}
+
+    def _fail_waiting(self, error: WorldserveError) -> int:
+        """Fail every queued (not yet running) request with `error`; returns how many."""
+        engine, failed = self.engine, 0
+        while engine.scheduler.waiting:
+            request = engine.scheduler.waiting.popleft()
+            request.transition(RequestStatus.FAILED)
+            engine.by_id.pop(request.request_id, None)
+            request.payload.reply(ErrorReply(request_id=request.request_id, code=error.code,
+                                             message=error.message))
+            failed += 1
+        for msg, reply in engine.action_queue:
+            reply(ErrorReply(request_id=msg.request_id, code=error.code, message=error.message))
+            failed += 1
+        engine.action_queue.clear()
+        return failed
 
     def _resume(self) -> dict[str, Any]:
         if not self.released:
