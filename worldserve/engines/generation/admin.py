@@ -128,7 +128,9 @@ class GenerationAdmin:
         """A request's adapters with their scales filled in; 400 for an unknown name."""
         if not refs:
             return []
-        runner = self._lora()
+        runner = self.engine.runner
+        if not isinstance(runner, LoraRunner):
+            raise InvalidRequest("this model does not support LoRA adapters", param="lora")
         selection = runner.resolve_lora([(r.name, r.scale) for r in refs])
         return [LoraRef(name=name, scale=scale) for name, scale in selection]
 
