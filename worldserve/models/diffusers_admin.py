@@ -72,6 +72,7 @@ class LoadedAdapter:
     name: str
     path: str
     scale: float
+    path_2: str | None = None  # Wan 2.2 A14B: the low-noise expert's file
 
 
 class LoraAdapters:
@@ -93,37 +94,49 @@ class LoraAdapters:
         self._active: Selection | None = ()
 
     def describe(self) -> list[dict[str, Any]]:
-        return [{"name": a.name, "path": a.path, "scale": a.scale} for a in self.loaded.values()]
+        return [{"name": a.name, "path": a.path, "scale": a.scale,
+                 **({"path_2": a.path_2} if a.path_2 else {})} for a in self.loaded.values()]
 
-    def load(self, name: str, path: str, scale: float) -> dict[str, Any]:
+    def load(self, name: str, path: str, scale: float,
+             path_2: str | None = None) -> dict[str, Any]:
+        """Load `path` into the transformer (and `path_2`, when given, into `transformer_2`)."""
         if not ADAPTER_NAME.match(name):
             raise InvalidRequest("LoRA name must be 1-64 letters, digits, '_' or '-'",
                                  param="name")
         if name in self.loaded:
             raise Conflict(f"a LoRA adapter named '{name}' is already loaded; unload it first")
-        weights = lora_file(Path(path))
+        files = {"transformer": lora_file(Path(path))}
+        if path_2 is not None:
+            if "transformer_2" not in self.models:
+                raise InvalidRequest("path_2 needs a model with a transformer_2 (Wan 2.2 A14B)",
+                                     param="path_2")
+            files["transformer_2"] = lora_file(Path(path_2))
         _require_peft()
-        try:
-            self._load_file(name, weights)
-        except Exception as exc:  # operator input: any loader failure is the file's fault
-            self._drop_partial(name)
-            raise InvalidRequest(f"cannot load LoRA '{name}' from '{path}': {_first_line(exc)}",
-                                 param="path") from None
-        self.loaded[name] = LoadedAdapter(name=name, path=str(path), scale=scale)
+        for component, weights in files.items():
+            try:
+                self._load_file(name, weights, component)
+            except Exception as exc:  # operator input: any loader failure is the file's fault
+                self._drop_partial(name)
+                raise InvalidRequest(f"cannot load LoRA '{name}' from '{weights}': "
+                                     f"{_first_line(exc)}", param="path") from None
+        self.loaded[name] = LoadedAdapter(name=name, path=str(path), scale=scale, path_2=path_2)
         self._active = None  # loading activates the new adapter: select again before a step
-        return {"name": name, "path": str(path), "scale": scale, "file": weights.name,
+        return {"name": name, "path": str(path), "scale": scale,
+                "files": {c: str(f) for c, f in files.items()},
                 "components": [c for c, m in self.models.items() if _holds(m, name)]}
 
-    def _load_file(self, name: str, weights: Path) -> None:
+    def _load_file(self, name: str, weights: Path, component: str) -> None:
         if self.via_pipeline:
             self.pipe.load_lora_weights(str(weights.parent), weight_name=weights.name,
-                                        adapter_name=name)
+                                        adapter_name=name,
+                                        **({"load_into_transformer_2": True}
+                                           if component == "transformer_2" else {}))
         else:
-            self.models["transformer"].load_lora_adapter(
+            self.models[component].load_lora_adapter(
                 str(weights.parent), weight_name=weights.name, adapter_name=name,
                 prefix=_key_prefix(weights))
-        if not any(_holds(model, name) for model in self.models.values()):
-            raise ValueError("the file holds no LoRA weights for this model's transformer")
+        if not _holds(self.models[component], name):
+            raise ValueError(f"the file holds no LoRA weights for this model's {component}")
 
     def _drop_partial(self, name: str) -> None:
         """A failed load may have injected layers already: take them out again."""
@@ -202,8 +215,9 @@ class DiffusersAdminOps:
     lora: LoraAdapters
     device: Any
 
-    def load_lora(self, name: str, path: str, scale: float) -> dict[str, Any]:
-        return self.lora.load(name, path, scale)
+    def load_lora(self, name: str, path: str, scale: float,
+                  path_2: str | None = None) -> dict[str, Any]:
+        return self.lora.load(name, path, scale, path_2)
 
     def unload_lora(self, name: str) -> None:
         self.lora.unload(name)

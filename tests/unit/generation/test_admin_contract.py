@@ -31,7 +31,7 @@ class LoraFakeRunner(FakeRunner):
     adapters: dict[str, float] = field(default_factory=dict)
     seen: list[tuple[tuple, tuple[str, ...]]] = field(default_factory=list)
 
-    def load_lora(self, name: str, path: str, scale: float) -> dict:
+    def load_lora(self, name: str, path: str, scale: float, path_2=None) -> dict:
         self.adapters[name] = scale
         return {"name": name}
 

@@ -287,3 +287,29 @@ def test_transformer_level_loading_equals_the_pipeline_loader(engine, tiny_wan_d
     fx.assert_close_uint8(pixels(engine, log.last("a")), expected)
     fx.assert_close_uint8(pixels(engine, log.last("p")), expected)
     fx.assert_close_uint8(pixels(engine, log.last("base")), fx.reference(tiny_wan_dir, 7))
+
+
+def test_wan22_adapter_with_a_file_per_expert(tiny_wan_dir, admin_assets, tmp_path):
+    model = fx.build_tiny_wan22(tiny_wan_dir, tmp_path / "wan22")
+    cfg = GenerationStageConfig(model_path=model, output_dir=tmp_path / "out", batch_wait_ms=0)
+    engine = GenerationEngine(cfg, ServerConfig())
+    drain(engine)
+    high, low = admin_assets["lora_a"], admin_assets["lora_b"]
+    loaded = admin(engine, LoraLoad(request_id="l", name="x", path=str(high), path_2=str(low),
+                                    scale=0.9))
+    assert loaded["loaded"]["components"] == ["transformer", "transformer_2"]
+    load(engine, "high_only", high, scale=0.9)
+    log = Log()
+    for rid, lora in (("both", [LoraRef(name="x")]), ("high", [LoraRef(name="high_only")]),
+                      ("base", [])):
+        engine.submit(media(rid, lora=lora, steps=4), log.fn(rid))
+    drain(engine)
+    both = pixels(engine, log.last("both"))
+    fx.assert_close_uint8(both, fx.reference_two_experts(model, 7, "x", high, low, 0.9, 4))
+    fx.assert_close_uint8(pixels(engine, log.last("high")),
+                          fx.reference_two_experts(model, 7, "x", high, None, 0.9, 4))
+    assert fx.differ(both, pixels(engine, log.last("high"))) > 2  # the low-noise file counts
+    wan21 = GenerationEngine(GenerationStageConfig(
+        model_path=tiny_wan_dir, output_dir=tmp_path / "out21", batch_wait_ms=0), ServerConfig())
+    with pytest.raises(InvalidRequest, match="path_2 needs a model with a transformer_2"):
+        admin(wan21, LoraLoad(request_id="m", name="y", path=str(high), path_2=str(low)))

@@ -173,7 +173,7 @@ class GenerationAdmin:
     def _load_lora(self, msg: LoraLoad) -> dict[str, Any]:
         if not abs(msg.scale) <= MAX_LORA_SCALE:
             raise InvalidRequest(f"scale must be within ±{MAX_LORA_SCALE:g}", param="scale")
-        loaded = self._lora().load_lora(msg.name, msg.path, msg.scale)
+        loaded = self._lora().load_lora(msg.name, msg.path, msg.scale, msg.path_2)
         return {"loaded": loaded, "adapters": self._lora().list_lora()}
 
     def _unload_lora(self, msg: LoraUnload) -> dict[str, Any]:
