@@ -272,6 +272,7 @@ class LoraLoad(AdminRequest):
     name: str
     path: str
     scale: float = 1.0
+    path_2: str | None = None  # Wan 2.2 A14B: the adapter's file for the low-noise expert
 
 
 class LoraUnload(AdminRequest):

@@ -72,51 +72,83 @@ class LoadedAdapter:
     name: str
     path: str
     scale: float
+    path_2: str | None = None  # Wan 2.2 A14B: the low-noise expert's file
 
 
 class LoraAdapters:
-    """Adapters loaded into `pipe` by name, and the selection active in its transformers."""
+    """Adapters loaded into the pipeline's transformer(s) by name, and the active selection.
 
-    def __init__(self, pipe: Any) -> None:
+    Loading goes through the pipeline's `load_lora_weights` when it has one (diffusers'
+    `*LoraLoaderMixin`, which also converts community formats, e.g. Wan's), else through the
+    transformer's own `load_lora_adapter` (every diffusers `PeftAdapterMixin`, e.g. Cosmos3).
+    Selection and deletion act on each transformer directly.
+    """
+
+    def __init__(self, pipe: Any, *, via_pipeline: bool | None = None) -> None:
         self.pipe = pipe
+        self.via_pipeline = (hasattr(pipe, "load_lora_weights") if via_pipeline is None
+                             else via_pipeline)
+        self.models = {name: getattr(pipe, name) for name in TRANSFORMERS
+                       if getattr(pipe, name, None) is not None}
         self.loaded: dict[str, LoadedAdapter] = {}
         self._active: Selection | None = ()
 
     def describe(self) -> list[dict[str, Any]]:
-        return [{"name": a.name, "path": a.path, "scale": a.scale} for a in self.loaded.values()]
+        return [{"name": a.name, "path": a.path, "scale": a.scale,
+                 **({"path_2": a.path_2} if a.path_2 else {})} for a in self.loaded.values()]
 
-    def load(self, name: str, path: str, scale: float) -> dict[str, Any]:
+    def load(self, name: str, path: str, scale: float,
+             path_2: str | None = None) -> dict[str, Any]:
+        """Load `path` into the transformer (and `path_2`, when given, into `transformer_2`)."""
         if not ADAPTER_NAME.match(name):
             raise InvalidRequest("LoRA name must be 1-64 letters, digits, '_' or '-'",
                                  param="name")
         if name in self.loaded:
             raise Conflict(f"a LoRA adapter named '{name}' is already loaded; unload it first")
-        weights = lora_file(Path(path))
+        files = {"transformer": lora_file(Path(path))}
+        if path_2 is not None:
+            if "transformer_2" not in self.models:
+                raise InvalidRequest("path_2 needs a model with a transformer_2 (Wan 2.2 A14B)",
+                                     param="path_2")
+            files["transformer_2"] = lora_file(Path(path_2))
         _require_peft()
-        try:
-            self.pipe.load_lora_weights(str(weights.parent), weight_name=weights.name,
-                                        adapter_name=name)
-        except Exception as exc:  # operator input: any loader failure is the file's fault
-            self._drop_partial(name)
-            raise InvalidRequest(f"cannot load LoRA '{name}' from '{path}': {_first_line(exc)}",
-                                 param="path") from None
-        self.loaded[name] = LoadedAdapter(name=name, path=str(path), scale=scale)
+        for component, weights in files.items():
+            try:
+                self._load_file(name, weights, component)
+            except Exception as exc:  # operator input: any loader failure is the file's fault
+                self._drop_partial(name)
+                raise InvalidRequest(f"cannot load LoRA '{name}' from '{weights}': "
+                                     f"{_first_line(exc)}", param="path") from None
+        self.loaded[name] = LoadedAdapter(name=name, path=str(path), scale=scale, path_2=path_2)
         self._active = None  # loading activates the new adapter: select again before a step
-        return {"name": name, "path": str(path), "scale": scale, "file": weights.name}
+        return {"name": name, "path": str(path), "scale": scale,
+                "files": {c: str(f) for c, f in files.items()},
+                "components": [c for c, m in self.models.items() if _holds(m, name)]}
+
+    def _load_file(self, name: str, weights: Path, component: str) -> None:
+        if self.via_pipeline:
+            self.pipe.load_lora_weights(str(weights.parent), weight_name=weights.name,
+                                        adapter_name=name,
+                                        **({"load_into_transformer_2": True}
+                                           if component == "transformer_2" else {}))
+        else:
+            self.models[component].load_lora_adapter(
+                str(weights.parent), weight_name=weights.name, adapter_name=name,
+                prefix=_key_prefix(weights))
+        if not _holds(self.models[component], name):
+            raise ValueError(f"the file holds no LoRA weights for this model's {component}")
 
     def _drop_partial(self, name: str) -> None:
         """A failed load may have injected layers already: take them out again."""
-        for component in TRANSFORMERS:
-            model = getattr(self.pipe, component, None)
-            if model is not None and name in (getattr(model, "peft_config", None) or {}):
+        for model in self.models.values():
+            if _holds(model, name):
                 model.delete_adapters(name)
         self._active = None
 
     def unload(self, name: str) -> None:
         self.require([name])
-        self.pipe.delete_adapters(name)
+        self._drop_partial(name)
         del self.loaded[name]
-        self._active = None
 
     def require(self, names: list[str]) -> None:
         for name in names:
@@ -133,17 +165,37 @@ class LoraAdapters:
                      for name, scale in refs)
 
     def activate(self, selection: Selection) -> None:
-        """Make exactly `selection` active (no adapter for ()); cheap when already active."""
+        """Make exactly `selection` active in every transformer (none for ()); cheap when it
+        already is."""
         if selection == self._active:
             return
-        if not selection:
-            if self.loaded:
-                self.pipe.disable_lora()
-        else:
-            self.pipe.enable_lora()
-            self.pipe.set_adapters([n for n, _ in selection],
-                                   adapter_weights=[s for _, s in selection])
+        for model in self.models.values():
+            if not getattr(model, "peft_config", None):
+                continue  # no adapter was ever loaded into this one
+            mine = [(n, s) for n, s in selection if _holds(model, n)]
+            if mine:
+                model.enable_lora()
+                model.set_adapters([n for n, _ in mine], weights=[s for _, s in mine])
+            else:
+                model.disable_lora()
         self._active = selection
+
+
+def _holds(model: Any, name: str) -> bool:
+    return name in (getattr(model, "peft_config", None) or {})
+
+
+def _key_prefix(weights: Path) -> str | None:
+    """The prefix the file's keys carry: `transformer.` (diffusers), `base_model.model.`
+    (PEFT), or none."""
+    from safetensors import safe_open
+
+    with safe_open(str(weights), "pt") as handle:
+        keys = list(handle.keys())
+    for prefix in ("transformer", "base_model.model"):
+        if keys and all(k.startswith(prefix + ".") for k in keys):
+            return prefix
+    return None
 
 
 def _require_peft() -> None:
@@ -152,6 +204,43 @@ def _require_peft() -> None:
     except ImportError:
         raise NotSupported("LoRA needs the 'peft' package: pip install 'worldserve[lora]'") \
             from None
+
+
+class DiffusersAdminOps:
+    """The optional generation-runner capabilities (engines/generation/contract.py: LoRA,
+    weights update, memory release) for a runner that holds a diffusers pipeline in `pipe`, a
+    `LoraAdapters` in `lora` and its load device in `device`."""
+
+    pipe: Any
+    lora: LoraAdapters
+    device: Any
+
+    def load_lora(self, name: str, path: str, scale: float,
+                  path_2: str | None = None) -> dict[str, Any]:
+        return self.lora.load(name, path, scale, path_2)
+
+    def unload_lora(self, name: str) -> None:
+        self.lora.unload(name)
+
+    def list_lora(self) -> list[dict[str, Any]]:
+        return self.lora.describe()
+
+    def resolve_lora(self, refs: list[tuple[str, float | None]]) -> Selection:
+        return self.lora.resolve(refs)
+
+    def activate_lora(self, selection: Selection) -> None:
+        self.lora.activate(selection)
+
+    def update_weights(self, path: str) -> dict[str, Any]:
+        return update_weights(self.pipe, path)
+
+    def release_memory(self) -> dict[str, Any]:
+        move_pipeline(self.pipe, "cpu")
+        return {"device": "cpu", "bytes": parameter_bytes(self.pipe)}
+
+    def resume_memory(self) -> dict[str, Any]:
+        move_pipeline(self.pipe, self.device)
+        return {"device": str(self.device), "bytes": parameter_bytes(self.pipe)}
 
 
 # --------------------------------------------------------------------------- weights

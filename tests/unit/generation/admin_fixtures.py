@@ -100,3 +100,35 @@ def assert_close_uint8(actual: np.ndarray, expected: np.ndarray) -> None:
 def differ(a: np.ndarray, b: np.ndarray) -> int:
     """Largest pixel difference (outputs that must differ: well above the rounding slack)."""
     return int(np.abs(a.astype(int) - b.astype(int)).max())
+
+
+def build_tiny_wan22(model_dir: Path, target: Path, boundary_ratio: float = 0.9) -> Path:
+    """The tiny Wan 2.1 pipeline plus a second (low-noise) expert: a Wan 2.2 A14B layout."""
+    import diffusers as D
+    import torch
+
+    pipe = D.WanPipeline.from_pretrained(model_dir)
+    torch.manual_seed(22)
+    transformer_2 = D.WanTransformer3DModel.from_config(pipe.transformer.config)
+    wan22 = D.WanPipeline(tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae,
+                          scheduler=pipe.scheduler, transformer=pipe.transformer,
+                          transformer_2=transformer_2, boundary_ratio=boundary_ratio)
+    wan22.save_pretrained(target)
+    return target
+
+
+def reference_two_experts(model_dir: Path, seed: int, name: str, high: Path, low: Path | None,
+                          scale: float, steps: int) -> np.ndarray:
+    """uint8 frames of a fresh Wan 2.2 pipeline with one adapter name on both experts."""
+    import diffusers as D
+    import torch
+
+    pipe = D.WanPipeline.from_pretrained(model_dir)
+    pipe.load_lora_weights(str(high), adapter_name=name)
+    if low is not None:
+        pipe.load_lora_weights(str(low), adapter_name=name, load_into_transformer_2=True)
+    pipe.set_adapters([name], adapter_weights=[scale])
+    out = pipe(PROMPT, height=SIZE, width=SIZE, num_frames=1, num_inference_steps=steps,
+               guidance_scale=1.0, max_sequence_length=32,
+               generator=torch.Generator().manual_seed(seed), output_type="np").frames[0]
+    return to_uint8(out)

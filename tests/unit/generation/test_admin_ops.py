@@ -221,7 +221,7 @@ def test_memory_release_and_resume(engine, tiny_wan_dir):
     drain(engine)
     assert isinstance(log.last("running"), GenerationResult)  # running work finished first
     queued = log.last("queued")
-    assert isinstance(queued, ErrorReply) and queued.code == "stage_unavailable"
+    assert isinstance(queued, ErrorReply) and queued.code == "weights_released"
     assert "model weights released" in queued.message
     assert log.last("rel").data["failed_queued"] == 1
     assert engine.state() == "released"
@@ -260,3 +260,56 @@ def test_weight_update_while_paused_with_running_requests_is_refused(engine, adm
     drain(engine)
     assert isinstance(log.last("job"), GenerationResult)
     assert log.of("w") == []
+
+
+def test_transformer_level_loading_equals_the_pipeline_loader(engine, tiny_wan_dir,
+                                                               admin_assets, tmp_path):
+    """The path of families whose pipeline has no LoRA loader (Cosmos3): the transformer's own
+    `load_lora_adapter`, from the diffusers layout and from the PEFT layout."""
+    from safetensors.torch import load_file, save_file
+
+    from worldserve.models.diffusers_admin import LoraAdapters
+
+    engine.runner.lora = LoraAdapters(engine.pipe, via_pipeline=False)
+    state = load_file(str(admin_assets["lora_a"] / "pytorch_lora_weights.safetensors"))
+    peft_dir = tmp_path / "peft"
+    peft_dir.mkdir()
+    save_file({"base_model.model." + k.removeprefix("transformer."): v for k, v in state.items()},
+              str(peft_dir / "adapter_model.safetensors"))
+    assert load(engine, "a", admin_assets["lora_a"], 0.8)["loaded"]["components"] == [
+        "transformer"]
+    load(engine, "p", peft_dir, 0.8)
+    log = Log()
+    for rid, lora in (("a", [LoraRef(name="a")]), ("p", [LoraRef(name="p")]), ("base", [])):
+        engine.submit(media(rid, lora=lora), log.fn(rid))
+    drain(engine)
+    expected = fx.reference(tiny_wan_dir, 7, loras=[(admin_assets["lora_a"], "a", 0.8)])
+    fx.assert_close_uint8(pixels(engine, log.last("a")), expected)
+    fx.assert_close_uint8(pixels(engine, log.last("p")), expected)
+    fx.assert_close_uint8(pixels(engine, log.last("base")), fx.reference(tiny_wan_dir, 7))
+
+
+def test_wan22_adapter_with_a_file_per_expert(tiny_wan_dir, admin_assets, tmp_path):
+    model = fx.build_tiny_wan22(tiny_wan_dir, tmp_path / "wan22")
+    cfg = GenerationStageConfig(model_path=model, output_dir=tmp_path / "out", batch_wait_ms=0)
+    engine = GenerationEngine(cfg, ServerConfig())
+    drain(engine)
+    high, low = admin_assets["lora_a"], admin_assets["lora_b"]
+    loaded = admin(engine, LoraLoad(request_id="l", name="x", path=str(high), path_2=str(low),
+                                    scale=0.9))
+    assert loaded["loaded"]["components"] == ["transformer", "transformer_2"]
+    load(engine, "high_only", high, scale=0.9)
+    log = Log()
+    for rid, lora in (("both", [LoraRef(name="x")]), ("high", [LoraRef(name="high_only")]),
+                      ("base", [])):
+        engine.submit(media(rid, lora=lora, steps=4), log.fn(rid))
+    drain(engine)
+    both = pixels(engine, log.last("both"))
+    fx.assert_close_uint8(both, fx.reference_two_experts(model, 7, "x", high, low, 0.9, 4))
+    fx.assert_close_uint8(pixels(engine, log.last("high")),
+                          fx.reference_two_experts(model, 7, "x", high, None, 0.9, 4))
+    assert fx.differ(both, pixels(engine, log.last("high"))) > 2  # the low-noise file counts
+    wan21 = GenerationEngine(GenerationStageConfig(
+        model_path=tiny_wan_dir, output_dir=tmp_path / "out21", batch_wait_ms=0), ServerConfig())
+    with pytest.raises(InvalidRequest, match="path_2 needs a model with a transformer_2"):
+        admin(wan21, LoraLoad(request_id="m", name="y", path=str(high), path_2=str(low)))

@@ -55,6 +55,9 @@ class LoraLoadBody(_Body):
                                   "server")
     scale: float = Field(default=1.0, ge=-100, le=100,
                          description="default scale when a request names the adapter only")
+    path_2: str | None = Field(default=None, min_length=1, max_length=MAX_PATH_CHARS,
+                               description="Wan 2.2 A14B: the same adapter's file for the "
+                                           "low-noise expert (transformer_2)")
 
 
 class LoraUnloadBody(_Body):
@@ -123,7 +126,7 @@ async def lora_list(request: Request) -> dict:
 @router.post("/lora/load")
 async def lora_load(body: LoraLoadBody, request: Request) -> dict:
     msg = LoraLoad(request_id=new_request_id("lora"), name=body.name, path=body.path,
-                   scale=body.scale)
+                   scale=body.scale, path_2=body.path_2)
     return await relay(request, msg)
 
 

@@ -26,6 +26,7 @@ from worldserve.engines.generation.contract import (
     OffloadRunner,
     WeightsRunner,
 )
+from worldserve.engines.generation.scheduler import RequestStatus
 from worldserve.errors import (
     Conflict,
     InternalError,
@@ -127,7 +128,9 @@ class GenerationAdmin:
         """A request's adapters with their scales filled in; 400 for an unknown name."""
         if not refs:
             return []
-        runner = self._lora()
+        runner = self.engine.runner
+        if not isinstance(runner, LoraRunner):
+            raise InvalidRequest("this model does not support LoRA adapters", param="lora")
         selection = runner.resolve_lora([(r.name, r.scale) for r in refs])
         return [LoraRef(name=name, scale=scale) for name, scale in selection]
 
@@ -170,7 +173,7 @@ class GenerationAdmin:
     def _load_lora(self, msg: LoraLoad) -> dict[str, Any]:
         if not abs(msg.scale) <= MAX_LORA_SCALE:
             raise InvalidRequest(f"scale must be within ±{MAX_LORA_SCALE:g}", param="scale")
-        loaded = self._lora().load_lora(msg.name, msg.path, msg.scale)
+        loaded = self._lora().load_lora(msg.name, msg.path, msg.scale, msg.path_2)
         return {"loaded": loaded, "adapters": self._lora().list_lora()}
 
     def _unload_lora(self, msg: LoraUnload) -> dict[str, Any]:
@@ -220,8 +223,24 @@ class GenerationAdmin:
             return {"memory": "released", "changed": False}
         data = self.engine.runner.release_memory()  # type: ignore[attr-defined]
         self.released = True
-        failed = self.engine.fail_waiting(released_error())
+        failed = self._fail_waiting(released_error())
         return {**data, "memory": "released", "changed": True, "failed_queued": failed}
+
+    def _fail_waiting(self, error: WorldserveError) -> int:
+        """Fail every queued (not yet running) request with `error`; returns how many."""
+        engine, failed = self.engine, 0
+        while engine.scheduler.waiting:
+            request = engine.scheduler.waiting.popleft()
+            request.transition(RequestStatus.FAILED)
+            engine.by_id.pop(request.request_id, None)
+            request.payload.reply(ErrorReply(request_id=request.request_id, code=error.code,
+                                             message=error.message))
+            failed += 1
+        for msg, reply in engine.action_queue:
+            reply(ErrorReply(request_id=msg.request_id, code=error.code, message=error.message))
+            failed += 1
+        engine.action_queue.clear()
+        return failed
 
     def _resume(self) -> dict[str, Any]:
         if not self.released:

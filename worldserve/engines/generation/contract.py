@@ -80,8 +80,10 @@ class DescribedRunner(Protocol):
 class LoraRunner(Protocol):
     """LoRA adapters loaded by name; the engine activates one selection before each phase."""
 
-    def load_lora(self, name: str, path: str, scale: float) -> dict[str, Any]:
-        """Load an adapter (InvalidRequest: missing path, wrong layout; Conflict: name taken)."""
+    def load_lora(self, name: str, path: str, scale: float,
+                  path_2: str | None = None) -> dict[str, Any]:
+        """Load an adapter (InvalidRequest: missing path, wrong layout; Conflict: name taken);
+        `path_2`: the same adapter's file for a second transformer (Wan 2.2 low-noise expert)."""
 
     def unload_lora(self, name: str) -> None: ...
 

@@ -207,22 +207,6 @@ class GenerationEngine:
                           "running_batches": len(self.running), "paused": self.admin.paused,
                           "memory": "released" if self.admin.released else "resident"}}
 
-    def fail_waiting(self, error: WorldserveError) -> int:
-        """Fail every queued (not yet running) request with `error`; returns how many."""
-        failed = 0
-        while self.scheduler.waiting:
-            request = self.scheduler.waiting.popleft()
-            request.transition(RequestStatus.FAILED)
-            self._finish(request)
-            request.payload.reply(ErrorReply(request_id=request.request_id, code=error.code,
-                                             message=error.message))
-            failed += 1
-        for msg, reply in self.action_queue:
-            reply(ErrorReply(request_id=msg.request_id, code=error.code, message=error.message))
-            failed += 1
-        self.action_queue.clear()
-        return failed
-
     def shutdown(self) -> None:
         for request in list(self.by_id.values()):
             if request.payload.msg is not None:

@@ -25,13 +25,7 @@ from PIL import Image
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import GenerationParams
 from worldserve.models.common import count_parameters
-from worldserve.models.diffusers_admin import (
-    LoraAdapters,
-    Selection,
-    move_pipeline,
-    parameter_bytes,
-    update_weights,
-)
+from worldserve.models.diffusers_admin import DiffusersAdminOps, LoraAdapters
 from worldserve.models.types import ModelLoadError, RowExtras, RunnerFeatures
 from worldserve.models.wan.loader import load_pipeline
 
@@ -87,10 +81,11 @@ def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu",
     return DiffusionRunner(load_pipeline(model_dir, dtype, device))
 
 
-class DiffusionRunner:
+class DiffusionRunner(DiffusersAdminOps):
     """Owns the pipeline; stateless between batches except for the model weights.
 
-    Satisfies the generation runner contract (engines/generation/contract.py).
+    Satisfies the generation runner contract (engines/generation/contract.py), with the
+    optional LoRA / weights / memory capabilities of `DiffusersAdminOps`.
     """
 
     # Rows of one forward: no limit of its own (the stage's `max_batch_size` decides).
@@ -122,32 +117,6 @@ class DiffusionRunner:
                 "dtype": str(self.transformer_dtype).removeprefix("torch."),
                 "device": str(self.device), "lora_supported": True,
                 "lora": self.lora.describe()}
-
-    def load_lora(self, name: str, path: str, scale: float) -> dict[str, Any]:
-        return self.lora.load(name, path, scale)
-
-    def unload_lora(self, name: str) -> None:
-        self.lora.unload(name)
-
-    def list_lora(self) -> list[dict[str, Any]]:
-        return self.lora.describe()
-
-    def resolve_lora(self, refs: list[tuple[str, float | None]]) -> Selection:
-        return self.lora.resolve(refs)
-
-    def activate_lora(self, selection: Selection) -> None:
-        self.lora.activate(selection)
-
-    def update_weights(self, path: str) -> dict[str, Any]:
-        return update_weights(self.pipe, path)
-
-    def release_memory(self) -> dict[str, Any]:
-        move_pipeline(self.pipe, "cpu")
-        return {"device": "cpu", "bytes": parameter_bytes(self.pipe)}
-
-    def resume_memory(self) -> dict[str, Any]:
-        move_pipeline(self.pipe, self.device)
-        return {"device": str(self.device), "bytes": parameter_bytes(self.pipe)}
 
     # ------------------------------------------------------------------ checks
 
