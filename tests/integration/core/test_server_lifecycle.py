@@ -144,11 +144,12 @@ def test_generation_death_stops_the_server_non_zero(server_factory) -> None:
     server = server_factory()
     pids = server.stage_pids()
     os.kill(pids["generation"], signal.SIGKILL)
-    assert wait_until(lambda: server.proc.poll() is not None, 5.0)
+    # Shutdown SIGTERMs the other stages and waits for them (seconds on a loaded 2-core box).
+    assert wait_until(lambda: server.proc.poll() is not None, 20.0)
     assert server.proc.returncode == 1
     log = server.log()
     assert "stage 'generation' died: killed by signal SIGKILL" in log
-    assert wait_until(lambda: not alive(pids["reasoner"]), 5.0)
+    assert wait_until(lambda: not alive(pids["reasoner"]), 10.0)
 
 
 def test_sigterm_shuts_down_cleanly(server_factory) -> None:
