@@ -295,3 +295,10 @@ def test_policy_returns_raw_width_actions_for_every_supported_domain(runner):
         _, extras = stepped(runner, p)
         assert extras.action.shape == (4, width), name
         assert extras.domain_id == runner.features.action_domain_ids[name]
+
+
+def test_describe_for_the_admin_model_info(runner):
+    facts = runner.describe()
+    assert facts["family"] == "cosmos3" and facts["pipeline"] == "Cosmos3OmniPipeline"
+    assert facts["dtype"] == "float32" and facts["device"] == "cpu"
+    assert facts["sound"] and facts["action_generation"] and not facts["lora_supported"]

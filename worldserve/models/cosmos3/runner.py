@@ -127,6 +127,15 @@ class Cosmos3Runner:
             action_domain_ids=({name: _EMBODIMENT_TO_DOMAIN_ID[name] for name in domains}
                                if domains is not None else None))
 
+    # ------------------------------------------------------------------ admin (optional contract)
+
+    def describe(self) -> dict[str, Any]:
+        """GET /admin/model_info facts (no LoRA, weight updates or offload on Cosmos3 yet)."""
+        return {"family": "cosmos3", "pipeline": type(self.pipe).__name__,
+                "dtype": str(self.pipe.transformer.dtype).removeprefix("torch."),
+                "device": str(self.pipe._get_execution_device()), "lora_supported": False,
+                "sound": self.supports_sound, "action_generation": self.supports_actions}
+
     # ------------------------------------------------------------------ checks
 
     def snap_frames(self, num_frames: int) -> int:
