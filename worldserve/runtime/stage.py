@@ -101,7 +101,6 @@ class StageLoop:
             self.engine.step()
         self._broadcast_state_change()
 
-
     def _echo_wait_ms(self, default_ms: float) -> float:
         if not self._echoes:
             return default_ms

@@ -3,8 +3,8 @@ reasoner (`config.json`, model_type cosmos3_omni) in one directory starts both s
 further flags, and every model listing names the directory's model; with
 `stages.reasoner.colocate_with_generation` both stages run in one process.
 
-The generator is the dev Wan pipeline until the Cosmos3 generation family's dev directory
-(which writes the reasoner files the same way) replaces it here."""
+The directory is the dev Cosmos3 generation checkpoint, which holds its reasoner (root
+`config.json`) whose LLM is the generator's understanding pathway."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import pytest
 
 from tests.integration.streaming.support import SESSION_BODY, image_bytes
 from tests.support.server import ServerProcess
-from worldserve.models.cosmos3_reasoner.dev import write_reasoner_files
 from worldserve.models.dev import MARKER_NAME
 
 
@@ -26,7 +25,6 @@ def test_one_directory_serves_generation_and_reasoning(tmp_path: Path, dev_model
     model = tmp_path / "cosmos3-both"
     shutil.copytree(dev_models_dir / "generation", model)
     (model / MARKER_NAME).unlink()  # served under the directory's name, like a real checkpoint
-    write_reasoner_files(model, 0)
     config = {"stages": {"realtime": {"enabled": False},
                          "reasoner": {"colocate_with_generation": colocated}}}
     server = ServerProcess(tmp_path, config, args=["--model-path", str(model)])
@@ -55,5 +53,7 @@ def test_one_directory_serves_generation_and_reasoning(tmp_path: Path, dev_model
             image = http.post("/v1/images/generations", timeout=300, json={
                 "prompt": "x", "size": "64x64", "num_inference_steps": 2})
             assert image.status_code == 200, image.text
+        # colocated: the reasoner holds no second copy of the understanding weights
+        assert ("reasoner shares" in server.log()) is colocated
     finally:
         server.stop()
