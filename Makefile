@@ -1,5 +1,6 @@
 # The two commands: `make serve` and `make test`. Both create .venv if missing and install the
-# project with the CPU build of torch (pinned in the same pip command, see shared cpu-stack notes).
+# project with the CPU build of torch (pinned in the same pip command, see shared cpu-stack notes),
+# and the `ray` extra so the scale-out tests (tests/integration/cluster) run rather than skip.
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -7,6 +8,10 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
+# BROWSER=0 leaves the browser tests (tests/e2e) out, explicitly; by default `make test` finds
+# or installs Chromium (tests/e2e/ensure-chromium.sh) or stops with what to do. Under
+# `make test` a test never skips for something the machine lacks (WORLDSERVE_TEST_STRICT=1).
+BROWSER ?= 1
 
 .PHONY: serve test lint install dev-models clean
 
@@ -14,7 +19,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q torch==2.13.0 -e ".[dev]"
+	$(BIN)/pip install -q torch==2.13.0 -e ".[dev,ray]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -28,8 +33,17 @@ serve: dev-models
 lint: $(STAMP)
 	$(BIN)/ruff check worldserve tests benchmarks
 
+ifeq ($(BROWSER),0)
 test: $(STAMP) lint
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	WORLDSERVE_TEST_STRICT=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+		$(BIN)/python -m pytest -q --ignore=tests/e2e $(PYTEST_ARGS)
+else
+test: $(STAMP) lint
+	@chromium="$$(tests/e2e/ensure-chromium.sh)" && \
+	echo "browser tests: $$chromium" && \
+	WORLDSERVE_E2E_CHROMIUM="$$chromium" WORLDSERVE_TEST_STRICT=1 HF_HUB_OFFLINE=1 \
+		TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+endif
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

@@ -9,6 +9,11 @@
     .venv/bin/python benchmarks/generation.py [--n 10] [--size 128x128] [--steps 8]
 
 Prints one JSON line at the end: {"server_overhead_ratio": ..., "batch_speedup_c4": ...}.
+
+`--model cosmos3` measures Cosmos3 instead (benchmarks/generation_cosmos3.py): server over
+direct-pipeline latency and the interleaving ratio, e.g.
+
+    .venv/bin/python benchmarks/generation.py --model cosmos3 --n 3 --size 64x64 --steps 8
 """
 
 from __future__ import annotations
@@ -32,10 +37,11 @@ from worldserve import envs  # noqa: E402
 
 
 def dev_generation_dir() -> Path:
+    """The Wan dev checkpoint (dev-models' generation/ is Cosmos3 now)."""
     root = envs.dev_models_dir()
     subprocess.run([sys.executable, "-m", "worldserve", "dev-models", "build", str(root)],
                    check=True)
-    return root / "generation"
+    return root / "wan"
 
 
 # Stage and in-process baseline use the same number of torch threads.
@@ -107,6 +113,7 @@ def throughput(server: ServerProcess, args: argparse.Namespace) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--model", choices=("wan", "cosmos3"), default="wan")
     parser.add_argument("--model-path", type=Path)
     parser.add_argument("--n", type=int, default=10)
     parser.add_argument("--size", default="128x128")
@@ -115,8 +122,13 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
-    model = args.model_path or dev_generation_dir()
     work = Path(tempfile.mkdtemp(prefix="bench-generation-"))
+    if args.model == "cosmos3":
+        from benchmarks.generation_cosmos3 import run
+
+        print(json.dumps(run(args, work)))
+        return
+    model = args.model_path or dev_generation_dir()
     batched = start(model, work, max_batch_size=4)
     try:
         direct, via_server = paired_ms(batched, model, args)

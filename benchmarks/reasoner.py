@@ -9,7 +9,11 @@ one model and one set of frames:
 2. flatness over a long session: p95 latency of the last 100 frames / p95 of frames 10-110;
 3. aggregate frames/s with 1, 2 and 4 concurrent sessions.
 
-    python benchmarks/reasoner.py [--model-path DIR] [--flat-frames 1000]
+    python benchmarks/reasoner.py [--model qwen-vl|cosmos3|cosmos3-edge] [--model-path DIR]
+                                  [--flat-frames 1000] [--profile]
+
+`--model` picks a dev checkpoint (built on first use); `--profile` runs the 4-session part
+again under cProfile and prints where the time goes.
 
 Prints one JSON line per part and a final summary line.
 """
@@ -210,6 +214,48 @@ def part_concurrency(bench: Bench, frames: list[bytes], num_sessions: int, per_s
     return num_sessions * per_session / elapsed
 
 
+def dev_model_path(model: str) -> Path:
+    """The dev checkpoint of `--model` (built into the dev cache when missing)."""
+    from worldserve.models.dev import BUILDERS, build_dev_models
+
+    root = envs.dev_models_dir()
+    if model == "cosmos3-edge":
+        from worldserve.models.cosmos3_reasoner.dev import build_edge
+
+        target = root / "bench-cosmos3-edge"
+        if not (target / "config.json").is_file():
+            target.mkdir(parents=True, exist_ok=True)
+            build_edge(target, 0)
+        return target
+    name = {"qwen-vl": "reasoner", "cosmos3": "cosmos3-reasoner"}[model]
+    if not (root / name / "worldserve_dev.json").is_file():
+        build_dev_models(root)
+    assert name in BUILDERS
+    return root / name
+
+
+def profile_concurrency(bench: Bench, frames: list[bytes], per_session: int, max_tokens: int,
+                        top: int = 12) -> dict:
+    """Where the 4-session time goes: the functions with the most cumulative time."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    part_concurrency(bench, frames, 4, per_session, max_tokens)
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    total = stats.total_tt
+    rows = []
+    for (path, line, func), (_, calls, tottime, cumtime, _) in stats.stats.items():
+        rows.append({"function": f"{Path(path).name}:{line}:{func}", "calls": calls,
+                     "self_s": round(tottime, 3), "cum_s": round(cumtime, 3),
+                     "cum_share": round(cumtime / total, 3) if total else 0.0})
+    by_cum = sorted(rows, key=lambda r: r["cum_s"], reverse=True)[:top]
+    by_self = sorted(rows, key=lambda r: r["self_s"], reverse=True)[:top]
+    return {"total_s": round(total, 3), "by_cumulative": by_cum, "by_self": by_self}
+
+
 def _close(sid: str):
     from worldserve.ipc.messages import CloseSession
 
@@ -218,7 +264,11 @@ def _close(sid: str):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model-path", type=Path, default=envs.dev_models_dir() / "reasoner")
+    parser.add_argument("--model", choices=["qwen-vl", "cosmos3", "cosmos3-edge"],
+                        default="qwen-vl", help="dev checkpoint (ignored with --model-path)")
+    parser.add_argument("--model-path", type=Path, default=None)
+    parser.add_argument("--profile", action="store_true",
+                        help="profile the 4-session part (cProfile, top functions)")
     parser.add_argument("--frame-size", type=int, default=224)
     parser.add_argument("--window-frames", type=int, default=40)
     parser.add_argument("--flat-frames", type=int, default=1000)
@@ -237,8 +287,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     SAMPLING["temperature"] = args.temperature
     frames = make_frames(40, args.frame_size)
-    bench = Bench(args.model_path, args.spec)
-    summary: dict[str, float] = {}
+    model_path = args.model_path or dev_model_path(args.model)
+    bench = Bench(model_path, args.spec)
+    summary: dict[str, float | str] = {"model": str(model_path)}
     window = part_window(bench, frames, args.window_frames, 8, args.max_tokens)
     print(json.dumps(window), flush=True)
     summary["naive_over_session_ttft_w8"] = round(window["naive_over_session_ttft"], 2)
@@ -249,6 +300,9 @@ def main() -> None:
         fps = part_concurrency(bench, frames, n, args.per_session, args.max_tokens)
         print(json.dumps({"part": "concurrency", "sessions": n, "fps": fps}), flush=True)
         summary[f"fps_{n}"] = round(fps, 2)
+    if args.profile:
+        profile = profile_concurrency(bench, frames, args.per_session, args.max_tokens)
+        print(json.dumps({"part": "profile", "sessions": 4, **profile}), flush=True)
     extra = bench.engine.stats()["extra"]
     if "spec_drafted" in extra:
         print(json.dumps({"part": "speculation", "drafted": extra["spec_drafted"],

@@ -61,3 +61,15 @@ def live_server(
     server.wait_healthy()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def cosmos3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny seeded Cosmos3 generator (sound and action heads), built once per session."""
+    from worldserve.models.cosmos3.dev import build_cosmos3
+
+    target = tmp_path_factory.mktemp("cosmos3")
+    build_cosmos3(target, 0)
+    # The dev marker: the engine then uses the small dev sampling defaults (warmup included).
+    (target / "worldserve_dev.json").write_text('{"name": "cosmos3-test"}')
+    return target

@@ -25,6 +25,8 @@ dev_models_app = typer.Typer(help="Tiny built-in development checkpoints.", no_a
 app.add_typer(dev_models_app, name="dev-models")
 
 DEV_STAGE_DIRS = ("generation", "reasoner", "realtime")
+NIM_PANEL = "Live video reasoning (NIM settings; each flag wins over its NIM_* variable)"
+CLUSTER_PANEL = "Scale-out on Ray Serve (docs/scale-out.md)"
 
 
 def _usage_error(message: str) -> typer.Exit:
@@ -33,13 +35,18 @@ def _usage_error(message: str) -> typer.Exit:
 
 
 def _model_overrides(model_path: Path | None) -> dict[str, Any]:
-    """`--model-path DIR`: a dev-models folder (per-stage subfolders) or a generation model."""
+    """`--model-path DIR`: a dev-models folder (per-stage subfolders), or one model directory
+    serving every stage a family detects in it (a Cosmos3 directory: generation and reasoner);
+    anything else is the generation model."""
     if model_path is None:
         return {}
     subdirs = [name for name in DEV_STAGE_DIRS if (model_path / name).is_dir()]
     if subdirs:
         return {f"stages.{name}.model_path": str(model_path / name) for name in subdirs}
-    return {"stages.generation.model_path": str(model_path)}
+    from worldserve.models.registry import stage_kinds  # JSON reads only, no torch
+
+    kinds = [kind for kind in stage_kinds(model_path) if kind in DEV_STAGE_DIRS]
+    return {f"stages.{kind}.model_path": str(model_path) for kind in kinds or ["generation"]}
 
 
 def _fill_dev_model_paths(config: ServerConfig) -> ServerConfig:
@@ -66,6 +73,11 @@ def _fill_dev_model_paths(config: ServerConfig) -> ServerConfig:
     for name in missing:
         data["stages"][name]["model_path"] = str(root / name)
     return ServerConfig.model_validate(data)
+
+
+def _nim(help_text: str) -> Any:
+    """An optional `serve` flag of the NIM settings panel (None: not given on the command line)."""
+    return typer.Option(None, help=help_text, rich_help_panel=NIM_PANEL)
 
 
 def _admin_key(admin_key_file: Path | None) -> str | None:
@@ -123,8 +135,65 @@ def serve(
     forwarded_allow_ips: Optional[str] = typer.Option(
         None, help="Proxies trusted for X-Forwarded-Proto/For/Host [default: 127.0.0.1]."
     ),
+    # --- Live video reasoning: the NIM settings (spec streaming-reasoning.md section 2). Each
+    # flag wins over its NIM_* variable, which wins over the YAML file.
+    enable_streaming: Optional[bool] = typer.Option(
+        None, "--enable-streaming/--disable-streaming", rich_help_panel=NIM_PANEL,
+        help="Streaming routes on/off ($NIM_ENABLE_STREAMING; default on)."),
+    streaming_max_sessions: Optional[int] = _nim(
+        "Live sessions, WebSocket and REST ($NIM_STREAMING_MAX_SESSIONS; 2)."),
+    streaming_max_video_segments: Optional[int] = _nim(
+        "Default retained frames ($NIM_STREAMING_MAX_VIDEO_SEGMENTS; 8)."),
+    streaming_idle_timeout_s: Optional[float] = _nim(
+        "WebSocket session idle timeout ($NIM_STREAMING_IDLE_TIMEOUT_S; 900)."),
+    streaming_rest_idle_timeout_s: Optional[float] = _nim(
+        "REST session idle timeout ($NIM_STREAMING_REST_IDLE_TIMEOUT_S; 120)."),
+    streaming_frame_timeout_s: Optional[float] = _nim("Per-frame ceiling in seconds (120)."),
+    streaming_image_budget: Optional[int] = _nim(
+        "Per-session image limit, never below 2 x sessions x segments "
+        "($NIM_MAX_IMAGES_PER_PROMPT)."),
+    streaming_encoder_capacity: Optional[int] = _nim(
+        "Shared encoder capacity (default: the image budget)."),
+    streaming_spec_method: Optional[str] = _nim(
+        "none | ngram ($NIM_STREAMING_SPEC_METHOD; none)."),
+    streaming_spec_num_tokens: Optional[int] = _nim(
+        "Draft tokens per step ($NIM_STREAMING_SPEC_NUM_TOKENS; 3)."),
+    guided_decoding_backend: Optional[str] = _nim(
+        "llguidance ($NIM_GUIDED_DECODING_BACKEND; llguidance)."),
+    reasoner_model_name: Optional[str] = _nim(
+        "Name reported as `model` (default: the model id or path)."),
+    # --- scale-out (issue 15): docs/scale-out.md
+    cluster: Optional[str] = typer.Option(
+        None, rich_help_panel=CLUSTER_PANEL,
+        help="'ray': serve on a Ray Serve cluster (extra worldserve[ray])."
+    ),
+    ray_address: Optional[str] = typer.Option(
+        None, rich_help_panel=CLUSTER_PANEL,
+        help="With --cluster ray: join this Ray cluster [default: start a local one]."
+    ),
+    replicas: Optional[str] = typer.Option(
+        None, rich_help_panel=CLUSTER_PANEL,
+        help="With --cluster ray: replicas per stage, e.g. generation=2,reasoner=1."
+    ),
+    api_replicas: int = typer.Option(1, min=1, rich_help_panel=CLUSTER_PANEL,
+                                     help="With --cluster ray: api replicas."),
 ) -> None:
     """Start the api process and its stage processes."""
+    streaming = "stages.reasoner.streaming"
+    nim_overrides: dict[str, Any] = {
+        f"{streaming}.enabled": enable_streaming,
+        f"{streaming}.max_sessions": streaming_max_sessions,
+        f"{streaming}.max_video_segments": streaming_max_video_segments,
+        f"{streaming}.idle_timeout_s": streaming_idle_timeout_s,
+        f"{streaming}.rest_idle_timeout_s": streaming_rest_idle_timeout_s,
+        f"{streaming}.frame_timeout_s": streaming_frame_timeout_s,
+        f"{streaming}.image_budget": streaming_image_budget,
+        f"{streaming}.encoder_capacity": streaming_encoder_capacity,
+        f"{streaming}.spec_method": streaming_spec_method,
+        f"{streaming}.spec_num_tokens": streaming_spec_num_tokens,
+        "stages.reasoner.guided_decoding_backend": guided_decoding_backend,
+        "stages.reasoner.served_model_name": reasoner_model_name,
+    }
     overrides: dict[str, Any] = {
         "host": host,
         "port": port,
@@ -140,6 +209,7 @@ def serve(
         "public_url": public_url,
         "forwarded_allow_ips": forwarded_allow_ips,
         **_model_overrides(model_path),
+        **nim_overrides,
     }
     try:
         cfg = load_config(config, overrides)
@@ -154,11 +224,32 @@ def serve(
         level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     cfg = _fill_dev_model_paths(cfg)
+    if cluster is not None or ray_address is not None or replicas is not None:
+        raise typer.Exit(code=_serve_cluster(cfg, key, cluster, ray_address, replicas,
+                                             api_replicas))
     try:
         code = asyncio.run(_serve(cfg, key))
     except KeyboardInterrupt:
         code = 130
     raise typer.Exit(code=code)
+
+
+def _serve_cluster(cfg: ServerConfig, key: str | None, cluster: str | None,
+                   ray_address: str | None, replicas: str | None, api_replicas: int) -> int:
+    """`--cluster ray`: the only path that imports Ray (worldserve/cluster)."""
+    if cluster != "ray":
+        raise _usage_error("--ray-address and --replicas need --cluster ray"
+                           if cluster is None else f"--cluster must be 'ray' (got '{cluster}')")
+    try:
+        from worldserve.cluster.app import ClusterOptions, parse_replicas, run
+    except ImportError as exc:
+        raise _usage_error(f"--cluster ray needs Ray Serve: pip install 'worldserve[ray]' ({exc})")
+    try:
+        counts = parse_replicas(replicas)
+    except ValueError as exc:
+        raise _usage_error(str(exc))
+    options = ClusterOptions(ray_address=ray_address, replicas=counts, api_replicas=api_replicas)
+    return run(cfg, key, options)
 
 
 async def _serve(cfg: ServerConfig, key: str | None) -> int:

@@ -8,10 +8,18 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from worldserve import envs
 
@@ -35,8 +43,43 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# server_args_overrides keys that worldserve owns (spec native-media.md section 1.3).
+OWNED_OVERRIDES = frozenset({"gpu_ids", "base_gpu_id", "model_path", "scheduler_rpc_timeout"})
+
+
+def _lift_overrides(data: Any, lifted: dict[str, str], accepted: frozenset[str]) -> Any:
+    """Move the `server_args_overrides` keys worldserve acts on into their stage fields (the
+    seed's spelling, e.g. `warmup_mode`); refuse every key it would otherwise ignore."""
+    if not isinstance(data, dict) or not isinstance(data.get("server_args_overrides"), dict):
+        return data
+    data = dict(data)
+    overrides = dict(data["server_args_overrides"])
+    for key, field_name in lifted.items():
+        if key not in overrides:
+            continue
+        value = overrides.pop(key)
+        if field_name in data and data[field_name] != value:
+            raise ValueError(f"server_args_overrides.{key}={value!r} disagrees with "
+                             f"{field_name}={data[field_name]!r}; set one of them")
+        data[field_name] = value
+    for key in overrides:
+        if key in OWNED_OVERRIDES:
+            raise ValueError(f"server_args_overrides.{key}: worldserve sets this itself")
+        if key not in accepted:
+            known = ", ".join(sorted({*lifted, *accepted}))
+            raise ValueError(f"server_args_overrides.{key}: not a setting worldserve acts on "
+                             f"(known: {known})")
+    data["server_args_overrides"] = overrides
+    return data
+
+
 class StageConfig(_Frozen):
     """Settings every stage process shares."""
+
+    # server_args_overrides keys moved into a stage field (override key -> field name), and
+    # keys read from the overrides as they are; anything else is a startup error.
+    LIFTED_OVERRIDES: ClassVar[dict[str, str]] = {"warmup_mode": "warmup_mode"}
+    ACCEPTED_OVERRIDES: ClassVar[frozenset[str]] = frozenset({"host"})
 
     enabled: bool = True
     device: str = "cpu"
@@ -58,6 +101,11 @@ class StageConfig(_Frozen):
             raise ValueError(f"stage sockets bind loopback only; got {host!r} (use 127.0.0.1)")
         return host
 
+    @model_validator(mode="before")
+    @classmethod
+    def _known_overrides_only(cls, data: Any) -> Any:
+        return _lift_overrides(data, cls.LIFTED_OVERRIDES, cls.ACCEPTED_OVERRIDES)
+
     @field_validator("server_args_overrides")
     @classmethod
     def _override_host_is_loopback(cls, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -70,6 +118,9 @@ class StageConfig(_Frozen):
 
 class GenerationStageConfig(StageConfig):
     """Images, video jobs and actions."""
+
+    LIFTED_OVERRIDES: ClassVar[dict[str, str]] = {
+        "warmup_mode": "warmup_mode", "warmup_resolutions": "warmup_resolutions"}
 
     output_dir: Path = Path("outputs")
     max_batch_size: int = Field(default=4, ge=1, le=64)
@@ -88,6 +139,28 @@ class GenerationStageConfig(StageConfig):
     video_cancel_timeout_s: float = Field(default=10.0, ge=0)
     # Omit absolute `file_path(s)` from responses.
     hide_file_paths: bool = False
+    # Cosmos3: run the cosmos_guardrail safety checker (text before, video after generation);
+    # when true and the package is missing, the stage fails to start.
+    safety_checker: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _factory_output_dir(cls, data: Any) -> Any:
+        """The seed's spelling `factory: {output_dir: DIR}`; an explicit `output_dir` (the
+        `--output-dir` flag lands there) wins."""
+        if not isinstance(data, dict) or "factory" not in data:
+            return data
+        data = dict(data)
+        factory = data.pop("factory")
+        if not isinstance(factory, dict):
+            raise ValueError("factory: expected a mapping such as {output_dir: outputs}")
+        unknown = sorted(set(factory) - {"output_dir"})
+        if unknown:
+            raise ValueError(f"factory.{unknown[0]}: not a setting worldserve acts on "
+                             f"(known: output_dir)")
+        if "output_dir" in factory:
+            data.setdefault("output_dir", factory["output_dir"])
+        return data
 
     @field_validator("warmup_resolutions")
     @classmethod
@@ -135,6 +208,9 @@ class ReasonerStageConfig(StageConfig):
     max_prefill_tokens: int = Field(default=2048, ge=64)
     # Batch the decode steps of concurrent sessions into one forward.
     batch_decode: bool = True
+    # Grammar engine of guided_json/guided_choice/guided_regex: the hf and fake backends use
+    # llguidance; xgrammar/auto name the NIM's vllm backend and are refused here.
+    guided_decoding_backend: Literal["llguidance", "xgrammar", "auto"] = "llguidance"
     # `fake` backend only (protocol tests): delay of every reply, a 0-based frame index that is
     # never answered (frame timeouts), one that fails as an engine error, and whether the
     # backend claims streaming support (False: streaming routes answer 501).
@@ -143,9 +219,25 @@ class ReasonerStageConfig(StageConfig):
     fake_fail_on_frame: int | None = Field(default=None, ge=0)
     fake_streaming: bool = True
 
+    @field_validator("guided_decoding_backend")
+    @classmethod
+    def _guided_backend_is_served(cls, name: str, info: ValidationInfo) -> str:
+        if name != "llguidance":
+            backend = info.data.get("backend", "hf")
+            raise ValueError(f"{name!r} needs the NIM's vllm backend; the {backend} backend "
+                             f"supports 'llguidance'")
+        return name
+
 
 class RealtimeStageConfig(StageConfig):
     """Realtime world exploration (causal video model), a stage of its own."""
+
+    LIFTED_OVERRIDES: ClassVar[dict[str, str]] = {
+        "warmup_mode": "warmup_mode", "warmup_resolutions": "warmup_sizes"}
+    # The fake backend's test knobs (engines/realtime/fake.py).
+    ACCEPTED_OVERRIDES: ClassVar[frozenset[str]] = frozenset({
+        "host", "frames_per_chunk", "min_pulse_items", "fake_forward_ms", "fake_camera",
+        "fake_realtime_supported", "fake_lose_session_seed"})
 
     # `causal`: the causal video diffusion model; `fake`: synthetic frames for protocol tests.
     backend: Literal["causal", "fake"] = "causal"
@@ -176,6 +268,14 @@ class RealtimeStageConfig(StageConfig):
     # With warmup_mode "server": "WxH" sizes of the synthetic warm-up sessions (spec section 9);
     # None: the checkpoint's default size.
     warmup_sizes: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _fake_knobs_need_the_fake_backend(self) -> "RealtimeStageConfig":
+        knobs = sorted(set(self.server_args_overrides) - {"host"})
+        if knobs and self.backend != "fake":
+            raise ValueError(f"server_args_overrides.{knobs[0]}: only the fake backend reads "
+                             f"it (backend is {self.backend!r})")
+        return self
 
     @field_validator("warmup_sizes")
     @classmethod
@@ -239,13 +339,15 @@ class ServerConfig(_Frozen):
         return out
 
 
-def format_validation_error(err: ValidationError) -> str:
-    """One line per problem: `<dotted.path>: <message>`."""
+def format_validation_error(err: ValidationError, sources: dict[str, str] | None = None) -> str:
+    """One line per problem: `<dotted.path>: <message>`, plus `(from $VAR)` where an
+    environment variable set the key."""
     lines = []
     for item in err.errors():
         path = ".".join(str(p) for p in item["loc"]) or "<root>"
         msg = item["msg"].removeprefix("Value error, ")
-        lines.append(f"{path}: {msg}")
+        source = (sources or {}).get(path)
+        lines.append(f"{path}: {msg}" + (f" (from ${source})" if source else ""))
     return "; ".join(lines)
 
 
@@ -280,18 +382,27 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def build_config(data: dict[str, Any], overrides: dict[str, Any] | None = None) -> ServerConfig:
-    """Validate `data` with dotted-path `overrides` applied on top (CLI flags, environment)."""
+    """Validate `data` (YAML) with the environment's settings and then the dotted-path
+    `overrides` (CLI flags) applied on top: flag > environment > YAML > default."""
     tree = dict(data)
+    try:
+        from_env = envs.config_settings()
+    except envs.EnvSettingError as exc:
+        raise ConfigError(f"invalid environment: {exc}") from None
+    sources: dict[str, str] = {}
+    for dotted, (value, variable) in from_env.items():
+        _set_dotted(tree, dotted, value)
+        sources[dotted] = variable
     for dotted, value in (overrides or {}).items():
         if value is not None:
             _set_dotted(tree, dotted, value)
-    streaming = envs.enable_streaming()
-    if streaming is not None:
-        _set_dotted(tree, "stages.reasoner.streaming.enabled", streaming)
+            sources.pop(dotted, None)
     try:
         return ServerConfig.model_validate(tree)
     except ValidationError as exc:
-        raise ConfigError(f"invalid configuration: {format_validation_error(exc)}") from None
+        raise ConfigError(
+            f"invalid configuration: {format_validation_error(exc, sources)}"
+        ) from None
 
 
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> ServerConfig:

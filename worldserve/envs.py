@@ -1,4 +1,5 @@
-"""Every WORLDSERVE_* environment variable, read here and nowhere else.
+"""Every environment variable worldserve reads (WORLDSERVE_*, the NIM aliases, NIM_URL), read
+here and nowhere else.
 
 Each accessor reads the environment when called, so tests can set variables per process.
 """
@@ -6,7 +7,9 @@ Each accessor reads the environment when called, so tests can set variables per 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from worldserve import __version__
 
@@ -40,14 +43,6 @@ def stage_start_timeout_s() -> float | None:
     return float(raw) if raw else None
 
 
-def enable_streaming() -> bool | None:
-    """WORLDSERVE_ENABLE_STREAMING: overrides stages.reasoner.streaming.enabled (1/0, true/false)"""
-    raw = os.environ.get("WORLDSERVE_ENABLE_STREAMING")
-    if raw is None or raw.strip() == "":
-        return None
-    return raw.strip().lower() in {"1", "true", "yes", "on"}
-
-
 def torch_num_threads() -> int | None:
     """WORLDSERVE_TORCH_THREADS: intra-op threads for each stage process (default: torch's)."""
     raw = os.environ.get("WORLDSERVE_TORCH_THREADS")
@@ -58,3 +53,98 @@ def server_url() -> str | None:
     """WORLDSERVE_URL: base URL that clients (`worldserve stream`) use (unset: their default)."""
     value = os.environ.get("WORLDSERVE_URL", "").strip()
     return value or None
+
+
+def nim_url() -> str | None:
+    """NIM_URL: the NIM cookbook's base URL for the stream client (after WORLDSERVE_URL)."""
+    value = os.environ.get("NIM_URL", "").strip()
+    return value or None
+
+
+class EnvSettingError(ValueError):
+    """A malformed environment variable; the message names it."""
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+DEFAULT_SPEC_NUM_TOKENS = 3
+
+
+def _parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE | _FALSE:
+        return value in _TRUE
+    raise ValueError("expected true or false (also 1/0, yes/no, on/off)")
+
+
+def _parse_int(raw: str) -> int:
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise ValueError("expected an integer") from None
+
+
+def _parse_float(raw: str) -> float:
+    try:
+        return float(raw.strip())
+    except ValueError:
+        raise ValueError("expected a number") from None
+
+
+def _parse_word(raw: str) -> str:
+    return raw.strip().lower()
+
+
+def _parse_spec_num_tokens(raw: str) -> int:
+    """The NIM's own rule (spec streaming-reasoning section 2): values < 1 become 1, a
+    non-integer falls back to 3."""
+    try:
+        return max(1, int(raw.strip()))
+    except ValueError:
+        return DEFAULT_SPEC_NUM_TOKENS
+
+
+@dataclass(frozen=True)
+class EnvSetting:
+    """One environment variable that sets one config key (dotted path)."""
+
+    variable: str
+    path: str
+    parse: Callable[[str], Any]
+
+
+_STREAMING = "stages.reasoner.streaming"
+# The NIM variables of spec streaming-reasoning.md section 2, then worldserve's own (which win
+# over a NIM alias of the same key). Precedence overall: flag > environment > YAML > default.
+ENV_SETTINGS: tuple[EnvSetting, ...] = (
+    EnvSetting("NIM_ENABLE_STREAMING", f"{_STREAMING}.enabled", _parse_bool),
+    EnvSetting("NIM_STREAMING_MAX_SESSIONS", f"{_STREAMING}.max_sessions", _parse_int),
+    EnvSetting("NIM_STREAMING_MAX_VIDEO_SEGMENTS", f"{_STREAMING}.max_video_segments",
+               _parse_int),
+    EnvSetting("NIM_STREAMING_IDLE_TIMEOUT_S", f"{_STREAMING}.idle_timeout_s", _parse_float),
+    EnvSetting("NIM_STREAMING_REST_IDLE_TIMEOUT_S", f"{_STREAMING}.rest_idle_timeout_s",
+               _parse_float),
+    EnvSetting("NIM_MAX_IMAGES_PER_PROMPT", f"{_STREAMING}.image_budget", _parse_int),
+    EnvSetting("NIM_STREAMING_SPEC_METHOD", f"{_STREAMING}.spec_method", _parse_word),
+    EnvSetting("NIM_STREAMING_SPEC_NUM_TOKENS", f"{_STREAMING}.spec_num_tokens",
+               _parse_spec_num_tokens),
+    EnvSetting("NIM_GUIDED_DECODING_BACKEND", "stages.reasoner.guided_decoding_backend",
+               _parse_word),
+    EnvSetting("WORLDSERVE_ENABLE_STREAMING", f"{_STREAMING}.enabled", _parse_bool),
+)
+
+
+def config_settings() -> dict[str, tuple[Any, str]]:
+    """Config keys set by the environment: dotted path -> (value, variable name).
+
+    Unset or empty variables are skipped; a malformed one raises EnvSettingError naming it."""
+    out: dict[str, tuple[Any, str]] = {}
+    for setting in ENV_SETTINGS:
+        raw = os.environ.get(setting.variable)
+        if raw is None or raw.strip() == "":
+            continue
+        try:
+            out[setting.path] = (setting.parse(raw), setting.variable)
+        except ValueError as exc:
+            raise EnvSettingError(f"{setting.variable}={raw!r}: {exc}") from None
+    return out

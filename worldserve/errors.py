@@ -108,6 +108,20 @@ class InternalError(WorldserveError):
     error_type = "server_error"
 
 
+class SessionLost(WorldserveError):
+    """The replica that held the session's state is gone (cluster mode); nothing migrates."""
+
+    code = "session_lost"
+    error_type = "session_lost_error"
+
+
+class ReplicaLost(WorldserveError):
+    """The replica running an unfinished job is gone (cluster mode); the job failed."""
+
+    code = "replica_lost"
+    error_type = "server_error"
+
+
 # class -> (HTTP status, WebSocket close code). The one place where statuses and close codes
 # are decided. Close codes follow streaming-reasoning §8.4: 1008 for protocol, configuration,
 # admission (capacity included), session and idle errors; 1011 for failures on our side. (1009
@@ -119,6 +133,7 @@ _TABLE: dict[type[WorldserveError], tuple[int, int]] = {
     NotFound: (404, 1008),
     IdleTimeout: (408, 1008),
     Conflict: (409, 1008),
+    SessionLost: (410, 1008),
     PayloadTooLarge: (413, 1008),
     UnsupportedMediaType: (415, 1008),
     NotSupported: (501, 1011),
@@ -127,6 +142,7 @@ _TABLE: dict[type[WorldserveError], tuple[int, int]] = {
     StageUnavailable: (503, 1011),
     WeightsReleased: (503, 1011),
     RequestTimeout: (504, 1011),
+    ReplicaLost: (503, 1011),
     InternalError: (500, 1011),
     WorldserveError: (500, 1011),
 }

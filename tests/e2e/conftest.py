@@ -1,7 +1,9 @@
 """Browser tests: Debian's Chromium driven by Playwright against live servers.
 
-No browser download: Playwright launches /usr/bin/chromium (CI installs it, see .ci/run).
-Without it, or without the `playwright` package, every test here skips with the reason.
+No browser download: Playwright launches /usr/bin/chromium or $WORLDSERVE_E2E_CHROMIUM
+(`make test` finds or installs it with tests/e2e/ensure-chromium.sh, as CI's .ci/run does).
+Without it, or without the `playwright` package, a plain `pytest` run skips every test here
+with the reason; under `make test` (WORLDSERVE_TEST_STRICT=1) they fail instead.
 Screenshots go to test-artifacts/ (gitignored) for a person to look at.
 """
 
@@ -15,6 +17,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
+from tests.support.machine import missing, require_module
 from tests.support.server import REPO_ROOT, ServerProcess
 
 CHROMIUM = Path(os.environ.get("WORLDSERVE_E2E_CHROMIUM", "/usr/bin/chromium"))
@@ -48,11 +51,8 @@ def _has_module(name: str) -> bool:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("the playwright package is not installed (pip install -e '.[dev]')")
+        missing(f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium)")
+    sync_playwright = require_module("playwright.sync_api").sync_playwright
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         yield browser

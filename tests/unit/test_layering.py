@@ -28,6 +28,9 @@ ENGINE_MODEL_IMPORTS = ("worldserve.models.registry", "worldserve.models.types")
 # Known current violations, as (file, imported module). Empty: keep it that way.
 ALLOWED: set[tuple[str, str]] = set()
 MODEL_BASES = {"Module", "ModelMixin", "PreTrainedModel"}
+# Ray (scale-out, extra worldserve[ray]) is imported only here; the cli reaches it only through
+# worldserve.cluster, under `--cluster ray`.
+RAY_IMPORTERS = ("worldserve/cluster/",)
 
 
 def modules() -> list[tuple[str, ast.Module]]:
@@ -68,6 +71,20 @@ def test_import_rules_hold() -> None:
             if bad and (path, name) not in ALLOWED:
                 broken.append(f"{path} imports {name}")
     assert not broken, "layering broken:\n" + "\n".join(sorted(set(broken)))
+
+
+def test_only_the_cluster_package_imports_ray() -> None:
+    found = [f"{path} imports {name}" for path, tree in modules()
+             if not path.startswith(RAY_IMPORTERS)
+             for name in imported(tree) if matches(name, "ray")]
+    assert not found, "ray imported outside worldserve/cluster/:\n" + "\n".join(found)
+
+
+def test_nothing_but_the_cli_imports_the_cluster_package() -> None:
+    found = [f"{path} imports {name}" for path, tree in modules()
+             if not path.startswith(RAY_IMPORTERS) and path != "worldserve/cli.py"
+             for name in imported(tree) if matches(name, "worldserve.cluster")]
+    assert not found, "worldserve.cluster imported outside the cli:\n" + "\n".join(found)
 
 
 def test_model_classes_live_under_models() -> None:

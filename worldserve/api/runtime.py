@@ -34,6 +34,9 @@ class ServerRuntime:
     stage_pids: dict[str, int | None] = field(default_factory=dict)
     # Awaited on orderly shutdown, before the stages stop (e.g. live jobs become `cancelled`).
     shutdown_hooks: list[ShutdownHook] = field(default_factory=list)
+    # Appended to the ids this api mints (job and session ids). Cluster mode sets
+    # ".<api replica>" so that its ingress router can send later calls to this replica.
+    id_tag: str = ""
 
     async def run_shutdown_hooks(self) -> None:
         """Run every hook with a time bound; one failing hook does not stop the others."""

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import socket
 import sys
 from typing import Iterator
 
 import uvicorn
 
 from worldserve.api.app import create_app
-from worldserve.api.runtime import ServerRuntime
+from worldserve.api.runtime import SHUTDOWN_HOOK_TIMEOUT_S, ServerRuntime, ShutdownHook
+from worldserve.api.services import ApiServices
 from worldserve.config import ServerConfig, is_loopback_host
 from worldserve.runtime.supervisor import StageStartError, Supervisor
 
@@ -21,6 +24,19 @@ WS_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
 class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, before_shutdown: ShutdownHook) -> None:
+        super().__init__(config)
+        self._before_shutdown = before_shutdown
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # Before uvicorn drops the connections (open WebSockets would get 1012 from it): the
+        # app closes its WebSockets with 1001 and deletes the streaming sessions.
+        try:
+            await asyncio.wait_for(self._before_shutdown(), SHUTDOWN_HOOK_TIMEOUT_S)
+        except Exception:
+            log.exception("closing the open sessions on shutdown failed")
+        await super().shutdown(sockets)
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         # uvicorn re-raises SIGTERM/SIGINT after its shutdown, which would kill this process
@@ -56,12 +72,13 @@ async def serve(config: ServerConfig, admin_key: str | None) -> int:
     runtime = ServerRuntime(config=config, clients=supervisor.clients, admin_key=admin_key,
                             stage_pids={n: s.pid for n, s in supervisor.stages.items()})
     app = create_app(runtime)
+    services: ApiServices = app.state.services
     server = _Server(uvicorn.Config(
         app, host=config.host, port=config.port, log_level=config.log_level,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, ws_max_size=WS_MAX_MESSAGE_BYTES,
         access_log=config.log_level == "debug",
         proxy_headers=False,  # the app's ForwardedHeadersMiddleware does it (api/middleware.py)
-    ))
+    ), before_shutdown=services.before_shutdown)
     try:
         await server.serve()
         if not server.started and exit_code == 0:

@@ -8,7 +8,7 @@ previous run left live; the app's lifespan starts its retention sweeper.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator, TypeVar
 
 from fastapi import FastAPI
@@ -18,6 +18,7 @@ from worldserve.api.jobs.enhancer import PromptEnhancer, load_enhancer_config
 from worldserve.api.jobs.service import MediaService
 from worldserve.api.realtime.service import RealtimeService
 from worldserve.api.runtime import ServerRuntime
+from worldserve.api.sockets import OpenSockets
 from worldserve.api.streaming.chat import ChatService
 from worldserve.api.streaming.service import StreamingService
 from worldserve.errors import InternalError
@@ -31,6 +32,16 @@ class ApiServices:
     streaming: StreamingService | None = None
     chat: ChatService | None = None
     realtime: RealtimeService | None = None
+    # The open streaming and realtime WebSockets (closed with 1001 on shutdown).
+    sockets: OpenSockets = field(default_factory=OpenSockets)
+
+    async def before_shutdown(self) -> None:
+        """Orderly shutdown, before the HTTP server drops its connections: every open WebSocket
+        gets 1001 `server shutting down`, then the streaming sessions left (REST ones) are
+        deleted, releasing their caches in the reasoner stage."""
+        await self.sockets.close_all()
+        if self.streaming is not None:
+            await self.streaming.close_all()
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:

@@ -306,7 +306,9 @@ def stream_command(
     url: Optional[str] = typer.Option(
         None,
         "--url",
-        help="Server base URL (default: $WORLDSERVE_URL, else http://localhost:8000).",
+        "--nim-url",
+        help="Server base URL (default: $WORLDSERVE_URL, else $NIM_URL, else "
+        "http://localhost:8000). --nim-url is the NIM cookbook's name.",
     ),
     transport: Optional[str] = typer.Option(
         None,
@@ -316,7 +318,7 @@ def stream_command(
     backend: str = typer.Option(
         "standalone",
         "--backend",
-        help="standalone | dynamo (selects the pre-flight; dynamo is REST only).",
+        help="standalone (alias: nim) | dynamo (selects the pre-flight; dynamo is REST only).",
     ),
     frame_format: Optional[str] = typer.Option(
         None,
@@ -353,11 +355,16 @@ def stream_command(
     raise typer.Exit(code=code)
 
 
+# The NIM cookbook's `--backend nim` is worldserve's standalone pre-flight.
+BACKEND_ALIASES = {"nim": "standalone"}
+DEFAULT_URL = "http://localhost:8000"
+
+
 def build_options(flags: dict[str, Any]) -> StreamOptions:
     """Fill in the defaults that depend on other flags; check the choice flags."""
     choices = {
         "transport": ("websocket", "rest"),
-        "backend": ("standalone", "dynamo"),
+        "backend": ("standalone", "nim", "dynamo"),
         "frame_format": ("binary", "base64"),
     }
     for name, allowed in choices.items():
@@ -366,12 +373,12 @@ def build_options(flags: dict[str, Any]) -> StreamOptions:
                 f"--{name.replace('_', '-')} must be one of "
                 f"{', '.join(allowed)}, got {flags[name]!r}"
             )
-    transport = flags["transport"] or ("rest" if flags["backend"] == "dynamo" else "websocket")
+    backend = BACKEND_ALIASES.get(flags["backend"], flags["backend"])
+    transport = flags["transport"] or ("rest" if backend == "dynamo" else "websocket")
     frame_format = flags["frame_format"] or ("binary" if transport == "websocket" else "base64")
-    url = (flags["url"] or envs.server_url() or "http://localhost:8000").rstrip("/")
-    return StreamOptions(
-        **{**flags, "url": url, "transport": transport, "frame_format": frame_format}
-    )
+    url = (flags["url"] or envs.server_url() or envs.nim_url() or DEFAULT_URL).rstrip("/")
+    return StreamOptions(**{**flags, "url": url, "backend": backend, "transport": transport,
+                            "frame_format": frame_format})
 
 
 def main() -> None:

@@ -124,6 +124,16 @@ class LoraRef(msgspec.Struct, kw_only=True):
 
     name: str
     scale: float | None = None
+class ActionCondition(msgspec.Struct, kw_only=True):
+    """A Cosmos3 action run (`CosmosActionCondition`): the observation is the request's
+    `condition_images[0]` (policy, forward_dynamics) or `condition_video` (any mode)."""
+
+    mode: str  # policy | forward_dynamics | inverse_dynamics
+    chunk_size: int  # action_horizon; the clip has chunk_size + 1 frames
+    domain_name: str
+    resolution_tier: int = 480
+    view_point: str = "ego_view"
+    raw_actions: list[list[float]] | None = None  # forward_dynamics: [T][raw_action_dim]
 
 
 class GenerationParams(msgspec.Struct, kw_only=True):
@@ -131,6 +141,8 @@ class GenerationParams(msgspec.Struct, kw_only=True):
 
     `num_frames` 1 is an image. `condition_images` are encoded image files (PNG/JPEG/WebP);
     their presence makes the request image-conditioned (never batched with others).
+    `condition_video` (an encoded video file) and `action` condition a request likewise.
+    Models that do not declare a field never see it set (the api refuses it first).
     """
 
     prompt: str
@@ -148,6 +160,12 @@ class GenerationParams(msgspec.Struct, kw_only=True):
     # LoRA adapters active for this request (loaded with POST /admin/lora/load); [] = the base
     # model. Requests with different selections never share a batch.
     lora: list[LoraRef] = []
+    fps: float | None = None  # models whose sampling depends on it (Cosmos3)
+    generate_sound: bool = False
+    condition_video: bytes | None = None
+    condition_frame_indexes_vision: list[int] | None = None
+    condition_video_keep: str | None = None  # first | last
+    action: ActionCondition | None = None
 
 
 class GenerateMedia(Request):
@@ -183,6 +201,15 @@ class GenerationProgress(Reply):
     phase: str = "denoising"
 
 
+class ActionOutput(msgspec.Struct, kw_only=True):
+    """Predicted actions of one output: float32 C-order bytes of `shape`."""
+
+    values: bytes
+    shape: list[int]
+    action_mode: str
+    domain_id: int | None = None
+
+
 class GenerationResult(Reply):
     file_names: list[str]
     width: int
@@ -190,6 +217,7 @@ class GenerationResult(Reply):
     num_frames: int
     inference_time_s: float
     peak_memory_mb: float | None = None
+    actions: list[ActionOutput] = []  # one per output, for action runs that predict actions
 
 
 class GenerationCancelled(Reply):

@@ -53,7 +53,8 @@ def is_video_reference(value: str, content_type: str | None = None) -> bool:
     return lowered.rsplit("?", 1)[0].rsplit(".", 1)[-1] in VIDEO_EXTENSIONS
 
 
-async def _fetch(url: str, field: str, limit: int, policy: MediaPolicy) -> bytes:
+async def _fetch(url: str, field: str, limit: int, policy: MediaPolicy,
+                 kind: str = "image") -> bytes:
     """Download through worldserve's own fetcher (every redirect hop re-checked against the
     policy, non-public addresses refused), retrying 429 / 5xx / network errors (spec §2.3)."""
     hop_policy = dataclasses.replace(policy, max_bytes=limit, timeout_s=FETCH_TIMEOUT_S)
@@ -68,10 +69,13 @@ async def _fetch(url: str, field: str, limit: int, policy: MediaPolicy) -> bytes
             continue
         except PayloadTooLarge:
             raise _too_large(field, limit) from None
-        kind = fetched.content_type
-        if kind and not kind.startswith(("image/", "application/octet-stream")):
-            raise InvalidRequest(f"Failed to process image source: {field} has content type "
-                                 f"{kind!r}, not an image", param=field)
+        content_type = fetched.content_type
+        if content_type and not content_type.startswith((f"{kind}/",
+                                                         "application/octet-stream")):
+            raise InvalidRequest(f"Failed to process {kind} source: {field} has content type "
+                                 f"{content_type!r}, not an {kind}" if kind == "image" else
+                                 f"Failed to process {kind} source: {field} has content type "
+                                 f"{content_type!r}, not a {kind}", param=field)
         return fetched.data
     raise InvalidRequest(f"Failed to process image source: cannot download {field}", param=field)
 
@@ -99,4 +103,27 @@ async def read_image_reference(value: str, field: str, limit: int, policy: Media
         except PayloadTooLarge:
             raise _too_large(field, limit) from None
     check_image(data, field)
+    return data
+
+
+async def read_video_reference(value: str, field: str, limit: int, policy: MediaPolicy) -> bytes:
+    """A video file from a data URL, an http(s) URL or a local path (after the media policy);
+    400 unless PyAV finds a video stream in it."""
+    from worldserve.media.video import check_video
+
+    value = policy.check_reference(value, field)
+    if value.lower().startswith("data:"):
+        if len(value) // 4 * 3 > limit + 1024:
+            raise _too_large(field, limit)
+        _mime, data = decode_data_url(value, field=field, base64_only=True)
+        if len(data) > limit:
+            raise _too_large(field, limit)
+    elif is_remote_url(value):
+        data = await _fetch(value, field, limit, policy, kind="video")
+    else:
+        try:
+            data = await read_local(Path(value), limit)
+        except PayloadTooLarge:
+            raise _too_large(field, limit) from None
+    check_video(data, field)
     return data

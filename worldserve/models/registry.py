@@ -15,20 +15,40 @@ from typing import Any
 
 from worldserve.models.action_head.family import FAMILY as ACTION_HEAD
 from worldserve.models.causal_dit.family import FAMILY as CAUSAL_DIT
+from worldserve.models.cosmos3.family import FAMILY as COSMOS3
+from worldserve.models.cosmos3_reasoner.family import FAMILY as COSMOS3_REASONER
 from worldserve.models.detect import describe
 from worldserve.models.qwen_vl.family import FAMILY as QWEN_VL
 from worldserve.models.types import ModelFamily, ModelLoadError
 from worldserve.models.wan.family import FAMILY as WAN
 
-__all__ = ["FAMILIES", "ModelFamily", "load_runner", "resolve", "supported"]
+__all__ = ["FAMILIES", "ModelFamily", "load_runner", "resolve", "stage_kinds", "supported"]
 
 # Order matters: the first family whose `detect` matches (and that serves the stage kind) wins.
-FAMILIES: tuple[ModelFamily, ...] = (WAN, ACTION_HEAD, QWEN_VL, CAUSAL_DIT)
+FAMILIES: tuple[ModelFamily, ...] = (
+    COSMOS3,
+    WAN,
+    ACTION_HEAD,
+    QWEN_VL,
+    COSMOS3_REASONER,
+    CAUSAL_DIT,
+)
 
 
 def supported(stage_kind: str) -> list[str]:
     """Names of the families that serve `stage_kind`."""
     return [family.name for family in FAMILIES if stage_kind in family.loaders]
+
+
+def stage_kinds(model_dir: Path) -> list[str]:
+    """Every stage kind some family serves from `model_dir` (JSON reads only), e.g.
+    ["generation", "reasoner"] for a Cosmos3 directory holding the generator and the reasoner."""
+    model_dir = Path(model_dir)
+    kinds: list[str] = []
+    for family in FAMILIES:
+        if family.detect(model_dir):
+            kinds += [kind for kind in family.loaders if kind not in kinds]
+    return kinds
 
 
 def resolve(stage_kind: str, model_dir: Path) -> ModelFamily:

@@ -64,3 +64,33 @@ class ImageInput:
     pixel_values: Any
     grid_thw: Any
     num_tokens: int
+
+
+@dataclass
+class RowExtras:
+    """What a generation runner produces for one output row besides its frames: a waveform
+    (channels, samples) float in [-1, 1] at `sample_rate`, and predicted actions
+    (horizon, raw_action_dim) with their mode and domain."""
+
+    audio: Any = None
+    sample_rate: int | None = None
+    action: Any = None
+    action_mode: str | None = None
+    domain_id: int | None = None
+
+
+@dataclass(frozen=True)
+class RunnerFeatures:
+    """What a generation runner's checkpoint can do beyond plain text-to-image/video (the
+    engine copies it into the stage's capabilities; the api validates requests against it)."""
+
+    family: str = "wan"
+    image_edits: bool = True  # /v1/images/edits (Cosmos3: no, condition videos instead)
+    exact_num_frames: bool = False  # an explicit num_frames must be 1 mod temporal_stride
+    sound: bool = False
+    sound_sample_rate: int | None = None
+    video_conditioning: bool = False
+    action_generation: bool = False
+    padded_action_dim: int | None = None
+    action_domains: Mapping[str, int] | None = None  # domain name -> raw action width
+    action_domain_ids: Mapping[str, int] | None = None  # domain name -> domain id

@@ -103,8 +103,11 @@ def test_server_warmup_gates_health(tmp_path, gen_model_dir):
     data = json.loads(marker.read_text())
     data["sampling_defaults"] = {"num_inference_steps": 100}
     marker.write_text(json.dumps(data))
-    server = start_server(tmp_path, model, wait=False, warmup_mode="server", warmup_steps=100,
-                          warmup_resolutions=["256x256"])
+    # The seed's spelling: warmup_mode/warmup_resolutions inside server_args_overrides
+    # (config tests show it equals the stage fields).
+    server = start_server(tmp_path, model, wait=False, warmup_steps=100,
+                          server_args_overrides={"warmup_mode": "server",
+                                                 "warmup_resolutions": ["256x256"]})
     try:
         seen = []
 

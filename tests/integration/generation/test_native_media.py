@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.support.machine import require_module
 from worldserve.api.schemas.actions import decode_numpy, encode_numpy
 from worldserve.media.video import decode_frames
 
@@ -35,7 +36,7 @@ def http(gen_server):
 
 @pytest.fixture(scope="module")
 def sdk(gen_server):
-    openai = pytest.importorskip("openai")
+    openai = require_module("openai")
     return openai.OpenAI(base_url=gen_server.base_url + "/v1", api_key="unused", max_retries=0)
 
 

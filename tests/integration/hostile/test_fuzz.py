@@ -23,9 +23,10 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from tests.integration.hostile.conftest import PNG, assert_alive
+from tests.support.machine import require_module
 from tests.support.server import ServerProcess
 
-schemathesis = pytest.importorskip("schemathesis")
+schemathesis = require_module("schemathesis")
 from schemathesis.checks import not_a_server_error  # noqa: E402
 
 SCHEMA_EXAMPLES = 40

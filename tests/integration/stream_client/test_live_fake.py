@@ -157,3 +157,17 @@ def test_ctrl_c_deletes_the_session(server: ServerProcess, url: str, clip: Path,
     assert [r.status_code for r in created] == [201] * MAX_SESSIONS
     for response in created:
         httpx.delete(f"{url}/v1/streaming/sessions/{response.json()['session_id']}", timeout=10)
+
+
+@pytest.mark.parametrize("how", ["flag", "environment"])
+def test_nim_cookbook_names(url: str, clip: Path, how: str) -> None:
+    """--nim-url / $NIM_URL and --backend nim, as the cookbook writes them (a flag wins over a
+    $NIM_URL that points nowhere); REST binary frames still work against worldserve."""
+    args = ["--nim-url", url] if how == "flag" else []
+    env = {"NIM_URL": url if how == "environment" else "http://127.0.0.1:9",
+           "WORLDSERVE_URL": ""}  # empty = unset (it would win over $NIM_URL)
+    done = run_client(*args, "--backend", "nim", "--video", str(clip), "--fps", "2",
+                      "--max-frames", "2", "--transport", "rest", "--frame-format", "binary",
+                      env=env)
+    assert done.returncode == 0, done.stderr
+    assert "closed after 2 frames" in done.stdout

@@ -1,4 +1,5 @@
-"""Streaming switched off (WORLDSERVE_ENABLE_STREAMING=0): routes absent, chat still served."""
+"""Streaming switched off by the NIM variable (NIM_ENABLE_STREAMING=false): routes absent, chat
+still served. (WORLDSERVE_ENABLE_STREAMING is the same key: tests/unit/core/test_config.py.)"""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from tests.support.server import ServerProcess
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     workdir = tmp_path_factory.mktemp("disabled")
-    server = start_server(workdir, fake_config(workdir), env={"WORLDSERVE_ENABLE_STREAMING": "0"})
+    server = start_server(workdir, fake_config(workdir), env={"NIM_ENABLE_STREAMING": "false"})
     yield server
     server.stop()
 

@@ -31,15 +31,17 @@ from tests.support.server import ServerProcess
 FAST = {"max_tokens": 4}
 
 
-@pytest.fixture(scope="module")
+# The same contract suite on each dev reasoner: Qwen2.5-VL and Cosmos3 Omni.
+@pytest.fixture(scope="module", params=["reasoner", "cosmos3-reasoner"])
 def hf_server(
-    tmp_path_factory: pytest.TempPathFactory, dev_models_dir: Path
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, dev_models_dir: Path
 ) -> Iterator[ServerProcess]:
     workdir = tmp_path_factory.mktemp("hf")
     config = {
         "stages": {
             "generation": {"enabled": False},
-            "reasoner": {"backend": "hf", "model_path": str(dev_models_dir / "reasoner")},
+            "realtime": {"enabled": False},
+            "reasoner": {"backend": "hf", "model_path": str(dev_models_dir / request.param)},
         }
     }
     server = start_server(workdir, config)

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from worldserve.api.app import create_app
-from worldserve.api.routes.ops import overall_status
+from worldserve.api.routes.ops import overall_status, probe_status
 from worldserve.api.runtime import ServerRuntime
 from worldserve.config import build_config
 
@@ -28,6 +28,20 @@ def client_for(runtime: ServerRuntime, host: str) -> httpx.AsyncClient:
 )
 def test_overall_status(states: dict[str, str], expected: str) -> None:
     assert overall_status(states) == expected
+
+
+@pytest.mark.parametrize(
+    "states, expected",
+    [
+        ({"generation": "warming", "reasoner": "ready", "realtime": "failed"}, "ok"),
+        ({"generation": "ready", "reasoner": "loading", "realtime": "ready"}, "starting"),
+        ({"generation": "ready", "reasoner": "failed"}, "unhealthy"),
+        ({"generation": "warming", "realtime": "ready"}, "warming"),  # no reasoner: all count
+        ({"generation": "ready", "realtime": "ready"}, "ok"),
+    ],
+)
+def test_nim_probe_follows_the_reasoner_stage(states: dict[str, str], expected: str) -> None:
+    assert probe_status(states) == expected
 
 
 async def test_admin_without_key_answers_loopback_only() -> None:

@@ -84,3 +84,137 @@ def test_streaming_environment_override(monkeypatch: pytest.MonkeyPatch) -> None
 def test_round_trips_through_json_for_stage_processes() -> None:
     config = build_config({"stages": {"generation": {"model_path": "/m"}}})
     assert ServerConfig.model_validate_json(config.model_dump_json()) == config
+
+
+NIM_ROWS = [  # spec streaming-reasoning.md section 2: variable, raw value, config attribute, value
+    ("NIM_ENABLE_STREAMING", "false", "enabled", False),
+    ("NIM_STREAMING_MAX_SESSIONS", "5", "max_sessions", 5),
+    ("NIM_STREAMING_MAX_VIDEO_SEGMENTS", "4", "max_video_segments", 4),
+    ("NIM_STREAMING_IDLE_TIMEOUT_S", "30.5", "idle_timeout_s", 30.5),
+    ("NIM_STREAMING_REST_IDLE_TIMEOUT_S", "7", "rest_idle_timeout_s", 7.0),
+    ("NIM_MAX_IMAGES_PER_PROMPT", "64", "image_budget", 64),
+    ("NIM_STREAMING_SPEC_METHOD", "ngram", "spec_method", "ngram"),
+    ("NIM_STREAMING_SPEC_NUM_TOKENS", "5", "spec_num_tokens", 5),
+]
+
+
+@pytest.mark.parametrize(("variable", "raw", "attr", "value"), NIM_ROWS)
+def test_every_nim_variable_sets_its_key(monkeypatch: pytest.MonkeyPatch, variable: str,
+                                         raw: str, attr: str, value: object) -> None:
+    assert getattr(build_config({}).stages.reasoner.streaming, attr) != value
+    monkeypatch.setenv(variable, raw)
+    assert getattr(build_config({}).stages.reasoner.streaming, attr) == value
+
+
+def test_guided_decoding_backend_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NIM_GUIDED_DECODING_BACKEND", "LLGuidance")
+    assert build_config({}).stages.reasoner.guided_decoding_backend == "llguidance"
+    monkeypatch.setenv("NIM_GUIDED_DECODING_BACKEND", "xgrammar")
+    with pytest.raises(ConfigError, match=r"guided_decoding_backend: .*'xgrammar' needs the "
+                                          r"NIM's vllm backend.*\(from \$NIM_GUIDED_DECODING"):
+        build_config({})
+
+
+def test_precedence_is_flag_then_environment_then_yaml(monkeypatch: pytest.MonkeyPatch) -> None:
+    yaml_tree = {"stages": {"reasoner": {"streaming": {"max_sessions": 3}}}}
+    key = "stages.reasoner.streaming.max_sessions"
+    assert build_config(yaml_tree).stages.reasoner.streaming.max_sessions == 3
+    monkeypatch.setenv("NIM_STREAMING_MAX_SESSIONS", "4")
+    assert build_config(yaml_tree).stages.reasoner.streaming.max_sessions == 4
+    assert build_config(yaml_tree, {key: 6}).stages.reasoner.streaming.max_sessions == 6
+    assert build_config(yaml_tree, {key: None}).stages.reasoner.streaming.max_sessions == 4
+
+
+def test_worldserve_variable_wins_over_its_nim_alias(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NIM_ENABLE_STREAMING", "false")
+    monkeypatch.setenv("WORLDSERVE_ENABLE_STREAMING", "true")
+    assert build_config({}).stages.reasoner.streaming.enabled is True
+
+
+@pytest.mark.parametrize(("variable", "raw", "message"), [
+    ("NIM_ENABLE_STREAMING", "maybe", "NIM_ENABLE_STREAMING='maybe': expected true or false"),
+    ("NIM_STREAMING_MAX_SESSIONS", "two", "NIM_STREAMING_MAX_SESSIONS='two': expected an int"),
+    ("NIM_STREAMING_IDLE_TIMEOUT_S", "soon", "NIM_STREAMING_IDLE_TIMEOUT_S='soon': expected a"),
+    ("NIM_STREAMING_MAX_SESSIONS", "0", "max_sessions: .*(from $NIM_STREAMING_MAX_SESSIONS)"),
+    ("NIM_STREAMING_SPEC_METHOD", "dflash", "spec_method: .*(from $NIM_STREAMING_SPEC_METHOD)"),
+])
+def test_malformed_variable_is_an_error_naming_it(monkeypatch: pytest.MonkeyPatch,
+                                                  variable: str, raw: str, message: str) -> None:
+    monkeypatch.setenv(variable, raw)
+    with pytest.raises(ConfigError) as err:
+        build_config({})
+    parts = message.split(".*")
+    assert all(part in str(err.value) for part in parts), str(err.value)
+
+
+@pytest.mark.parametrize(("raw", "value"), [("0", 1), ("-4", 1), ("many", 3), ("2", 2)])
+def test_spec_num_tokens_follows_the_nim_rule(monkeypatch: pytest.MonkeyPatch, raw: str,
+                                              value: int) -> None:
+    # spec section 2 [C]: values < 1 become 1; a non-integer falls back to 3
+    monkeypatch.setenv("NIM_STREAMING_SPEC_NUM_TOKENS", raw)
+    assert build_config({}).stages.reasoner.streaming.spec_num_tokens == value
+
+
+def test_seed_spelling_of_warmup_equals_the_fields() -> None:
+    seed = build_config({"stages": {"generation": {"server_args_overrides": {
+        "warmup_mode": "server", "warmup_resolutions": ["64x48"], "host": "127.0.0.1"}}}})
+    fields = build_config({"stages": {"generation": {
+        "warmup_mode": "server", "warmup_resolutions": ["64x48"],
+        "server_args_overrides": {"host": "127.0.0.1"}}}})
+    assert seed == fields
+    assert seed.stages.generation.warmup_mode == "server"
+    assert seed.stages.generation.warmup_resolutions == ["64x48"]
+    # the stage processes get the same config back from JSON
+    assert ServerConfig.model_validate_json(seed.model_dump_json()) == seed
+
+
+def test_warmup_overrides_reach_reasoner_and_realtime() -> None:
+    config = build_config({"stages": {
+        "reasoner": {"server_args_overrides": {"warmup_mode": "server"}},
+        "realtime": {"server_args_overrides": {"warmup_mode": "server",
+                                               "warmup_resolutions": ["64x64"]}}}})
+    assert config.stages.reasoner.warmup_mode == "server"
+    assert config.stages.realtime.warmup_mode == "server"
+    assert config.stages.realtime.warmup_sizes == ["64x64"]
+
+
+def test_warmup_override_that_disagrees_with_the_field_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"stages\.generation: server_args_overrides\."
+                                          r"warmup_mode='server' disagrees with warmup_mode"):
+        build_config({"stages": {"generation": {
+            "warmup_mode": "off", "server_args_overrides": {"warmup_mode": "server"}}}})
+
+
+def test_factory_output_dir_is_the_output_dir(tmp_path: Path) -> None:
+    out = str(tmp_path / "media")
+    config = build_config({"stages": {"generation": {"factory": {"output_dir": out}}}})
+    assert config.stages.generation.output_dir == Path(out)
+    # --output-dir (an explicit output_dir) wins over the seed's spelling
+    flag = build_config({"stages": {"generation": {"factory": {"output_dir": out}}}},
+                        {"stages.generation.output_dir": "/srv/out"})
+    assert flag.stages.generation.output_dir == Path("/srv/out")
+    with pytest.raises(ConfigError, match=r"factory\.workers: not a setting worldserve acts on"):
+        build_config({"stages": {"generation": {"factory": {"workers": 2}}}})
+
+
+@pytest.mark.parametrize(("stage", "overrides", "message"), [
+    ("generation", {"warmup_steps_native": 3},
+     "stages.generation: server_args_overrides.warmup_steps_native: not a setting worldserve "
+     "acts on (known: host, warmup_mode, warmup_resolutions)"),
+    ("reasoner", {"warmup_resolutions": ["64x64"]},
+     "server_args_overrides.warmup_resolutions: not a setting worldserve acts on"),
+    ("generation", {"gpu_ids": [0]}, "server_args_overrides.gpu_ids: worldserve sets this"),
+    ("realtime", {"fake_forward_ms": 5},
+     "server_args_overrides.fake_forward_ms: only the fake backend reads it"),
+])
+def test_unknown_override_key_is_a_startup_error(stage: str, overrides: dict,
+                                                  message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        build_config({"stages": {stage: {"server_args_overrides": overrides}}})
+    assert message in str(err.value)
+
+
+def test_fake_realtime_knobs_are_accepted_with_the_fake_backend() -> None:
+    config = build_config({"stages": {"realtime": {
+        "backend": "fake", "server_args_overrides": {"fake_forward_ms": 5}}}})
+    assert config.stages.realtime.server_args_overrides == {"fake_forward_ms": 5}

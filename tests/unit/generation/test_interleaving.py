@@ -13,6 +13,7 @@ import pytest
 from worldserve.config import GenerationStageConfig, ServerConfig
 from worldserve.engines.generation.engine import GenerationEngine
 from worldserve.ipc.messages import GenerateMedia, GenerationParams, GenerationResult
+from worldserve.models.types import RunnerFeatures
 
 
 @dataclass
@@ -38,6 +39,7 @@ class FakeRunner:
     size_multiple: int = 16
     temporal_stride: int = 4
     num_params: int = 0
+    features: RunnerFeatures = RunnerFeatures()
     steps: list[tuple[str, ...]] = field(default_factory=list)
 
     def snap_frames(self, num_frames: int) -> int:
@@ -56,6 +58,9 @@ class FakeRunner:
 
     def decode(self, state: FakeBatch, row: int) -> np.ndarray:
         return np.zeros((1, 16, 16, 3), np.float32)
+
+    def extras(self, state: FakeBatch, row: int) -> None:
+        return None
 
 
 def make_engine(tmp_path: Path, runner: FakeRunner, **config) -> GenerationEngine:

@@ -29,7 +29,14 @@ REASONER_FILES = {
     "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
     "tokenizer_config.json", "chat_template.jinja", "preprocessor_config.json", MARKER_NAME,
 }
-GENERATION_FILES = {
+GENERATION_FILES = {  # the tiny Cosmos3 generator (plain diffusers layout)
+    "model_index.json", "scheduler/scheduler_config.json", "text_tokenizer/tokenizer.json",
+    "text_tokenizer/tokenizer_config.json", "text_tokenizer/chat_template.jinja",
+    "transformer/config.json", "transformer/diffusion_pytorch_model.safetensors",
+    "vae/config.json", "vae/diffusion_pytorch_model.safetensors", "sound_tokenizer/config.json",
+    "sound_tokenizer/diffusion_pytorch_model.safetensors", MARKER_NAME,
+}
+WAN_FILES = {
     "model_index.json", "scheduler/scheduler_config.json", "text_encoder/config.json",
     "text_encoder/model.safetensors", "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json",
     "tokenizer/chat_template.jinja", "transformer/config.json",
@@ -57,10 +64,12 @@ def dev_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_build_writes_hf_layouts_with_markers(dev_root: Path) -> None:
     assert set(_file_hashes(dev_root / "reasoner")) == REASONER_FILES
     assert set(_file_hashes(dev_root / "generation")) == GENERATION_FILES
+    assert set(_file_hashes(dev_root / "wan")) == WAN_FILES
     assert sorted(p.name for p in dev_root.iterdir()) == sorted(BUILDERS)
     assert read_marker(dev_root / "reasoner")["served_model_name"] == "worldserve-dev-reasoner"
-    assert read_marker(dev_root / "generation")["served_model_name"] == "worldserve-dev-wan"
-    for name in ("reasoner", "generation"):
+    assert read_marker(dev_root / "generation")["served_model_name"] == "worldserve-dev-cosmos3"
+    assert read_marker(dev_root / "wan")["served_model_name"] == "worldserve-dev-wan"
+    for name in ("reasoner", "generation", "wan"):
         marker = read_marker(dev_root / name)
         assert marker["name"] == name
         assert marker["version"] == DEV_MODELS_VERSION
@@ -70,7 +79,7 @@ def test_build_writes_hf_layouts_with_markers(dev_root: Path) -> None:
 
 def test_second_build_is_byte_identical(dev_root: Path, tmp_path: Path) -> None:
     build_dev_models(tmp_path)
-    for name in ("reasoner", "generation"):
+    for name in ("reasoner", "generation", "wan"):
         assert _file_hashes(tmp_path / name) == _file_hashes(dev_root / name), name
 
 
@@ -84,7 +93,7 @@ def test_build_in_another_process_is_byte_identical(dev_root: Path, tmp_path: Pa
         "build_dev_models(pathlib.Path(sys.argv[1]))"
     )
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, check=True, timeout=120)
-    for name in ("reasoner", "generation"):
+    for name in ("reasoner", "generation", "wan"):
         assert _file_hashes(tmp_path / name) == _file_hashes(dev_root / name), name
 
 

@@ -35,7 +35,7 @@ def vlm(dev_root: Path):
 
 @pytest.fixture(scope="module")
 def wan(dev_root: Path) -> WanPipeline:
-    return load_pipeline(dev_root / "generation", "float32", "cpu")
+    return load_pipeline(dev_root / "wan", "float32", "cpu")
 
 
 def _frame(size: int = 224) -> Image.Image:

@@ -92,3 +92,13 @@ def make_engine(tiny_dir: Path) -> Callable[..., Driver]:
         return Driver(ReasonerEngine(stage, ServerConfig()))
 
     return make
+
+
+@pytest.fixture(scope="session", params=["cosmos3_omni", "cosmos3_edge"])
+def cosmos3_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Cosmos3 reasoner dev checkpoint, once per architecture (Omni, Edge)."""
+    from worldserve.models.cosmos3_reasoner.dev import write_reasoner_files
+
+    target = tmp_path_factory.mktemp(request.param)
+    write_reasoner_files(target, 0, request.param)
+    return target

@@ -12,3 +12,12 @@ def test_module_entry_points_refuse_bad_flags_like_the_cli(module: str) -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "--fps must be a finite number > 0" in done.stderr
+
+
+def test_nim_cookbook_flags_are_accepted() -> None:
+    # --nim-url and --backend nim parse; the refusal that follows is the URL check, by its name.
+    done = subprocess.run([sys.executable, "-m", "worldserve.clients.stream", "--video", "x.mp4",
+                           "--backend", "nim", "--nim-url", "ftp://h"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "--url" in done.stderr and "must be one of" not in done.stderr

@@ -33,6 +33,7 @@ def options(**changes) -> StreamOptions:
 
 def test_defaults_follow_transport_and_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WORLDSERVE_URL", raising=False)
+    monkeypatch.delenv("NIM_URL", raising=False)
     opts = options()
     assert (opts.url, opts.transport, opts.frame_format) == ("http://localhost:8000", "websocket",
                                                              "binary")
@@ -45,6 +46,22 @@ def test_url_comes_from_flag_then_environment(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("WORLDSERVE_URL", "https://reasoner.example:9000/base/")
     assert options().url == "https://reasoner.example:9000/base"
     assert options(url="http://127.0.0.1:1234").url == "http://127.0.0.1:1234"
+
+
+def test_nim_url_is_the_fallback_after_worldserve_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The NIM cookbook's $NIM_URL: used when neither a flag nor $WORLDSERVE_URL is given.
+    monkeypatch.delenv("WORLDSERVE_URL", raising=False)
+    monkeypatch.setenv("NIM_URL", "http://nim.example:8000/")
+    assert options().url == "http://nim.example:8000"
+    assert options(url="http://127.0.0.1:1234").url == "http://127.0.0.1:1234"
+    monkeypatch.setenv("WORLDSERVE_URL", "http://ws.example")
+    assert options().url == "http://ws.example"
+
+
+def test_backend_nim_is_the_standalone_preflight() -> None:
+    opts = options(backend="nim")
+    assert (opts.backend, opts.transport, opts.frame_format) == ("standalone", "websocket",
+                                                                 "binary")
 
 
 def test_websocket_url_keeps_host_and_base_path() -> None:
@@ -68,7 +85,7 @@ def test_refusals(tmp_path: Path, changes: dict, message: str) -> None:
         validate_options(opts)
 
 
-@pytest.mark.parametrize("changes", [{"transport": "udp"}, {"backend": "nim"},
+@pytest.mark.parametrize("changes", [{"transport": "udp"}, {"backend": "sglang"},
                                      {"frame_format": "png"}])
 def test_unknown_choices_are_refused(changes: dict) -> None:
     with pytest.raises(UsageError, match="must be one of"):

@@ -21,6 +21,7 @@ from worldserve.ipc.messages import ActionsResult
 from worldserve.media.images import check_image
 from worldserve.media.policy import MediaPolicy, check_request_id
 from worldserve.media.uploads import read_image_reference, read_upload
+from worldserve.media.video import check_video
 
 
 async def read_action_request(request: Request, policy: MediaPolicy, limit: int,
@@ -53,8 +54,16 @@ def _check_parameters(env: ActionEnvelope, caps: ActionHeadCapabilities) -> None
 
 
 async def _payload(request: Request, limit: int) -> tuple[dict[str, Any], list[bytes]]:
+    payload, images, _ = await payload_of(request, limit)
+    return payload, images
+
+
+async def payload_of(request: Request, limit: int, *, accept_video: bool = False,
+                     ) -> tuple[dict[str, Any], list[bytes], list[bytes]]:
+    """The envelope map and its uploads (images; videos when `accept_video`, Cosmos3)."""
     kind = request.headers.get("content-type", "").lower()
     uploads: list[bytes] = []
+    videos: list[bytes] = []
     if "msgpack" in kind:
         try:
             payload = msgpack.unpackb(await request.body(), raw=False, object_hook=decode_numpy,
@@ -65,10 +74,16 @@ async def _payload(request: Request, limit: int) -> tuple[dict[str, Any], list[b
             raise InvalidRequest(f"Invalid request body: not a msgpack map ({exc})") from None
         if not isinstance(payload, dict):
             raise InvalidRequest("Invalid request body: the msgpack body must be a map")
-        return payload, uploads
+        return payload, uploads, videos
     if is_multipart(request):
         form = await read_form(request)
         for name, files in form.files.items():
+            if name == "video" and accept_video:
+                for upload in files:
+                    data = await read_upload(upload, name, limit)
+                    check_video(data, name)
+                    videos.append(data)
+                continue
             if name != "image":
                 raise InvalidRequest(f"unexpected file field {name!r}", param=name)
             for upload in files:
@@ -81,8 +96,8 @@ async def _payload(request: Request, limit: int) -> tuple[dict[str, Any], list[b
         if not isinstance(payload, dict):
             raise InvalidRequest("the 'request' form field must hold a JSON object")
         payload.update({k: v for k, v in form.fields.items() if k not in payload})
-        return payload, uploads
-    return await read_json(request), uploads
+        return payload, uploads, videos
+    return await read_json(request), uploads, videos
 
 
 def action_response(env: ActionEnvelope, result: ActionsResult, model: str,

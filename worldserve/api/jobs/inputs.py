@@ -7,6 +7,8 @@ Each reader takes the body as JSON or a form, applies flattening and the media p
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 
@@ -26,37 +28,72 @@ from worldserve.api.schemas.videos import VideoCreateRequest
 from worldserve.errors import InvalidRequest
 from worldserve.media.images import check_image
 from worldserve.media.policy import MediaPolicy
-from worldserve.media.uploads import read_image_reference, read_upload
+from worldserve.media.uploads import (
+    is_video_reference,
+    read_image_reference,
+    read_upload,
+    read_video_reference,
+)
+from worldserve.media.video import check_video
 
 REFERENCE_FIELDS = ("input_reference", "reference_url")
+
+
+@dataclass
+class VideoInputs:
+    body: VideoCreateRequest
+    images: list[bytes]
+    video: bytes | None = None
 VIDEO_FIELDS = ("video_path", "video_url")
 EDIT_FILE_FIELDS = ("image", "image[]")
 EDIT_URL_FIELDS = ("url", "url[]")
 
 
-async def read_video_request(request: Request, policy: MediaPolicy,
-                             limit: int) -> tuple[VideoCreateRequest, list[bytes]]:
-    """`POST /v1/videos` (JSON or multipart with `input_reference` files)."""
+async def read_video_request(request: Request, policy: MediaPolicy, limit: int,
+                             video_conditioning: bool = False) -> VideoInputs:
+    """`POST /v1/videos` (JSON or multipart with `input_reference` / `video_reference` files).
+    An `input_reference` that is a video conditions like `video_path` (Cosmos3)."""
     form = await read_payload(request)
     images: list[bytes] = []
+    videos: list[bytes] = []
     for name, uploads in form.files.items():
-        if name == "video_reference":
+        if name == "video_reference" and not video_conditioning:
             raise InvalidRequest("video conditioning is not supported by this model", param=name)
-        if name != "input_reference":
+        if name not in ("input_reference", "video_reference"):
             raise InvalidRequest(f"unexpected file field {name!r}", param=name)
         for upload in uploads:
-            images.append(await read_upload(upload, name, limit))
+            data = await read_upload(upload, name, limit)
+            is_video = name == "video_reference" or is_video_reference(
+                upload.filename or "", upload.content_type)
+            (videos if is_video else images).append(_checked(data, name, is_video))
     body = parse_body(VideoCreateRequest, form.fields, policy, as_400=True)
     for name in VIDEO_FIELDS:
-        if getattr(body, name):
+        value = getattr(body, name)
+        if value and not video_conditioning:
             raise InvalidRequest("video conditioning is not supported by this model", param=name)
+        if value:
+            videos.append(await read_video_reference(value, name, limit, policy))
     for name in REFERENCE_FIELDS:
         value = getattr(body, name)
-        if value:
+        if value and video_conditioning and is_video_reference(value):
+            videos.append(await read_video_reference(value, name, limit, policy))
+        elif value:
             images.append(await read_image_reference(value, name, limit, policy))
+    if videos and not video_conditioning:
+        raise InvalidRequest("video conditioning is not supported by this model",
+                             param="video_path")
+    if len(videos) > 1:
+        raise InvalidRequest("give one conditioning video (video_path, video_url, "
+                             "video_reference or a video input_reference)", param="video_path")
     for image in images:
         check_image(image, "input_reference")
-    return body, images
+    return VideoInputs(body, images, videos[0] if videos else None)
+
+
+def _checked(data: bytes, field: str, is_video: bool) -> bytes:
+    if is_video:
+        check_video(data, field)
+    return data
 
 
 async def read_image_request(request: Request, policy: MediaPolicy) -> ImageGenerationRequest:

@@ -33,7 +33,7 @@ log = logging.getLogger("worldserve.jobs")
 SWEEP_INTERVAL_S = 60.0
 RECORDS_FILE = Path(".worldserve") / "records.sqlite3"
 # Stage error codes a job shows as they are; anything else is `generation_failed`.
-_PUBLIC_ERROR_CODES = ("invalid_request", "stage_unavailable", "timeout")
+_PUBLIC_ERROR_CODES = ("invalid_request", "stage_unavailable", "timeout", "replica_lost")
 
 
 def now_s() -> int:
@@ -41,8 +41,10 @@ def now_s() -> int:
 
 
 class JobLedger:
-    def __init__(self, output_dir: Path, ttl_s: float, max_records: int) -> None:
+    def __init__(self, output_dir: Path, ttl_s: float, max_records: int,
+                 id_tag: str = "") -> None:
         self.output_dir = output_dir
+        self.id_tag = id_tag
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.store = RecordStore(output_dir / RECORDS_FILE)
         self.ttl_s = ttl_s
@@ -53,7 +55,7 @@ class JobLedger:
 
     def new(self, kind: JobKind, resolved: ResolvedRequest, **fields: Any) -> JobRecord:
         p = resolved.params
-        return JobRecord(id=str(uuid.uuid4()), kind=kind, created_at=now_s(),
+        return JobRecord(id=f"{uuid.uuid4()}{self.id_tag}", kind=kind, created_at=now_s(),
                          size=f"{p.width}x{p.height}", num_outputs=len(p.seeds),
                          revised_prompt=p.prompt, output_format=resolved.output_format, **fields)
 

@@ -8,7 +8,7 @@ change (`JobStatus.can_move_to`). The record is stored as JSON under the same ke
 from __future__ import annotations
 
 import enum
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -65,6 +65,7 @@ class JobRecord(msgspec.Struct, kw_only=True):
     stage_request_id: str | None = None
     num_frames: int | None = None
     seconds: str = "0"
+    action: dict[str, Any] | None = None  # Cosmos3 forward dynamics: the job's action rows
     # images
     num_input_images: int = 0
     response_format: str | None = None

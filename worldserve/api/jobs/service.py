@@ -14,14 +14,15 @@ import logging
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
 
+from worldserve.api.jobs import cosmos3
 from worldserve.api.jobs.enhancer import PromptEnhancer, maybe_enhance
+from worldserve.api.jobs.inputs import VideoInputs
 from worldserve.api.jobs.ledger import JobLedger
 from worldserve.api.jobs.params import ResolvedRequest, resolve_image, resolve_video
 from worldserve.api.jobs.records import JobRecord, JobStatus
 from worldserve.api.runtime import ServerRuntime
 from worldserve.api.schemas.actions import ActionEnvelope
 from worldserve.api.schemas.images import ImageGenerationRequest
-from worldserve.api.schemas.videos import VideoCreateRequest
 from worldserve.errors import (
     CapacityExceeded,
     InternalError,
@@ -43,12 +44,14 @@ from worldserve.ipc.messages import (
     GenerateMedia,
     GenerationAccepted,
     GenerationCancelled,
+    GenerationParams,
     GenerationProgress,
     GenerationResult,
 )
 from worldserve.media.policy import MediaPolicy
 
 log = logging.getLogger("worldserve.jobs")
+NO_FILE = "none"  # output_format of a data-only request (the stage writes no file)
 
 STAGE = "generation"
 ACCEPT_TIMEOUT_S = 60.0
@@ -67,6 +70,7 @@ class MediaService:
             self.config.resolved_output_dir(),
             runtime.config.output_ttl_s,
             runtime.config.max_job_records,
+            id_tag=runtime.id_tag,
         )
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.in_flight = 0
@@ -224,12 +228,32 @@ class MediaService:
             raise InternalError(f"unexpected reply {type(result).__name__} to an action request")
         return result
 
+    async def generate_data(self, params: GenerationParams) -> GenerationResult:
+        """A data-only generation (Cosmos3 actions): no file, the result carries the data.
+        Interleaves with media requests like any other; a client that goes away cancels it."""
+        msg = GenerateMedia(request_id=new_request_id("act"), params=params,
+                            output_stem="actions", output_format=NO_FILE)
+        with self.admit():
+            opened, _ = await self._open(msg)
+            try:
+                async for reply in self._replies(opened):
+                    if isinstance(reply, GenerationResult):
+                        return reply
+            finally:
+                opened[0].cancel()
+        raise InternalError("the generation stage ended the request without a result")
+
     # ------------------------------------------------------------------ videos
 
-    async def create_video(self, body: VideoCreateRequest, images: list[bytes]) -> JobRecord:
-        resolved = resolve_video(body, self.capabilities().defaults)
-        resolved = await self._resolved_prompt(resolved, body.enhance_prompt, images[:1])
-        record = self.ledger.new("video", resolved, model=body.model or DEFAULT_VIDEO_MODEL)
+    async def create_video(self, inputs: VideoInputs) -> JobRecord:
+        body, caps = inputs.body, self.capabilities()
+        cosmos3.refuse_for_other_models(body, caps)
+        resolved = resolve_video(body, caps.defaults)
+        cosmos3.apply_video_fields(resolved.params, body, caps, resolved.fps)
+        resolved.params.condition_video = inputs.video
+        resolved = await self._resolved_prompt(resolved, body.enhance_prompt, inputs.images[:1])
+        record = self.ledger.new("video", resolved, model=body.model or DEFAULT_VIDEO_MODEL,
+                                 action=cosmos3.job_action(resolved.params.action, caps))
         with self.admit():
             msg = self._message(record.id, resolved)
             opened, accepted = await self._open(msg)

@@ -50,7 +50,7 @@ def job_object(record: JobRecord, paths: list[Path], *, base_url: str,
         "num_outputs": record.num_outputs,
         "peak_memory_mb": record.peak_memory_mb,
         "inference_time_s": record.inference_time_s,
-        "revised_prompt": record.revised_prompt, "action": None,
+        "revised_prompt": record.revised_prompt, "action": record.action,
     }
 
 

@@ -5,6 +5,7 @@ Served when the checkpoint has an action head; otherwise both answer 404 naming 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import msgpack
@@ -12,7 +13,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from worldserve.api.errors import NativeRoute
+from worldserve.api.jobs import cosmos3_actions
 from worldserve.api.jobs.actions import action_response, read_action_request
+from worldserve.api.jobs.service import MediaService
 from worldserve.api.schemas.actions import encode_numpy
 from worldserve.api.services import ApiServices, media_service
 
@@ -31,6 +34,12 @@ _service = media_service
 @router.get("/v1/actions/metadata")
 async def metadata(request: Request) -> dict[str, Any]:
     service = _service(request)
+    gen = service.capabilities()
+    if gen.family == "cosmos3":
+        cosmos3_actions.require_actions(gen, service.model_name())
+        info = service.client().info
+        return cosmos3_actions.metadata(gen, service.model_name(),
+                                        info.model_path if info else None)
     caps = service.action_capabilities()
     info = service.client().info
     return {
@@ -57,6 +66,8 @@ async def metadata(request: Request) -> dict[str, Any]:
 @router.post("/v1/actions/generations")
 async def generations(request: Request) -> Response:
     service = _service(request)
+    if service.capabilities().family == "cosmos3":
+        return await _cosmos3_generations(request, service)
     caps = service.action_capabilities()
     env, images = await read_action_request(request, service.policy,
                                             service.runtime.config.max_upload_bytes, caps)
@@ -64,6 +75,32 @@ async def generations(request: Request) -> Response:
     use_msgpack = "msgpack" in (request.headers.get("content-type", "") +
                                 request.headers.get("accept", "")).lower()
     body = action_response(env, result, service.model_name(), use_msgpack)
+    if use_msgpack:
+        return Response(msgpack.packb(body, default=encode_numpy, use_bin_type=True),
+                        media_type=MSGPACK_TYPE)
+    return JSONResponse(body)
+
+
+async def _cosmos3_generations(request: Request, service: MediaService) -> Response:
+    caps = service.capabilities()
+    cosmos3_actions.require_actions(caps, service.model_name())
+    env, params = await cosmos3_actions.read_request(
+        request, service.policy, service.runtime.config.max_upload_bytes, caps,
+        caps.defaults.num_inference_steps)
+    start = time.perf_counter()
+    result = await service.generate_data(params)
+    use_msgpack = _wants_msgpack(request)
+    body = cosmos3_actions.response(env, params, result, service.model_name(), use_msgpack,
+                                    (time.perf_counter() - start) * 1000)
+    return _render(body, use_msgpack)
+
+
+def _wants_msgpack(request: Request) -> bool:
+    return "msgpack" in (request.headers.get("content-type", "") +
+                         request.headers.get("accept", "")).lower()
+
+
+def _render(body: dict[str, Any], use_msgpack: bool) -> Response:
     if use_msgpack:
         return Response(msgpack.packb(body, default=encode_numpy, use_bin_type=True),
                         media_type=MSGPACK_TYPE)

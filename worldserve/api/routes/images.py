@@ -17,6 +17,7 @@ from worldserve.api.jobs.records import JobRecord
 from worldserve.api.jobs.service import MediaService
 from worldserve.api.jobs.views import image_response, public_base_url
 from worldserve.api.services import ApiServices, media_service
+from worldserve.errors import InvalidRequest
 from worldserve.media.images import content_type_for
 
 router = APIRouter(tags=["images"], route_class=NativeRoute)
@@ -42,13 +43,20 @@ def _view(request: Request, service: MediaService, record: JobRecord) -> dict[st
 async def generations(request: Request) -> dict[str, Any]:
     service = _service(request)
     body = await read_image_request(request, service.policy)
-    record = await service.generate_images(body, [], default_response_format="url")
+    record = await service.generate_images(
+        body, [], default_response_format=service.capabilities().defaults.image_response_format)
     return _view(request, service, record)
 
 
 @router.post("/v1/images/edits")
 async def edits(request: Request) -> dict[str, Any]:
     service = _service(request)
+    caps = service.capabilities()
+    if not caps.image_edits:
+        raise InvalidRequest(
+            f"{caps.pipeline} has no image-edit mode: to condition generation on an image, "
+            "POST /v1/videos with the image as input_reference (num_frames > 1)",
+            param="image")
     body, images = await read_edit_request(
         request, service.policy, service.runtime.config.max_upload_bytes
     )

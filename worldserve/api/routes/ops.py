@@ -49,10 +49,23 @@ async def live() -> dict:
     return {"object": "health.response", "status": "live", "message": "Service is live."}
 
 
+# The stage whose readiness /v1/health/ready (the NIM probe) reports: a NIM-style client only
+# talks to the reasoner, so generation warm-up or a crashed realtime stage must not hide it.
+PROBE_STAGE = "reasoner"
+
+
+def probe_status(states: dict[str, str]) -> str:
+    """`ok` once the reasoner stage is ready, whatever the other stages do; without a reasoner
+    stage, every stage counts (as in /health)."""
+    if PROBE_STAGE in states:
+        return overall_status({PROBE_STAGE: states[PROBE_STAGE]})
+    return overall_status(states)
+
+
 @router.get("/v1/health/ready")
 async def ready(request: Request) -> JSONResponse:
     states = _runtime(request).stage_states()
-    status = overall_status(states)
+    status = probe_status(states)
     if status == "ok":
         body = {"object": "health.response", "status": "ready", "message": "Service is ready."}
         return JSONResponse(status_code=200, content=body)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, WebSocket
+from fastapi.responses import JSONResponse
 
 from worldserve.api.realtime.connection import RealtimeConnection
-from worldserve.api.services import ApiServices, realtime_service
+from worldserve.api.services import ApiServices, realtime_service, services_of
+from worldserve.errors import StageUnavailable, error_body
 
 router = APIRouter(tags=["realtime"])
 
@@ -17,4 +19,12 @@ def setup(services: ApiServices) -> bool:
 
 @router.websocket("/v1/realtime_video/generate")
 async def realtime_generate(websocket: WebSocket) -> None:
-    await RealtimeConnection(websocket, realtime_service(websocket)).run()
+    service = realtime_service(websocket)
+    try:
+        service.client()  # a crashed realtime stage: refuse the upgrade with 503
+    except StageUnavailable as exc:
+        await websocket.send_denial_response(
+            JSONResponse(status_code=503, content=error_body(exc)))
+        return
+    async with services_of(websocket).sockets.track(websocket):
+        await RealtimeConnection(websocket, service).run()

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from worldserve.api.errors import NimRoute
 from worldserve.api.schemas.streaming import CreateSessionBody
-from worldserve.api.services import ApiServices, streaming_service
+from worldserve.api.services import ApiServices, services_of, streaming_service
 from worldserve.api.streaming.connection import StreamingConnection
 from worldserve.api.streaming.images import read_frame
 
@@ -58,4 +58,5 @@ async def delete_session(request: Request, session_id: str) -> dict:
 
 @router.websocket("/v1/streaming/ws")
 async def streaming_ws(websocket: WebSocket) -> None:
-    await StreamingConnection(websocket, _service(websocket)).run()
+    async with services_of(websocket).sockets.track(websocket):
+        await StreamingConnection(websocket, _service(websocket)).run()

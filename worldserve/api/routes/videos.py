@@ -45,10 +45,11 @@ def _view(request: Request, service: MediaService, record: JobRecord) -> dict[st
 @router.post("/v1/videos")
 async def create(request: Request) -> dict[str, Any]:
     service = _service(request)
-    body, images = await read_video_request(
-        request, service.policy, service.runtime.config.max_upload_bytes
+    inputs = await read_video_request(
+        request, service.policy, service.runtime.config.max_upload_bytes,
+        service.capabilities().video_conditioning,
     )
-    return _view(request, service, await service.create_video(body, images))
+    return _view(request, service, await service.create_video(inputs))
 
 
 def _page_params(limit: str | None, order: str | None) -> tuple[int, Literal["asc", "desc"]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, field_validator
@@ -20,6 +21,33 @@ class VideoCreateRequest(SamplingFields):
     enable_frame_interpolation: bool | None = False
     frame_interpolation_exp: int | None = 1
     frame_interpolation_scale: float | None = 1.0
+    # Cosmos3 fields (spec §4.1); the generation stage checks them against the checkpoint.
+    generate_sound: bool | None = None
+    sound_duration: float | None = None
+    condition_frame_indexes: list[int] | None = None
+    condition_frame_indexes_vision: list[int] | None = None
+    condition_video_keep: str | None = None
+    action_mode: str | None = None
+    domain_id: int | None = None
+    domain_name: str | None = None
+    raw_action_dim: int | None = None
+    action_fps: float | None = None
+    action: list[list[float]] | None = None
+    action_view_point: str | None = None
+    action_normalization: str | None = None
+    resolution_tier: int | None = None
+
+    @field_validator("condition_frame_indexes", "condition_frame_indexes_vision", "action",
+                     mode="before")
+    @classmethod
+    def _json_string(cls, value: Any) -> Any:
+        # Multipart forms carry lists as JSON text ("[0, 1]", "[[0.1, ...], ...]").
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except ValueError:
+                raise ValueError("must be a JSON array") from None
+        return value
 
     @field_validator("seconds", mode="before")
     @classmethod

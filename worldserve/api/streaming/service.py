@@ -56,6 +56,7 @@ STAGE = "reasoner"
 CREATE_TIMEOUT_S = 60.0
 RELEASE_TIMEOUT_S = 10.0
 CLOSE_WAIT_S = 10.0  # a delete waits this long for the frame in flight (spec section 7.1)
+SHUTDOWN_CLOSE_WAIT_S = 1.0  # on shutdown, a frame in flight gets this long, then is aborted
 
 BUSY = "session busy: a frame is already being processed"
 UNUSABLE = "session is no longer usable; create a new session"
@@ -137,7 +138,8 @@ class StreamingService:
         sampling = build_sampling(body.sampling, caps.sampling)
         await self.registry.reap_expired()
         request = CreateSession(request_id=new_request_id("create"),
-                                session_id=f"sess-{uuid.uuid4()}", system_prompt=body.system_prompt,
+                                session_id=f"sess-{uuid.uuid4()}{self.runtime.id_tag}",
+                                system_prompt=body.system_prompt,
                                 retention=retention, sampling=sampling, question=body.question)
         try:
             reply = await client.call(request, timeout_s=CREATE_TIMEOUT_S)
@@ -225,6 +227,15 @@ class StreamingService:
         session.move(StreamSessionState.CLOSED)
         await self._release(session)
         return session.num_frames
+
+    async def close_all(self, wait_s: float = SHUTDOWN_CLOSE_WAIT_S) -> int:
+        """Delete every live session at once (shutdown); return how many were closed."""
+        live = [s for s in self.registry.sessions()
+                if s.state not in (StreamSessionState.CLOSING, StreamSessionState.CLOSED)]
+        await asyncio.gather(*(self.close(s, wait_s) for s in live), return_exceptions=True)
+        if live:
+            log.info("deleted %d streaming session(s) on shutdown", len(live))
+        return len(live)
 
     async def _release(self, session: StreamSession) -> None:
         """Tell the stage to drop the session's cache (once; a down stage has dropped it)."""

@@ -93,6 +93,10 @@ class SessionRegistry:
         if self._reaper is None or self._reaper.done():
             self._reaper = asyncio.get_running_loop().create_task(self._reap_forever())
 
+    def sessions(self) -> list[StreamSession]:
+        """A snapshot of the live sessions."""
+        return list(self._sessions.values())
+
     def remove(self, session: StreamSession) -> None:
         self._sessions.pop(session.session_id, None)
 

@@ -11,6 +11,7 @@ import numpy as np
 from worldserve.engines.generation.contract import RunnerBatch
 from worldserve.engines.generation.scheduler import ScheduledRequest
 from worldserve.ipc.messages import ActionsResult, GenerateActions, GenerateMedia
+from worldserve.models.types import RowExtras
 from worldserve.runtime.engine import ReplyFn
 
 
@@ -37,6 +38,7 @@ class RunningBatch:
     requests: list[ScheduledRequest]
     state: RunnerBatch | None = None
     decoded: dict[int, np.ndarray] = field(default_factory=dict)  # row -> uint8 frames
+    extras: dict[int, RowExtras | None] = field(default_factory=dict)  # row -> sound, actions
     next_row: int = 0
 
     @property
@@ -63,6 +65,7 @@ class RunningBatch:
             return
         keep = [i for i, owner in enumerate(self.state.row_owner) if owner != request.request_id]
         self.decoded = {keep.index(i): v for i, v in self.decoded.items() if i in keep}
+        self.extras = {keep.index(i): v for i, v in self.extras.items() if i in keep}
         self.next_row = sum(1 for i in keep if i < self.next_row)
         self.state.keep_rows(keep)
 
@@ -81,5 +84,6 @@ class RunnerOutput:
     """What the executed phase produced (the update step turns it into replies)."""
 
     frames: np.ndarray | None = None  # DECODE: uint8 (T, H, W, 3) of the decoded row
+    extras: RowExtras | None = None  # DECODE: the row's sound and actions
     file_names: list[str] = field(default_factory=list)  # WRITE
     actions: ActionsResult | None = None  # action request

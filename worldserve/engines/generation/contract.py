@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from worldserve.ipc.messages import ActionsResult, GenerateActions, GenerationParams
+from worldserve.models.types import RowExtras, RunnerFeatures
 
 
 class RunnerBatch(Protocol):
@@ -39,6 +40,7 @@ class GenerationRunner(Protocol):
     size_multiple: int  # width and height must be multiples of it
     temporal_stride: int  # num_frames must be 1 mod it
     num_params: int
+    features: RunnerFeatures  # sound, video conditioning, action generation, ...
 
     def snap_frames(self, num_frames: int) -> int:
         """The nearest frame count the model can produce (at most `num_frames`)."""
@@ -55,6 +57,9 @@ class GenerationRunner(Protocol):
 
     def decode(self, state: Any, row: int) -> np.ndarray:
         """Frames of one row as floats in [0, 1], (T, H, W, 3)."""
+
+    def extras(self, state: Any, row: int) -> RowExtras | None:
+        """A decoded row's sound track and predicted actions (None: frames only)."""
 
 
 # ---------------------------------------------------------------- optional capabilities

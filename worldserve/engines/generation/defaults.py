@@ -24,6 +24,7 @@ class SamplingDefaults:
     image_width: int = 832
     image_height: int = 480
     image_format: str = "png"
+    image_response_format: str = "url"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -37,18 +38,34 @@ DEV_DEFAULTS = SamplingDefaults(width=64, height=64, num_frames=9, fps=8, num_in
                                 image_height=64)
 
 
-def sampling_defaults(model_dir: Path) -> SamplingDefaults:
-    """Dev checkpoints (marker file) get DEV_DEFAULTS (overridable by the marker's
-    `sampling_defaults`); anything else gets the Wan defaults."""
+# Cosmos3OmniPipeline.__call__'s own defaults (so an omitted field is the pipeline's default);
+# images default to b64_json responses (spec §3.1).
+COSMOS3_DEFAULTS = SamplingDefaults(width=1280, height=720, num_frames=189, fps=24,
+                                    num_inference_steps=35, guidance_scale=6.0,
+                                    image_width=1280, image_height=720,
+                                    image_response_format="b64_json")
+# The tiny dev Cosmos3 checkpoint: the pipeline's guidance, small sizes and few steps.
+COSMOS3_DEV_DEFAULTS = SamplingDefaults(width=48, height=32, num_frames=9, fps=8,
+                                        num_inference_steps=4, guidance_scale=6.0,
+                                        image_width=32, image_height=32,
+                                        image_response_format="b64_json")
+FAMILY_DEFAULTS = {"cosmos3": (COSMOS3_DEFAULTS, COSMOS3_DEV_DEFAULTS)}
+
+
+def sampling_defaults(model_dir: Path, family: str = "wan") -> SamplingDefaults:
+    """Dev checkpoints (marker file) get the family's dev defaults (overridable by the
+    marker's `sampling_defaults`); anything else gets the family's defaults (Wan's unless
+    the family has its own)."""
+    real, dev = FAMILY_DEFAULTS.get(family, (WAN_DEFAULTS, DEV_DEFAULTS))
     marker = model_dir / DEV_MARKER
     if not marker.is_file():
-        return WAN_DEFAULTS
+        return real
     try:
         data = json.loads(marker.read_text())
     except (OSError, ValueError):
-        return DEV_DEFAULTS
+        return dev
     overrides = data.get("sampling_defaults") if isinstance(data, dict) else None
     if isinstance(overrides, dict):
         known = {k: v for k, v in overrides.items() if k in SamplingDefaults.__dataclass_fields__}
-        return replace(DEV_DEFAULTS, **known)
-    return DEV_DEFAULTS
+        return replace(dev, **known)
+    return dev

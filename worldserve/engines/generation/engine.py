@@ -29,7 +29,12 @@ from worldserve.engines.generation.batch import (
 )
 from worldserve.engines.generation.contract import ActionRunner, GenerationRunner
 from worldserve.engines.generation.defaults import sampling_defaults
-from worldserve.engines.generation.outputs import output_names, to_uint8, write_output
+from worldserve.engines.generation.outputs import (
+    action_output,
+    output_names,
+    to_uint8,
+    write_output,
+)
 from worldserve.engines.generation.scheduler import (
     RequestStatus,
     ScheduledRequest,
@@ -40,6 +45,7 @@ from worldserve.engines.generation.warmup import WarmupPlan
 from worldserve.enhancer_config import load_enhancer_config
 from worldserve.errors import InternalError, InvalidRequest, WorldserveError
 from worldserve.ipc.capabilities import (
+    ActionGenerationCapabilities,
     ActionHeadCapabilities,
     GenerationCapabilities,
     GenerationDefaults,
@@ -56,6 +62,7 @@ from worldserve.ipc.messages import (
     Request,
 )
 from worldserve.models import registry
+from worldserve.models.types import RunnerFeatures
 from worldserve.runtime.engine import EngineState, ReplyFn
 
 log = logging.getLogger("worldserve.generation")
@@ -73,10 +80,11 @@ class GenerationEngine:
         self.output_dir = stage_config.resolved_output_dir()
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.runner: GenerationRunner = runner or registry.load_runner(
-            "generation", path, dtype=stage_config.dtype, device=stage_config.device)
+            "generation", path, dtype=stage_config.dtype, device=stage_config.device,
+            safety_checker=stage_config.safety_checker)
         self.pipe = self.runner.pipe
         self.actions = _load_actions(path)
-        self.defaults = sampling_defaults(path)
+        self.defaults = sampling_defaults(path, self.runner.features.family)
         self.model_name = served_model_name(stage_config, path)
         self.model_path = str(path)
         self.num_params = self.runner.num_params
@@ -106,6 +114,7 @@ class GenerationEngine:
             max_input_images=4,
             output_dir=str(self.output_dir),
             actions=ActionHeadCapabilities(**self.actions.metadata()) if self.actions else None,
+            **_feature_capabilities(self.runner.features),
         )
 
     def state(self) -> EngineState:
@@ -257,7 +266,9 @@ class GenerationEngine:
         elif scheduled.phase is Phase.DENOISE:
             self.runner.denoise_step(batch.state)
         elif scheduled.phase is Phase.DECODE:
-            return RunnerOutput(frames=to_uint8(self.runner.decode(batch.state, batch.next_row)))
+            row = batch.next_row
+            return RunnerOutput(frames=to_uint8(self.runner.decode(batch.state, row)),
+                                extras=self.runner.extras(batch.state, row))
         else:
             return RunnerOutput(file_names=self._write(batch, batch.requests[0]))
         return RunnerOutput()
@@ -283,8 +294,10 @@ class GenerationEngine:
         rows = batch.rows_of(request.request_id)
         names = output_names(msg.output_stem, msg.output_format, len(rows))
         for name, row in zip(names, rows):
+            extras = batch.extras.get(row)
             write_output(self.output_dir, name, batch.decoded[row], msg.output_format, msg.fps,
-                         msg.compression)
+                         msg.compression, audio=extras.audio if extras else None,
+                         sample_rate=extras.sample_rate if extras else None)
         return names
 
     # ------------------------------------------------------------------ update
@@ -301,6 +314,7 @@ class GenerationEngine:
             self._report_steps(batch)
         elif scheduled.phase is Phase.DECODE:
             batch.decoded[batch.next_row] = output.frames
+            batch.extras[batch.next_row] = output.extras
             batch.next_row += 1
             if batch.next_row == len(batch.state.row_owner):
                 self._report(batch.requests, 95, "decoded")
@@ -329,14 +343,17 @@ class GenerationEngine:
         """Send the first request's result (its files are written) and drop it from the batch."""
         request = batch.requests[0]
         job: MediaJob = request.payload
-        frames = batch.decoded[batch.rows_of(request.request_id)[0]]
+        rows = batch.rows_of(request.request_id)
+        frames = batch.decoded[rows[0]]
+        actions = [action_output(batch.extras.get(row)) for row in rows]
         request.transition(RequestStatus.FINISHED)
         self._drop_from_batch(request)
         self._finish(request)
         job.reply(GenerationResult(
             request_id=request.request_id, file_names=names, width=int(frames.shape[2]),
             height=int(frames.shape[1]), num_frames=int(frames.shape[0]),
-            inference_time_s=time.perf_counter() - job.started_s, peak_memory_mb=_peak_memory_mb()))
+            inference_time_s=time.perf_counter() - job.started_s, peak_memory_mb=_peak_memory_mb(),
+            actions=[a for a in actions if a is not None]))
 
     def _finish(self, request: ScheduledRequest) -> None:
         self.by_id.pop(request.request_id, None)
@@ -379,6 +396,20 @@ def _rows_per_batch(config: GenerationStageConfig, runner: GenerationRunner) -> 
     if runner.max_batch_size is None:
         return config.max_batch_size
     return max(1, min(config.max_batch_size, runner.max_batch_size))
+
+
+def _feature_capabilities(features: RunnerFeatures) -> dict[str, Any]:
+    """The runner's features as GenerationCapabilities fields."""
+    actions = None
+    if features.action_generation and features.padded_action_dim is not None:
+        actions = ActionGenerationCapabilities(
+            padded_action_dim=features.padded_action_dim,
+            domains=dict(features.action_domains or {}),
+            domain_ids=dict(features.action_domain_ids or {}))
+    return {"family": features.family, "image_edits": features.image_edits,
+            "exact_num_frames": features.exact_num_frames, "sound": features.sound,
+            "sound_sample_rate": features.sound_sample_rate,
+            "video_conditioning": features.video_conditioning, "action_generation": actions}
 
 
 def _load_actions(path: Path) -> ActionRunner | None:

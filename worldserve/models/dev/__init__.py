@@ -26,7 +26,8 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 # Bump whenever a builder's output changes: a marker with another version is rebuilt.
-DEV_MODELS_VERSION = "2"  # 2: the generation checkpoint has an action_head/
+# 2: the generation checkpoint has an action_head/; 3: generation/ is Cosmos3, Wan moved to wan/
+DEV_MODELS_VERSION = "3"
 DEV_MODELS_SEED = 0
 MARKER_NAME = "worldserve_dev.json"
 _TMP_PREFIX = ".tmp-"
@@ -59,11 +60,21 @@ BUILDERS: dict[str, DevModelBuilder] = {
     "reasoner": DevModelBuilder(
         "worldserve-dev-reasoner", "worldserve.models.qwen_vl.dev:build_reasoner"
     ),
+    # The default generation model: a tiny Cosmos3 generator (sound and action heads).
     "generation": DevModelBuilder(
+        "worldserve-dev-cosmos3", "worldserve.models.cosmos3.dev:build_generation"
+    ),
+    # Not a stage folder: serve it with `--model-path <root>/wan`.
+    "wan": DevModelBuilder(
         "worldserve-dev-wan", "worldserve.models.wan.dev:build_generation"
     ),
     "realtime": DevModelBuilder(
         "worldserve-dev-causal-wan", "worldserve.models.causal_dit.dev:build_realtime"
+    ),
+    # A standalone Cosmos3 Omni reasoner (the Cosmos3 dev directory holds one beside its
+    # generator); served with `--model-path <root>/cosmos3-reasoner`.
+    "cosmos3-reasoner": DevModelBuilder(
+        "worldserve-dev-cosmos3-reasoner", "worldserve.models.cosmos3_reasoner.dev:build_omni"
     ),
 }
 

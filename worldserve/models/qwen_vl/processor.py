@@ -136,9 +136,18 @@ def read_chat_template(model_dir: Path) -> str | None:
 
 
 def load_processor(model_dir: str | Path) -> Any:
-    """The official processor when it can be built here, otherwise `VLProcessorShim`."""
+    """The official processor when it can be built here, otherwise `VLProcessorShim`.
+
+    Without a `processor_config.json`, `AutoProcessor` may return a bare tokenizer (no
+    `image_processor`) for model types it has no processor entry for (cosmos3_omni): that
+    also falls back to the shim.
+    """
     try:
-        return AutoProcessor.from_pretrained(model_dir, local_files_only=True)
+        processor = AutoProcessor.from_pretrained(model_dir, local_files_only=True)
+        if getattr(processor, "image_processor", None) is None:
+            raise ValueError(f"AutoProcessor returned a {type(processor).__name__} without an "
+                             "image processor")
+        return processor
     except _PROCESSOR_BUILD_ERRORS as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         logger.info(

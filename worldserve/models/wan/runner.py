@@ -26,6 +26,7 @@ from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import GenerationParams
 from worldserve.models.common import count_parameters
 from worldserve.models.diffusers_admin import DiffusersAdminOps, LoraAdapters
+from worldserve.models.types import ModelLoadError, RowExtras, RunnerFeatures
 from worldserve.models.wan.loader import load_pipeline
 
 DEFAULT_MAX_SEQUENCE_LENGTH = 512
@@ -70,8 +71,13 @@ class BatchState:
             self.first_frame_noise = self.first_frame_noise.index_select(0, index)
 
 
-def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu") -> DiffusionRunner:
-    """The registry's generation loader for a Wan diffusers directory."""
+def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu",
+                safety_checker: bool = False) -> DiffusionRunner:
+    """The registry's generation loader for a Wan diffusers directory (Wan pipelines have no
+    safety checker, so the option is refused rather than silently ignored)."""
+    if safety_checker:
+        raise ModelLoadError(f"{model_dir}: stages.generation.safety_checker applies to Cosmos3 "
+                             "checkpoints; Wan pipelines have none (set it to false)")
     return DiffusionRunner(load_pipeline(model_dir, dtype, device))
 
 
@@ -84,6 +90,7 @@ class DiffusionRunner(DiffusersAdminOps):
 
     # Rows of one forward: no limit of its own (the stage's `max_batch_size` decides).
     max_batch_size: int | None = None
+    features = RunnerFeatures(family="wan")
 
     def __init__(self, pipe: Any) -> None:
         self.pipe = pipe
@@ -245,3 +252,7 @@ class DiffusionRunner(DiffusersAdminOps):
         latents = latents * self.latents_std.to(latents) + self.latents_mean.to(latents)
         video = self.pipe.vae.decode(latents, return_dict=False)[0]
         return self.pipe.video_processor.postprocess_video(video, output_type="np")[0]
+
+    def extras(self, state: BatchState, row: int) -> RowExtras | None:
+        """Wan produces frames only."""
+        return None

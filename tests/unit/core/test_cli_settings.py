@@ -1,0 +1,86 @@
+"""`worldserve serve` flags for the NIM settings: each flag reaches its config key and wins
+over the NIM variable; a malformed variable stops startup with a message naming it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from worldserve import cli
+from worldserve.config import ServerConfig
+
+FLAGS = [  # flag, value, attribute of stages.reasoner.streaming (or the reasoner stage)
+    ("--streaming-max-sessions", "5", "max_sessions", 5),
+    ("--streaming-max-video-segments", "4", "max_video_segments", 4),
+    ("--streaming-idle-timeout-s", "30", "idle_timeout_s", 30.0),
+    ("--streaming-rest-idle-timeout-s", "7", "rest_idle_timeout_s", 7.0),
+    ("--streaming-frame-timeout-s", "9", "frame_timeout_s", 9.0),
+    ("--streaming-image-budget", "99", "image_budget", 99),
+    ("--streaming-encoder-capacity", "40", "encoder_capacity", 40),
+    ("--streaming-spec-method", "ngram", "spec_method", "ngram"),
+    ("--streaming-spec-num-tokens", "6", "spec_num_tokens", 6),
+]
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> list[ServerConfig]:
+    """Stop `serve` at the boundary: record the config it would start the server with."""
+    seen: list[ServerConfig] = []
+
+    async def fake_serve(cfg: ServerConfig, key: Any) -> int:
+        seen.append(cfg)
+        return 0
+
+    monkeypatch.setattr(cli, "_serve", fake_serve)
+    monkeypatch.setattr(cli, "_fill_dev_model_paths", lambda cfg: cfg)
+    return seen
+
+
+def _serve(*args: str, env: dict[str, str] | None = None) -> Any:
+    return CliRunner().invoke(cli.app, ["serve", *args], env=env)
+
+
+@pytest.mark.parametrize(("flag", "raw", "attr", "value"), FLAGS)
+def test_flag_sets_its_key(served: list[ServerConfig], flag: str, raw: str, attr: str,
+                           value: object) -> None:
+    result = _serve(flag, raw)
+    assert result.exit_code == 0, result.output
+    assert getattr(served[0].stages.reasoner.streaming, attr) == value
+
+
+def test_enable_streaming_flag_wins_over_nim_variable(served: list[ServerConfig]) -> None:
+    assert _serve("--enable-streaming", env={"NIM_ENABLE_STREAMING": "false"}).exit_code == 0
+    assert _serve(env={"NIM_ENABLE_STREAMING": "false"}).exit_code == 0
+    assert _serve("--disable-streaming").exit_code == 0
+    assert [c.stages.reasoner.streaming.enabled for c in served] == [True, False, False]
+
+
+def test_max_sessions_flag_wins_over_nim_variable(served: list[ServerConfig]) -> None:
+    env = {"NIM_STREAMING_MAX_SESSIONS": "4"}
+    assert _serve("--streaming-max-sessions", "6", env=env).exit_code == 0
+    assert _serve(env=env).exit_code == 0
+    assert [c.stages.reasoner.streaming.max_sessions for c in served] == [6, 4]
+
+
+def test_reasoner_flags(served: list[ServerConfig]) -> None:
+    result = _serve("--guided-decoding-backend", "llguidance", "--reasoner-model-name", "cosmos")
+    assert result.exit_code == 0, result.output
+    assert served[0].stages.reasoner.served_model_name == "cosmos"
+
+
+def test_malformed_variable_is_a_startup_error(served: list[ServerConfig]) -> None:
+    result = _serve(env={"NIM_STREAMING_MAX_VIDEO_SEGMENTS": "eight"})
+    assert result.exit_code == 2 and not served
+    assert "NIM_STREAMING_MAX_VIDEO_SEGMENTS='eight': expected an integer" in result.output
+
+
+def test_help_lists_the_nim_flags_in_their_own_panel() -> None:
+    result = CliRunner().invoke(cli.app, ["serve", "--help"], env={"COLUMNS": "200"})
+    assert "Live video reasoning (NIM settings" in result.output
+    for flag, *_ in FLAGS:
+        assert flag in result.output
+    for name in ("--enable-streaming", "--disable-streaming", "--guided-decoding-backend",
+                 "NIM_STREAMING_REST_IDLE_TIMEOUT_S", "--reasoner-model-name"):
+        assert name in result.output

@@ -1,0 +1,89 @@
+"""One Cosmos3 directory, both stages: the reasoner's LLM tensors are the generator
+transformer's understanding pathway, and tying them in one process leaves logits unchanged
+while holding one copy.
+
+The generator here is a bare tiny `Cosmos3OmniTransformer` in the diffusers layout
+(`model_index.json` + `transformer/`); the full dev pipeline is the Cosmos3 generation
+family's builder, which calls `write_reasoner_files` the same way."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from diffusers.models.transformers.transformer_cosmos3 import Cosmos3OmniTransformer
+
+from tests.unit.reasoner.tiny_vlm import frame_bytes
+from worldserve.models import registry
+from worldserve.models.cosmos3_reasoner.dev import write_generator_transformer, write_reasoner_files
+from worldserve.models.cosmos3_reasoner.sharing import (
+    WeightMismatch,
+    tie_text_pathway,
+    unique_parameter_bytes,
+)
+from worldserve.models.cosmos3_reasoner.text_pathway import shared_pairs
+
+
+def build_generator(target: Path, model_type: str) -> Cosmos3OmniTransformer:
+    return write_generator_transformer(target, 1, model_type)
+
+
+@pytest.fixture(scope="module", params=["cosmos3_omni", "cosmos3_edge"])
+def one_dir(request, tmp_path_factory):
+    target = tmp_path_factory.mktemp(f"one-{request.param}")
+    build_generator(target, request.param)
+    write_reasoner_files(target, 0, request.param)
+    return target, request.param
+
+
+def test_both_stages_resolve_from_one_directory(one_dir):
+    target, _ = one_dir
+    assert registry.stage_kinds(target)[-1] == "reasoner"
+    assert registry.resolve("reasoner", target).name == "cosmos3_reasoner"
+
+
+def test_reasoner_llm_tensors_equal_the_generator_text_pathway(one_dir):
+    target, model_type = one_dir
+    generator = Cosmos3OmniTransformer.from_pretrained(target / "transformer").eval()
+    runner = registry.load_runner("reasoner", target)
+    pairs = shared_pairs(generator, runner.model, model_type)
+    # embed_tokens, norm, lm_head + per layer: q/k/v/o, q/k norms (Omni), the MLP (gate/up/down
+    # on Omni, fc1/fc2 on Edge), the two layer norms
+    per_layer = {"cosmos3_omni": 4 + 2 + 3 + 2, "cosmos3_edge": 4 + 2 + 2}[model_type]
+    assert len(pairs) == 3 + 2 * per_layer
+    g, r = dict(generator.named_parameters()), dict(runner.model.named_parameters())
+    for source, target_name in pairs:
+        assert torch.equal(g[source], r[target_name]), (source, target_name)
+
+
+def test_tied_reasoner_shares_storage_and_keeps_its_logits(one_dir, make_engine):
+    target, model_type = one_dir
+    generator = Cosmos3OmniTransformer.from_pretrained(target / "transformer").eval()
+    alone = registry.load_runner("reasoner", target)
+    tied = registry.load_runner("reasoner", target, generator=generator)
+    separate = unique_parameter_bytes(generator) + unique_parameter_bytes(alone.model)
+    shared = unique_parameter_bytes(generator, tied.model)
+    llm_bytes = sum(p.numel() * p.element_size()
+                    for _, name in shared_pairs(generator, tied.model, model_type)
+                    for p in [dict(tied.model.named_parameters())[name]])
+    assert separate - shared == llm_bytes
+    tied_params = {p.data_ptr() for p in tied.model.parameters()}
+    assert all(p.data_ptr() in tied_params for n, p in generator.named_parameters()
+               if n == "embed_tokens.weight" or n.endswith("self_attn.to_q.weight"))
+    # same replies, same logits, from the engine over either runner
+    prompts = make_engine(target).engine.prompts
+    chunk = prompts.frame_chunk(frame_bytes(0, size=96), "Describe.", "What?", None, set())
+    logits = [r.forward(r.new_kv(), chunk.turn_ids, [chunk.image], num_logits=4)
+              for r in (alone, tied)]
+    assert torch.equal(logits[0], logits[1])
+
+
+def test_tying_refuses_a_generator_that_differs(one_dir, tmp_path):
+    target, model_type = one_dir
+    other = build_generator(tmp_path, model_type)
+    with torch.no_grad():
+        other.norm.weight.add_(1.0)
+    runner = registry.load_runner("reasoner", target)
+    with pytest.raises(WeightMismatch, match="norm"):
+        tie_text_pathway(runner.model, other, model_type)

@@ -1,0 +1,179 @@
+"""Deploy worldserve on Ray Serve: one deployment per stage kind, the api as the ingress.
+
+Each enabled stage is its own Serve application (`worldserve-<stage>`, no HTTP route) whose
+replicas wrap one engine each (`StageReplica`, `num_gpus: 1` per replica where the cluster has
+GPUs) and route through the `OwnerRouter`. The api is today's FastAPI app (same routes,
+WebSockets, error contracts) as the ingress of the `worldserve` application, built on each api
+replica around `RayStageClient`s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import ray
+from fastapi import FastAPI
+from ray import serve
+from ray.serve.config import RequestRouterConfig
+
+from worldserve.api.app import create_app
+from worldserve.api.runtime import ServerRuntime
+from worldserve.cluster.client import RayStageClient
+from worldserve.cluster.ids import api_tag
+from worldserve.cluster.replica import StageReplica
+from worldserve.cluster.router import ApiRouter, OwnerRouter
+from worldserve.config import ServerConfig
+
+log = logging.getLogger("worldserve.cluster")
+
+API_APP = "worldserve"
+HANDSHAKE_TIMEOUT_S = 600.0
+ROUTING_STATS_PERIOD_S = 1.0
+MAX_ONGOING_REQUESTS = 256  # a replica queues in its engine; Serve must not hold calls back
+STAGE_KINDS = ("generation", "reasoner", "realtime")
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    ray_address: str | None = None
+    replicas: Mapping[str, int] = field(default_factory=dict)  # stage -> replicas (default 1)
+    api_replicas: int = 1
+    # Tests and benchmarks: stage -> "module:Class" built instead of the configured engine.
+    engine_targets: Mapping[str, str] = field(default_factory=dict)
+    num_gpus_per_replica: float | None = None  # None: 1 when the cluster has GPUs, else 0
+
+
+def parse_replicas(text: str | None) -> dict[str, int]:
+    """`generation=2,reasoner=1` -> {"generation": 2, "reasoner": 1}; ValueError names the fault."""
+    counts: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        name, sep, value = part.partition("=")
+        if not sep or name not in STAGE_KINDS:
+            raise ValueError(f"--replicas takes STAGE=N pairs with STAGE one of "
+                             f"{', '.join(STAGE_KINDS)} (got '{part}')")
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"--replicas {name} must be a whole number >= 1 (got '{value}')")
+        counts[name] = int(value)
+    return counts
+
+
+def stage_app_name(stage: str) -> str:
+    return f"worldserve-{stage}"
+
+
+def _num_gpus(options: ClusterOptions) -> float:
+    if options.num_gpus_per_replica is not None:
+        return options.num_gpus_per_replica
+    return 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
+
+
+def stage_application(stage: str, config: ServerConfig, options: ClusterOptions) -> Any:
+    deployment = serve.deployment(
+        StageReplica,
+        name=stage,
+        num_replicas=options.replicas.get(stage, 1),
+        max_ongoing_requests=MAX_ONGOING_REQUESTS,
+        ray_actor_options={"num_cpus": 0, "num_gpus": _num_gpus(options)},
+        request_router_config=RequestRouterConfig(
+            request_router_class=OwnerRouter,
+            request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
+        ),
+    )
+    return deployment.bind(stage, config.model_dump_json(), options.engine_targets.get(stage))
+
+
+@serve.ingress()
+class WorldserveApi:
+    """One api replica: the FastAPI app around a `RayStageClient` per stage. The ids it mints
+    name it (`ApiRouter` sends their later calls here); with several api replicas, each keeps
+    its job records and output copies in its own `api-<replica>` folder of the output dir."""
+
+    async def __init__(self, config_json: str, stages: list[str], admin_key: str | None,
+                       num_api_replicas: int = 1) -> None:
+        replica = serve.get_replica_context().replica_id.unique_id
+        self.config = ServerConfig.model_validate_json(config_json)
+        if num_api_replicas > 1:
+            self.config = own_output_dir(self.config, f"api-{replica}")
+        output_dir = self.config.stages.generation.resolved_output_dir()
+        self.clients = {
+            stage: RayStageClient(stage, serve.get_deployment_handle(stage, stage_app_name(stage)),
+                                  output_dir=output_dir if stage == "generation" else None)
+            for stage in stages
+        }
+        await asyncio.gather(*(c.handshake(HANDSHAKE_TIMEOUT_S) for c in self.clients.values()))
+        self.runtime = ServerRuntime(config=self.config, clients=dict(self.clients),
+                                     admin_key=admin_key, id_tag=api_tag(replica))
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return create_app(self.runtime)
+
+
+def own_output_dir(config: ServerConfig, name: str) -> ServerConfig:
+    """`config` with the generation output dir moved to its subfolder `name`."""
+    data = config.model_dump(mode="json")
+    data["stages"]["generation"]["output_dir"] = str(
+        config.stages.generation.resolved_output_dir() / name)
+    return ServerConfig.model_validate(data)
+
+
+def api_application(config: ServerConfig, admin_key: str | None, options: ClusterOptions) -> Any:
+    stages = list(config.stages.enabled())
+    deployment = serve.deployment(
+        WorldserveApi, name="api", num_replicas=options.api_replicas,
+        max_ongoing_requests=MAX_ONGOING_REQUESTS, ray_actor_options={"num_cpus": 0},
+        request_router_config=RequestRouterConfig(request_router_class=ApiRouter))
+    return deployment.bind(config.model_dump_json(), stages, admin_key, options.api_replicas)
+
+
+def deploy(config: ServerConfig, admin_key: str | None, options: ClusterOptions) -> None:
+    """Start Serve's HTTP proxy on the configured host/port and deploy stages, then the api."""
+    serve.start(http_options={"host": config.host, "port": config.port})
+    serve.run_many([  # the stages load side by side; the api then handshakes with each
+        serve.RunTarget(stage_application(stage, config, options), name=stage_app_name(stage),
+                        route_prefix=None)
+        for stage in config.stages.enabled()
+    ])
+    serve.run(api_application(config, admin_key, options), name=API_APP, route_prefix="/")
+
+
+def shutdown() -> None:
+    """Tear down every application and Serve itself (the Ray cluster stays)."""
+    serve.shutdown()
+
+
+def run(config: ServerConfig, admin_key: str | None, options: ClusterOptions) -> int:
+    """`worldserve serve --cluster ray`: deploy, serve until SIGINT/SIGTERM, undeploy."""
+    ray.init(address=options.ray_address, include_dashboard=False)
+    try:
+        try:
+            deploy(config, admin_key, options)
+        except RuntimeError as exc:  # Serve's "Deploying application ... failed: <cause>"
+            print(f"worldserve: {exc}", file=sys.stderr, flush=True)
+            return 1
+        print(json.dumps({"event": "serving", "host": config.host, "port": config.port,
+                          "replicas": {s: options.replicas.get(s, 1)
+                                       for s in config.stages.enabled()},
+                          "api_replicas": options.api_replicas}), flush=True)
+        _wait_for_signal()
+    finally:
+        shutdown()
+        ray.shutdown()
+    return 0
+
+
+def _wait_for_signal() -> None:
+    stop = asyncio.Event()
+
+    async def wait() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+
+    asyncio.run(wait())
