@@ -27,6 +27,7 @@ from worldserve.ipc.messages import GenerationParams
 from worldserve.models.common import count_parameters
 from worldserve.models.cosmos3 import checks, inputs
 from worldserve.models.cosmos3.loader import load_pipeline
+from worldserve.models.diffusers_admin import DiffusersAdminOps, LoraAdapters
 from worldserve.models.types import RowExtras, RunnerFeatures
 
 SAMPLING_DTYPE = torch.float32
@@ -85,8 +86,10 @@ def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu",
                          Path(model_dir))
 
 
-class Cosmos3Runner:
-    """Owns the pipeline; satisfies the generation runner contract (engines/generation)."""
+class Cosmos3Runner(DiffusersAdminOps):
+    """Owns the pipeline; satisfies the generation runner contract (engines/generation), with
+    the optional LoRA / weights / memory capabilities of `DiffusersAdminOps` (the pipeline has
+    no LoRA loader: adapters load through the transformer's `load_lora_adapter`)."""
 
     max_batch_size: int | None = 1  # no batch axis: interleave only
 
@@ -103,6 +106,14 @@ class Cosmos3Runner:
         self.sample_rate = (int(pipe.sound_tokenizer.config.sampling_rate)
                             if pipe.sound_tokenizer is not None else None)
         self.features = self._features()
+        self.device = pipe._get_execution_device()
+        self.lora = LoraAdapters(pipe)
+
+    def describe(self) -> dict[str, Any]:
+        return {"family": "cosmos3", "pipeline": type(self.pipe).__name__,
+                "dtype": str(self.pipe.transformer.dtype).removeprefix("torch."),
+                "device": str(self.device), "lora_supported": True,
+                "lora": self.lora.describe()}
 
     def _features(self) -> RunnerFeatures:
         from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
