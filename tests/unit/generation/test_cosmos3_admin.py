@@ -184,3 +184,22 @@ def test_weight_update_and_model_info(engine, cosmos3_dir, assets):
     out = run(engine, [image("new")])
     assert np.array_equal(pixels(engine, out["new"]), reference(
         cosmos3_dir, transformer_dir=assets["updated"] / "transformer"))
+
+
+async def test_actions_route_takes_lora(engine, assets):
+    from tests.unit.generation.test_cosmos3_api import action_request
+    from tests.unit.generation.test_media_api import serve
+
+    async for http in serve(engine):
+        loaded = await http.post("/admin/lora/load", json={"name": "c",
+                                                           "path": str(assets["lora"])})
+        assert loaded.status_code == 200, loaded.text
+        plain = await http.post("/v1/actions/generations", json=action_request(seed=1))
+        styled = await http.post("/v1/actions/generations",
+                                 json={**action_request(seed=1), "lora": {"name": "c"}})
+        assert plain.status_code == 200 and styled.status_code == 200, styled.text
+        a, b = (r.json()["data"][0]["action"]["values"] for r in (plain, styled))
+        assert not np.allclose(np.array(a), np.array(b))
+        unknown = await http.post("/v1/actions/generations",
+                                  json={**action_request(), "lora": "nope"})
+        assert unknown.status_code == 400 and "unknown LoRA adapter 'nope'" in unknown.text
