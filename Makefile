@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # `make test` a test never skips for something the machine lacks (WORLDSERVE_TEST_STRICT=1).
 BROWSER ?= 1
 
-.PHONY: serve test lint install dev-models clean
+.PHONY: serve serve-cosmos3 test lint install dev-models clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ dev-models: $(STAMP)
 
 serve: dev-models
 	$(BIN)/worldserve serve --host $(HOST) --port $(PORT)
+
+# Images, videos, actions and live reasoning from one Cosmos3 directory (generator + reasoner);
+# the realtime stage keeps the dev causal model.
+serve-cosmos3: dev-models
+	$(BIN)/worldserve serve --host $(HOST) --port $(PORT) --model-path \
+		"$$($(BIN)/python -c 'from worldserve import envs; print(envs.dev_models_dir())')/generation"
 
 lint: $(STAMP)
 	$(BIN)/ruff check worldserve tests benchmarks

@@ -2,9 +2,14 @@
 frames/s with 1 and 2 concurrent sessions, and payload encoding figures.
 
     python benchmarks/realtime.py [--chunks 200] [--size 64x64] [--threads 1] [--model-path DIR]
+    python benchmarks/realtime.py --model sana_wm [--chunks 200] [--no-refiner] [--steps 2]
 
 The engine runs in-process (no sockets). Flatness = p95 of the last 20 chunks / p95 of the first
 20 (1.0 = flat). Prints progress to stderr and one JSON line to stdout.
+
+`--model sana_wm` runs the tiny SANA-WM family (random weights, in memory, with its refiner
+unless --no-refiner): per-chunk latency of one session, flatness = p95 of the last 50 chunks /
+p95 of chunks 10-60, and aggregate chunks/s of 2 sessions vs 1 through the engine.
 """
 
 from __future__ import annotations
@@ -140,8 +145,100 @@ def slow_scene(width: int = 832, height: int = 480, n: int = 16) -> list[bytes]:
     return frames
 
 
+# --------------------------------------------------------------------------- SANA-WM
+
+
+def _png(width: int, height: int) -> bytes:
+    from PIL import Image
+
+    pixels = (np.random.RandomState(0).rand(height, width, 3) * 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _sana_engine(runner: Any, steps: int, sessions: int) -> RealtimeEngine:
+    return RealtimeEngine(RealtimeStageConfig(max_sessions=max(2, sessions),
+                                              num_inference_steps=steps), ServerConfig(),
+                          runner=runner)
+
+
+def sana_latency_run(runner: Any, num_chunks: int, width: int, height: int,
+                     steps: int) -> dict[str, Any]:
+    """Per-chunk times of one SANA-WM session (camera keys change every 4 chunks)."""
+    engine = _sana_engine(runner, steps, 1)
+    times: list[float] = []
+    state_bytes: list[int] = []
+
+    def reply(msg: Any) -> None:
+        assert msg.num_frames > 0, msg
+        times.append(msg.forward_ms)
+
+    frames = runner.chunk_frames(1, runner.facts.frames_per_block)
+    for k in range(num_chunks):
+        engine.submit(RealtimeChunk(
+            request_id=f"c{k}", session_id="bench", chunk_index=k, seed=0,
+            prompt="a road through a forest" if k == 0 else None, width=width, height=height,
+            first_frame=_png(width, height) if k == 0 else None,
+            camera=[["w"] if (k // 4) % 2 else ["l"]] * frames), reply)
+        while engine.has_work():
+            engine.step()
+        state_bytes.append(engine.stats()["extra"]["kv_bytes"])
+        if k % 10 == 9:
+            print(f"  chunk {k + 1}/{num_chunks}: {times[-1]:.0f} ms", file=sys.stderr)
+    early = times[10:60]
+    return {"flatness": p95(times[-50:]) / p95(early), "p95_chunks_10_60_ms": p95(early),
+            "p95_last50_ms": p95(times[-50:]), "state_bytes_first": state_bytes[0],
+            "state_bytes_last": state_bytes[-1], "state_bytes_max": max(state_bytes)}
+
+
+def sana_throughput(runner: Any, num_sessions: int, num_chunks: int, width: int, height: int,
+                    steps: int) -> float:
+    """Aggregate chunks/s of `num_sessions` SANA-WM sessions interleaved by the engine."""
+    engine = _sana_engine(runner, steps, num_sessions)
+    done = 0
+
+    def reply(msg: Any) -> None:
+        nonlocal done
+        assert msg.num_frames > 0, msg
+        done += 1
+
+    image = _png(width, height)
+    start = time.perf_counter()
+    for k in range(num_chunks):
+        for s in range(num_sessions):
+            engine.submit(RealtimeChunk(
+                request_id=f"{s}-{k}", session_id=f"s{s}", chunk_index=k, seed=s,
+                prompt="a road" if k == 0 else None, width=width, height=height,
+                first_frame=image if k == 0 else None), reply)
+        while engine.has_work():
+            engine.step()
+    return done / (time.perf_counter() - start)
+
+
+def sana_main(args: argparse.Namespace, width: int, height: int) -> None:
+    from worldserve.models.sana_wm.dev import build_pipeline, build_refiner
+    from worldserve.models.sana_wm.runner import SanaWMRunner
+
+    runner = SanaWMRunner(build_pipeline(0), None if args.no_refiner else build_refiner(0))
+    result: dict[str, Any] = {"model": "sana_wm", "pipeline": runner.facts.pipeline,
+                              "size": args.size, "chunks": args.chunks, "steps": args.steps,
+                              "threads": args.threads,
+                              "frames_per_chunk": runner.chunk_frames(1, 3)}
+    with torch.inference_mode():
+        sana_throughput(runner, 1, 3, width, height, args.steps)  # warm-up
+        result.update(sana_latency_run(runner, args.chunks, width, height, args.steps))
+        one = sana_throughput(runner, 1, args.fps_chunks, width, height, args.steps)
+        two = sana_throughput(runner, 2, args.fps_chunks, width, height, args.steps)
+    result.update({"chunks_per_s_1": one, "chunks_per_s_2": two, "ratio_2_vs_1": two / one})
+    print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", choices=("causal_dit", "sana_wm"), default="causal_dit")
+    ap.add_argument("--no-refiner", action="store_true", help="sana_wm: stage 1 only")
+    ap.add_argument("--steps", type=int, default=2, help="sana_wm: stage-1 steps per chunk")
     ap.add_argument("--chunks", type=int, default=200)
     ap.add_argument("--fps-chunks", type=int, default=20)
     ap.add_argument("--size", default="64x64")
@@ -150,6 +247,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     width, height = (int(v) for v in args.size.split("x"))
+    if args.model == "sana_wm":
+        sana_main(args, width, height)
+        return
     if args.model_path:
         model = load_realtime_model(args.model_path)
     else:

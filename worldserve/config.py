@@ -208,6 +208,9 @@ class ReasonerStageConfig(StageConfig):
     max_prefill_tokens: int = Field(default=2048, ge=64)
     # Batch the decode steps of concurrent sessions into one forward.
     batch_decode: bool = True
+    # Run in the generation stage's process (same device): a Cosmos3 directory's reasoner then
+    # shares the generator's understanding weights instead of holding a second copy.
+    colocate_with_generation: bool = False
     # Grammar engine of guided_json/guided_choice/guided_regex: the hf and fake backends use
     # llguidance; xgrammar/auto name the NIM's vllm backend and are refused here.
     guided_decoding_backend: Literal["llguidance", "xgrammar", "auto"] = "llguidance"
@@ -319,6 +322,19 @@ class ServerConfig(_Frozen):
     # Proxies whose X-Forwarded-Proto/For/Host are believed (comma-separated IPs/CIDRs, "*").
     forwarded_allow_ips: str = "127.0.0.1"
     stages: StagesConfig = Field(default_factory=StagesConfig)
+
+    @model_validator(mode="after")
+    def _colocation_is_possible(self) -> ServerConfig:
+        reasoner, generation = self.stages.reasoner, self.stages.generation
+        if not (reasoner.enabled and reasoner.colocate_with_generation):
+            return self
+        if not generation.enabled:
+            raise ValueError("stages.reasoner.colocate_with_generation needs the generation "
+                             "stage enabled")
+        if reasoner.device != generation.device:
+            raise ValueError(f"stages.reasoner.colocate_with_generation needs one device; got "
+                             f"reasoner {reasoner.device!r}, generation {generation.device!r}")
+        return self
 
     @field_validator("public_url")
     @classmethod

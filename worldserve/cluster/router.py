@@ -5,7 +5,8 @@ It runs in the caller's process (an api replica). Per call, the routing key (ids
   at once with `OwnerGone` (no backoff, no retries on another replica);
 - `place`: a new session: replicas ranked by the sessions they report through
   `record_routing_stats`, plus the sessions placed from here too recently to be in that report
-  (ties: fewest placed from here), so sessions spread;
+  (ties: fewest placed from here, then at random, so api replicas with the same stale view
+  do not all pick the first replica), so sessions spread;
 - none: a job: two random replicas, the shorter queue wins (power of two choices).
 
 Ray ships this module to the callers by value (`RequestRouterConfig` pickles it so), so a class
@@ -57,10 +58,11 @@ class OwnerRouter(RequestRouter):
             pending_request.future.set_exception(OwnerGone(owner))
         return [candidates[:1]]
 
-    def _session_load(self, replica: RunningReplica) -> tuple[int, int]:
+    def _session_load(self, replica: RunningReplica) -> tuple[int, int, float]:
         rid = replica.replica_id.unique_id
         stats = replica.routing_stats or {}
-        return int(stats.get("sessions", 0)) + self._num_recent(rid), self._placed[rid]
+        load = int(stats.get("sessions", 0)) + self._num_recent(rid)
+        return load, self._placed[rid], random.random()
 
     def _num_recent(self, rid: str) -> int:
         recent = self._recent[rid]

@@ -159,6 +159,7 @@ class RealtimeCapabilities(StageCapabilities, tag="realtime"):
     camera_conditioning: bool = False
     camera_keys: str = "wasdijkl"
     supports_first_frame: bool = False
+    requires_first_frame: bool = False  # sessions start from an image (e.g. SANA-WM)
     supports_guidance: bool = True
     max_script_frames: int = 512
     min_pulse_items: int = 1

@@ -431,6 +431,8 @@ class RealtimeChunk(Request):
     sink_size: int | None = None
     window_frames: int | None = None
     first_frame: bytes | None = None
+    # [fx, fy, cx, cy] in first_frame pixels (chunk 0; camera-conditioned image models)
+    intrinsics: list[float] | None = None
     camera: list[list[str]] | None = None
     refresh_kv: bool = False
     submitted_at: float = 0.0

@@ -19,6 +19,7 @@ from worldserve.models.cosmos3.family import FAMILY as COSMOS3
 from worldserve.models.cosmos3_reasoner.family import FAMILY as COSMOS3_REASONER
 from worldserve.models.detect import describe
 from worldserve.models.qwen_vl.family import FAMILY as QWEN_VL
+from worldserve.models.sana_wm.family import FAMILY as SANA_WM
 from worldserve.models.types import ModelFamily, ModelLoadError
 from worldserve.models.wan.family import FAMILY as WAN
 
@@ -32,6 +33,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
     QWEN_VL,
     COSMOS3_REASONER,
     CAUSAL_DIT,
+    SANA_WM,
 )
 
 

@@ -26,6 +26,41 @@ class WorldSessionSettings:
     sink_frames: int
     window_frames: int
     frames_per_block: int
+    guidance_scale: float = 1.0
+    negative_prompt: str = ""
+    first_frame: bytes | None = None  # encoded image (PNG/JPEG/...), validated by the runner
+    intrinsics: tuple[float, ...] | None = None  # [fx, fy, cx, cy] in first_frame pixels
+
+
+FIRST_FRAME_MODES = ("unsupported", "optional", "required")
+
+
+@dataclass(frozen=True)
+class RealtimeModelFacts:
+    """What a realtime runner's checkpoint tells the engine (defaults, limits, controls).
+
+    Frame counts are latent frames. `first_frame`: whether an init may / must carry an image.
+    `guidance`: whether guidance_scale != 1 is accepted (False: distilled without CFG, refused
+    with a clear message). `kv_bytes_per_token` feeds the api's admission estimate (spec 7.1).
+    """
+
+    pipeline: str
+    frames_per_block: int
+    default_sink_frames: int
+    default_window_frames: int
+    max_window_frames: int
+    default_num_inference_steps: int
+    default_fps: int
+    default_width: int
+    default_height: int
+    size_multiple: int
+    max_script_frames: int = 512
+    min_pulse_items: int = 1
+    kv_bytes_per_token: int = 0
+    camera_keys: str = "wasdijkl"
+    camera_conditioning: bool = True
+    first_frame: str = "unsupported"
+    guidance: bool = False
 
 
 class WorldSessionState(enum.Enum):

@@ -89,13 +89,17 @@ class StageLoop:
 
     def run(self) -> None:
         while self.running:
-            timeout_ms = 0 if self.engine.has_work() else self._echo_wait_ms(IDLE_POLL_MS)
-            for peer, msg in self.server.receive(timeout_ms):
-                self._dispatch(peer, msg)
-            self._send_due_echoes()
-            if self.engine.has_work():
-                self.engine.step()
-            self._broadcast_state_change()
+            self.tick(IDLE_POLL_MS)
+
+    def tick(self, idle_ms: float) -> None:
+        """Receive (waiting up to `idle_ms` when idle), answer, run one engine step."""
+        timeout_ms = 0 if self.engine.has_work() else self._echo_wait_ms(idle_ms)
+        for peer, msg in self.server.receive(timeout_ms):
+            self._dispatch(peer, msg)
+        self._send_due_echoes()
+        if self.engine.has_work():
+            self.engine.step()
+        self._broadcast_state_change()
 
     def _echo_wait_ms(self, default_ms: float) -> float:
         if not self._echoes:
@@ -159,11 +163,23 @@ class StageLoop:
             self.server.send(peer, StageStatus(stage=self.stage, state=state))
 
 
+def run_together(loops: list[StageLoop]) -> None:
+    """Several stages in one process (a colocated stage): one thread alternates their ticks,
+    so each engine's `step()` stays one bounded unit and neither starves the other."""
+    idle_ms = IDLE_POLL_MS / len(loops)
+    while all(loop.running for loop in loops):
+        busy = any(loop.engine.has_work() for loop in loops)
+        for loop in loops:
+            loop.tick(0 if busy else idle_ms)
+
+
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="worldserve-stage")
     parser.add_argument("--stage", required=True)
     parser.add_argument("--config", required=True, type=Path)
     parser.add_argument("--address", required=True)
+    # A second stage served from this process (its engine may share the first one's weights).
+    parser.add_argument("--colocate", default=None, help="NAME=ADDRESS of a colocated stage")
     return parser.parse_args(argv)
 
 
@@ -181,29 +197,51 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(threads)
-    stage_config = getattr(config.stages, args.stage)
+    stages = [(args.stage, args.address)]
+    if args.colocate:
+        name, _, address = args.colocate.partition("=")
+        stages.append((name, address))
+    loops: list[StageLoop] = []
     try:
-        server = StageServer(args.address)
+        for name, address in stages:  # in order: a later engine may reuse an earlier's weights
+            loop = _start_stage(name, address, config, debug)
+            if loop is None:
+                return 1
+            loops.append(loop)
+
+        def stop(*_: object) -> None:
+            for loop in loops:
+                loop.running = False
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the api process owns Ctrl+C
+        if len(loops) == 1:
+            loops[0].run()
+        else:
+            run_together(loops)
+    finally:
+        for loop in loops:
+            loop.engine.shutdown()
+            loop.server.close()
+    return 0
+
+
+def _start_stage(name: str, address: str, config: ServerConfig, debug: bool) -> StageLoop | None:
+    """Bind the stage's socket and load its engine; None (after printing why) on failure."""
+    try:
+        server = StageServer(address)
     except Exception as exc:
-        print(f"stage {args.stage}: cannot bind {args.address}: {exc}", file=sys.stderr)
-        return 1
+        print(f"stage {name}: cannot bind {address}: {exc}", file=sys.stderr)
+        return None
     try:
-        engine = create_engine(args.stage, stage_config, config)
+        engine = create_engine(name, getattr(config.stages, name), config)
     except Exception as exc:
         if debug:
             traceback.print_exc()
-        print(f"stage {args.stage} failed to start: {exc}", file=sys.stderr, flush=True)
+        print(f"stage {name} failed to start: {exc}", file=sys.stderr, flush=True)
         server.close()
-        return 1
-    loop = StageLoop(args.stage, server, engine)
-    signal.signal(signal.SIGTERM, lambda *_: setattr(loop, "running", False))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the api process owns Ctrl+C
-    try:
-        loop.run()
-    finally:
-        engine.shutdown()
-        server.close()
-    return 0
+        return None
+    return StageLoop(name, server, engine)
 
 
 if __name__ == "__main__":

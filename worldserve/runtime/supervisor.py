@@ -71,12 +71,22 @@ class StageProcess:
 
     def failure_message(self) -> str:
         """The stage's own last words, else how it ended."""
+        # (a colocated stage shares its host's stderr: only this stage's own line counts)
         for line in reversed(self.stderr_tail):
-            if "failed to start" in line or "cannot bind" in line:
+            if f"{self.name} failed to start" in line or f"{self.name}: cannot bind" in line:
                 return line.split("failed to start: ", 1)[-1]
         tail = [line for line in self.stderr_tail if line.strip()]
         reason = self.exit_reason or "unknown"
         return f"{reason}; last output: {tail[-1]}" if tail else reason
+
+
+def colocated_hosts(config: ServerConfig) -> dict[str, str]:
+    """guest stage -> the stage whose process serves it (`reasoner.colocate_with_generation`)."""
+    stages = config.stages.enabled()
+    reasoner = config.stages.reasoner
+    if "reasoner" in stages and "generation" in stages and reasoner.colocate_with_generation:
+        return {"reasoner": "generation"}
+    return {}
 
 
 class Supervisor:
@@ -107,9 +117,12 @@ class Supervisor:
             self.stages[name] = StageProcess(
                 name, stage_config, address, StageClient(name, address)
             )
+        hosts = colocated_hosts(self.config)
         try:
             for stage in self.stages.values():
-                await self._spawn(stage, config_file)
+                if stage.name not in hosts:
+                    guests = [self.stages[g] for g, h in hosts.items() if h == stage.name]
+                    await self._spawn(stage, config_file, guests)
             await asyncio.gather(*(self._handshake(s) for s in self.stages.values()))
         except BaseException:
             await self.stop()
@@ -117,7 +130,11 @@ class Supervisor:
         for stage in self.stages.values():
             stage.tasks.append(asyncio.get_running_loop().create_task(self._watch(stage)))
 
-    async def _spawn(self, stage: StageProcess, config_file: Path) -> None:
+    async def _spawn(self, stage: StageProcess, config_file: Path,
+                     guests: list[StageProcess] | None = None) -> None:
+        """Start the stage's process; `guests` are stages served from the same process."""
+        colocate = [arg for guest in guests or []
+                    for arg in ("--colocate", f"{guest.name}={guest.address}")]
         env = dict(os.environ)
         package_root = str(Path(worldserve.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
@@ -131,12 +148,17 @@ class Supervisor:
             str(config_file),
             "--address",
             stage.address,
+            *colocate,
             stdin=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
             env=env,
         )
         stage.tasks.append(asyncio.get_running_loop().create_task(self._forward_stderr(stage)))
         log.info("started stage %s (pid %d) on %s", stage.name, stage.proc.pid, stage.address)
+        for guest in guests or []:  # one process: same pid, same last words
+            guest.proc, guest.stderr_tail = stage.proc, stage.stderr_tail
+            log.info("stage %s runs in the %s process on %s", guest.name, stage.name,
+                     guest.address)
 
     async def _forward_stderr(self, stage: StageProcess) -> None:
         assert stage.proc is not None and stage.proc.stderr is not None
@@ -183,7 +205,9 @@ class Supervisor:
         if self._stopping:
             return
         self._stopping = True
-        live = [s for s in self.stages.values() if s.proc and s.proc.returncode is None]
+        # colocated stages share one process: signal and reap it once
+        by_proc = {id(s.proc): s for s in self.stages.values() if s.proc}
+        live = [s for s in by_proc.values() if s.proc and s.proc.returncode is None]
         for stage in live:
             stage.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
         await asyncio.gather(*(self._reap(s) for s in live))

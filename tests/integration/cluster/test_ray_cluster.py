@@ -32,7 +32,12 @@ except ImportError as exc:  # pragma: no cover
     raise ImportError("tests/integration/cluster need the ray extra: "
                       "pip install -e '.[dev,ray]'") from exc
 
-from worldserve.cluster.app import ClusterOptions, deploy, shutdown  # noqa: E402
+from worldserve.cluster.app import (  # noqa: E402
+    ROUTING_STATS_PERIOD_S,
+    ClusterOptions,
+    deploy,
+    shutdown,
+)
 from worldserve.cluster.ids import owner_of  # noqa: E402
 from worldserve.config import ServerConfig  # noqa: E402
 
@@ -118,7 +123,11 @@ def finished(http: httpx.Client, job_id: str, timeout_s: float = 60.0) -> dict[s
 
 
 def test_rest_sessions_stay_on_their_owner(http: httpx.Client) -> None:
-    sessions = [rest_session(http) for _ in range(2)]
+    sessions = [rest_session(http)]
+    # Two api replicas each route: the second placement must see the first one through the
+    # replicas' routing stats (published every ROUTING_STATS_PERIOD_S).
+    time.sleep(3 * ROUTING_STATS_PERIOD_S)
+    sessions.append(rest_session(http))
     owners = {owner_of(s) for s in sessions}
     assert owners == set(replica_actors("reasoner")), "sessions were not spread over both"
     # The fake engine numbers a session's frames; a replica that does not hold the session

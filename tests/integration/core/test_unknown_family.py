@@ -26,5 +26,5 @@ def test_unknown_model_directory_fails_startup_naming_the_families(tmp_path: Pat
     assert done.returncode == 1
     assert "stage 'generation' failed to start" in done.stderr
     assert "model_type='llama'" in done.stderr
-    assert "supported generation families: wan" in done.stderr
+    assert "supported generation families: cosmos3, wan" in done.stderr
     assert "Traceback" not in done.stderr

@@ -1,9 +1,10 @@
 """`worldserve serve --model-path DIR` with a generator (`model_index.json`) and a Cosmos3
 reasoner (`config.json`, model_type cosmos3_omni) in one directory starts both stages with no
-further flags, and every model listing names the directory's model.
+further flags, and every model listing names the directory's model; with
+`stages.reasoner.colocate_with_generation` both stages run in one process.
 
-The generator is the dev Wan pipeline until the Cosmos3 generation family's dev directory
-(which writes the reasoner files the same way) replaces it here."""
+The directory is the dev Cosmos3 generation checkpoint, which holds its reasoner (root
+`config.json`) whose LLM is the generator's understanding pathway."""
 
 from __future__ import annotations
 
@@ -11,26 +12,29 @@ import shutil
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.integration.streaming.support import SESSION_BODY, image_bytes
 from tests.support.server import ServerProcess
-from worldserve.models.cosmos3_reasoner.dev import write_reasoner_files
 from worldserve.models.dev import MARKER_NAME
 
 
-def test_one_directory_serves_generation_and_reasoning(tmp_path: Path,
-                                                       dev_models_dir: Path) -> None:
+@pytest.mark.parametrize("colocated", [False, True], ids=["two-processes", "colocated"])
+def test_one_directory_serves_generation_and_reasoning(tmp_path: Path, dev_models_dir: Path,
+                                                       colocated: bool) -> None:
     model = tmp_path / "cosmos3-both"
     shutil.copytree(dev_models_dir / "generation", model)
     (model / MARKER_NAME).unlink()  # served under the directory's name, like a real checkpoint
-    write_reasoner_files(model, 0)
-    config = {"stages": {"realtime": {"enabled": False}}}
+    config = {"stages": {"realtime": {"enabled": False},
+                         "reasoner": {"colocate_with_generation": colocated}}}
     server = ServerProcess(tmp_path, config, args=["--model-path", str(model)])
     try:
         server.wait_healthy(timeout_s=120)
         with httpx.Client(base_url=server.base_url, timeout=60) as http:
             info = http.get("/admin/server_info").json()
             assert set(info["stages"]) == {"generation", "reasoner"}
+            pids = server.stage_pids()
+            assert (pids["generation"] == pids["reasoner"]) is colocated
             meta = http.get("/v1/metadata").json()
             assert meta["model_type"] == "reasoner"
             assert meta["inference_endpoint"] == "/v1/chat/completions"
@@ -46,5 +50,10 @@ def test_one_directory_serves_generation_and_reasoning(tmp_path: Path,
                               content=image_bytes(), headers={"content-type": "image/jpeg"})
             assert reply.status_code == 200, reply.text
             http.delete(f"/v1/streaming/sessions/{session}")
+            image = http.post("/v1/images/generations", timeout=300, json={
+                "prompt": "x", "size": "64x64", "num_inference_steps": 2})
+            assert image.status_code == 200, image.text
+        # colocated: the reasoner holds no second copy of the understanding weights
+        assert ("reasoner shares" in server.log()) is colocated
     finally:
         server.stop()

@@ -86,6 +86,14 @@ def test_round_trips_through_json_for_stage_processes() -> None:
     assert ServerConfig.model_validate_json(config.model_dump_json()) == config
 
 
+def test_colocating_the_reasoner_needs_the_generation_stage_on_the_same_device() -> None:
+    stages = {"reasoner": {"colocate_with_generation": True}}
+    assert build_config({"stages": stages}).stages.reasoner.colocate_with_generation
+    with pytest.raises(ConfigError, match="colocate_with_generation needs the generation"):
+        build_config({"stages": {**stages, "generation": {"enabled": False}}})
+    with pytest.raises(ConfigError, match="needs one device"):
+        build_config({"stages": {"reasoner": {"colocate_with_generation": True,
+                                              "device": "cuda:0"}}})
 NIM_ROWS = [  # spec streaming-reasoning.md section 2: variable, raw value, config attribute, value
     ("NIM_ENABLE_STREAMING", "false", "enabled", False),
     ("NIM_STREAMING_MAX_SESSIONS", "5", "max_sessions", 5),

@@ -92,6 +92,7 @@ async def test_forward_dynamics_job_carries_its_action(engine) -> None:
         assert job["status"] == "completed", job
         assert job["action"]["shape"] == [4, 9] and job["action"]["domain_id"] == 1
         assert job["action"]["action_mode"] == "forward_dynamics"
+        assert job["size"] == "48x32"  # follows the 40x56 observation, floored to 16
         assert len(decode_frames((await http.get(job["url"])).content)) == 5
 
 

@@ -279,3 +279,26 @@ def test_missing_component_and_safety_checker_messages(model_dir, tmp_path):
 def test_check_refuses_bad_requests_with_a_clear_message(runner, overrides, message):
     with pytest.raises(InvalidRequest, match=message):
         runner.check(params(**overrides))
+
+
+def test_policy_returns_raw_width_actions_for_every_supported_domain(runner):
+    """Every domain the checkpoint publishes: [action_horizon, raw_action_dim] actions."""
+    domains = runner.features.action_domains
+    assert len(domains) == 15 and domains["hand_pose"] == 57 and "libero" not in domains
+    image = png(32, 32)
+    for name, width in sorted(domains.items()):
+        action = ActionCondition(mode="policy", chunk_size=4, domain_name=name,
+                                 resolution_tier=256)
+        p = params(action=action, condition_images=[image], guidance_scale=1.0,
+                   num_inference_steps=1)
+        runner.check(p)
+        _, extras = stepped(runner, p)
+        assert extras.action.shape == (4, width), name
+        assert extras.domain_id == runner.features.action_domain_ids[name]
+
+
+def test_describe_for_the_admin_model_info(runner):
+    facts = runner.describe()
+    assert facts["family"] == "cosmos3" and facts["pipeline"] == "Cosmos3OmniPipeline"
+    assert facts["dtype"] == "float32" and facts["device"] == "cpu"
+    assert facts["sound"] and facts["action_generation"] and not facts["lora_supported"]

@@ -29,13 +29,13 @@ REASONER_FILES = {
     "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
     "tokenizer_config.json", "chat_template.jinja", "preprocessor_config.json", MARKER_NAME,
 }
-GENERATION_FILES = {  # the tiny Cosmos3 generator (plain diffusers layout)
+GENERATION_FILES = {  # the tiny Cosmos3 generator (diffusers layout) + its reasoner at the root
     "model_index.json", "scheduler/scheduler_config.json", "text_tokenizer/tokenizer.json",
     "text_tokenizer/tokenizer_config.json", "text_tokenizer/chat_template.jinja",
     "transformer/config.json", "transformer/diffusion_pytorch_model.safetensors",
     "vae/config.json", "vae/diffusion_pytorch_model.safetensors", "sound_tokenizer/config.json",
-    "sound_tokenizer/diffusion_pytorch_model.safetensors", MARKER_NAME,
-}
+    "sound_tokenizer/diffusion_pytorch_model.safetensors",
+} | REASONER_FILES
 WAN_FILES = {
     "model_index.json", "scheduler/scheduler_config.json", "text_encoder/config.json",
     "text_encoder/model.safetensors", "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json",

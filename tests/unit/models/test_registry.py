@@ -29,6 +29,7 @@ def write(directory: Path, name: str, data: dict) -> Path:
     ("reasoner", "config.json", {"model_type": "cosmos3_edge"}, "cosmos3_reasoner"),
     ("realtime", "realtime_config.json", {"pipeline": "WorldserveCausalWanPipeline"},
      "causal_dit"),
+    ("realtime", "model_index.json", {"_class_name": "SanaWMPipeline"}, "sana_wm"),
     ("actions", "config.json", {"action_dim": 7, "action_horizon": 16, "state_dim": 8},
      "action_head"),
 ])
@@ -48,7 +49,7 @@ def test_unknown_directory_names_what_was_found_and_the_families(tmp_path):
 
 def test_a_family_serves_only_its_stage_kinds(tmp_path):
     model = write(tmp_path, "config.json", {"model_type": "qwen2_5_vl"})
-    with pytest.raises(ModelLoadError, match="supported realtime families: causal_dit"):
+    with pytest.raises(ModelLoadError, match="supported realtime families: causal_dit, sana_wm"):
         registry.resolve("realtime", model)
 
 

@@ -87,3 +87,47 @@ def test_tying_refuses_a_generator_that_differs(one_dir, tmp_path):
     runner = registry.load_runner("reasoner", target)
     with pytest.raises(WeightMismatch, match="norm"):
         tie_text_pathway(runner.model, other, model_type)
+
+
+def test_colocated_loader_ties_to_the_published_generator(one_dir):
+    """In a colocated stage process the generation loader publishes its transformer; the
+    reasoner loader of the same directory finds it and shares the LLM tensors."""
+    from worldserve.models import shared
+
+    target, _ = one_dir
+    generator = Cosmos3OmniTransformer.from_pretrained(target / "transformer").eval()
+    shared.publish(target, shared.GENERATOR_TRANSFORMER, generator)
+    try:
+        tied = registry.load_runner("reasoner", target)
+    finally:
+        shared.withdraw(target, shared.GENERATOR_TRANSFORMER)
+    alone = registry.load_runner("reasoner", target)
+    embed = generator.embed_tokens.weight
+    assert tied.model.get_input_embeddings().weight is embed
+    assert alone.model.get_input_embeddings().weight is not embed
+
+
+def test_tying_refuses_another_dtype(one_dir):
+    target, model_type = one_dir
+    generator = Cosmos3OmniTransformer.from_pretrained(target / "transformer").eval()
+    runner = registry.load_runner("reasoner", target)
+    with pytest.raises(WeightMismatch, match="one dtype on one device"):
+        tie_text_pathway(runner.model, generator.to(torch.bfloat16), model_type)
+
+
+def test_cosmos3_dev_directory_serves_both_and_shares_in_one_process(tmp_path):
+    """The dev Cosmos3 generation directory holds its reasoner; loading the generation runner
+    then the reasoner runner in one process (a colocated stage) leaves one copy of the LLM."""
+    from worldserve.models import shared
+    from worldserve.models.cosmos3.dev import build_generation
+
+    build_generation(tmp_path, 0)
+    assert registry.stage_kinds(tmp_path) == ["generation", "reasoner"]
+    generation = registry.load_runner("generation", tmp_path)
+    try:
+        reasoner = registry.load_runner("reasoner", tmp_path)
+    finally:
+        shared.withdraw(tmp_path, shared.GENERATOR_TRANSFORMER)
+    transformer = generation.pipe.transformer
+    assert reasoner.model.get_input_embeddings().weight is transformer.embed_tokens.weight
+    assert reasoner.model.lm_head.weight is transformer.lm_head.weight

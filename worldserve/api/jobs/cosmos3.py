@@ -61,6 +61,7 @@ def apply_video_fields(params: GenerationParams, body: VideoCreateRequest,
                              "'forward_dynamics')", param="action_mode")
     rows = body.action or []
     horizon = (body.num_frames - 1) if body.num_frames is not None else len(rows)
+    params.num_frames = horizon + 1  # the clip an action run produces
     params.action = ActionCondition(
         mode="forward_dynamics", chunk_size=horizon,
         domain_name=domain_name(body.domain_name, body.domain_id, body.raw_action_dim, caps),

@@ -285,7 +285,8 @@ class RealtimeConnection:
             height=settings.height, num_inference_steps=settings.num_inference_steps,
             guidance_scale=settings.guidance_scale, sink_size=settings.sink_size,
             window_frames=settings.window_frames,
-            first_frame=settings.first_frame if first else None, camera=controls.camera,
+            first_frame=settings.first_frame if first else None,
+            intrinsics=settings.intrinsics if first else None, camera=controls.camera,
             refresh_kv=controls.refresh_kv and not first, submitted_at=time.time(),
         )
         prepare_ms = (time.perf_counter() - started) * 1000

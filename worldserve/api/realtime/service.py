@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import uuid
 from dataclasses import dataclass
 
@@ -49,6 +50,7 @@ class RealtimeConnectionSettings:
     sink_size: int | None
     window_frames: int | None
     first_frame: bytes | None
+    intrinsics: list[float] | None
     initial_script: list[list[str]] | None
     max_chunks: int | None
     pacing: bool
@@ -98,6 +100,9 @@ class RealtimeService:
         if init.first_frame is not None and not facts.supports_first_frame:
             raise InvalidRequest(f"first_frame: pipeline {facts.pipeline} is not image-"
                                  "conditioned; remove first_frame", param="first_frame")
+        if init.first_frame is None and facts.requires_first_frame:
+            raise InvalidRequest(f"first_frame: pipeline {facts.pipeline} starts sessions from "
+                                 "an image; first_frame is required", param="first_frame")
         first_frame = await resolve_first_frame(init.first_frame, self.media_policy)
         fmt = init.output_format
         return RealtimeConnectionSettings(
@@ -106,6 +111,7 @@ class RealtimeService:
             fps=init.fps or facts.default_fps, num_inference_steps=init.num_inference_steps,
             guidance_scale=init.guidance_scale, sink_size=init.realtime_causal_sink_size,
             window_frames=init.realtime_causal_kv_cache_num_frames, first_frame=first_frame,
+            intrinsics=_intrinsics(init),
             initial_script=script, max_chunks=init.max_chunks,
             pacing=init.realtime_output_pacing,
             refresh_kv_default=init.realtime_prompt_refresh_kv,
@@ -163,6 +169,24 @@ def _check_model_limits(init: InitRequest, facts: RealtimeCapabilities) -> None:
     if not facts.supports_guidance and init.guidance_scale != 1.0:
         raise InvalidRequest(f"guidance_scale: pipeline {facts.pipeline} is guidance-distilled; "
                              f"use 1.0 (got {init.guidance_scale:g})", param="guidance_scale")
+
+
+def _intrinsics(init: InitRequest) -> list[float] | None:
+    """`condition_inputs.intrinsics` as [fx, fy, cx, cy] (a 3x3 K matrix is converted)."""
+    raw = init.condition_inputs.intrinsics if init.condition_inputs else None
+    if raw is None:
+        return None
+    values = raw
+    if len(raw) == 3 and all(isinstance(row, list) and len(row) == 3 for row in raw):
+        values = [raw[0][0], raw[1][1], raw[0][2], raw[1][2]]
+    ok = len(values) == 4 and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        for v in values)
+    if not ok or values[0] <= 0 or values[1] <= 0:
+        raise InvalidRequest("condition_inputs.intrinsics: give [fx, fy, cx, cy] (or a 3x3 K "
+                             "matrix) in first_frame pixels, with fx, fy > 0",
+                             param="condition_inputs.intrinsics")
+    return [float(v) for v in values]
 
 
 def _initial_script(init: InitRequest, facts: RealtimeCapabilities) -> list[list[str]] | None:

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from worldserve.models.types import ChunkRunOutput, WorldSessionSettings, WorldSessionState
+from worldserve.models.types import (
+    ChunkRunOutput,
+    RealtimeModelFacts,
+    WorldSessionSettings,
+    WorldSessionState,
+)
 
 
 class SessionCache(Protocol):
@@ -37,9 +42,8 @@ class WorldSession(Protocol):
 
 
 class RealtimeRunner(Protocol):
-    # The loaded model; its `config` (RealtimePipelineConfig-like defaults), `dit.cfg`,
-    # `spatial_factor` and `dtype` describe the checkpoint to the engine.
-    model: Any
+    model: Any  # the loaded model (the engine only hands it to tests and benchmarks)
+    facts: RealtimeModelFacts  # defaults, limits and controls of the checkpoint
     upsampling: int  # output frames per latent frame after the first
     num_params: int
 

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import time
 from typing import Any
@@ -34,6 +35,15 @@ from worldserve.runtime.engine import EngineState, ReplyFn
 log = logging.getLogger("worldserve.realtime")
 
 
+def warmup_image(size: int = 64) -> bytes:
+    """A small gray PNG: warm-up sessions of models that start from an image."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (size, size), (128, 128, 128)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
 class RealtimeEngine:
     def __init__(self, stage_config: RealtimeStageConfig, server_config: ServerConfig,
                  runner: RealtimeRunner | None = None) -> None:
@@ -48,10 +58,11 @@ class RealtimeEngine:
         self.cfg = stage_config
         self.runner: RealtimeRunner = runner
         self.model = runner.model
+        self.facts = runner.facts
         self.num_params = runner.num_params
         self.sessions = SessionTable(stage_config.max_sessions + stage_config.session_table_margin)
         self.queue = RoundRobinQueue()
-        mc = self.model.config
+        mc = self.facts
         self.frames_per_block = stage_config.frames_per_block or mc.frames_per_block
         self.default_sink = (stage_config.sink_frames if stage_config.sink_frames is not None
                              else mc.default_sink_frames)
@@ -64,7 +75,7 @@ class RealtimeEngine:
     # ------------------------------------------------------------------ facts
 
     def capabilities(self) -> RealtimeCapabilities:
-        mc, dit = self.model.config, self.model.dit.cfg
+        mc = self.facts
         return RealtimeCapabilities(
             pipeline=mc.pipeline,
             realtime_supported=True,
@@ -79,19 +90,20 @@ class RealtimeEngine:
             max_inference_steps=self.cfg.max_inference_steps,
             default_sink_frames=self.default_sink,
             default_window_frames=self.default_window,
-            max_window_frames=dit.max_rope_frames,
-            camera_conditioning=True,
-            camera_keys="wasdijkl",
-            supports_first_frame=False,
-            supports_guidance=False,
+            max_window_frames=mc.max_window_frames,
+            camera_conditioning=mc.camera_conditioning,
+            camera_keys=mc.camera_keys,
+            supports_first_frame=mc.first_frame != "unsupported",
+            requires_first_frame=mc.first_frame == "required",
+            supports_guidance=mc.guidance,
             max_script_frames=mc.max_script_frames,
             min_pulse_items=mc.min_pulse_items,
             max_width=self.cfg.max_width,
             max_height=self.cfg.max_height,
-            size_multiple=self.model.spatial_factor,
+            size_multiple=mc.size_multiple,
             # KV estimate for admission (spec 7.1): bytes = kv_bytes_per_token x window x
             # (width / size_multiple) x (height / size_multiple).
-            kv_bytes_per_token=2 * dit.num_layers * dit.dim * self.model.dtype.itemsize,
+            kv_bytes_per_token=mc.kv_bytes_per_token,
         )
 
     def state(self) -> EngineState:
@@ -151,6 +163,8 @@ class RealtimeEngine:
                                         item.request.prompt if item.request.chunk_index else None,
                                         item.request.refresh_kv)
         except WorldserveError as exc:
+            if item.request.chunk_index == 0:  # a session whose first chunk failed has no state
+                self.sessions.pop(item.request.session_id)
             self._fail(item, exc)
             return
         except Exception as exc:  # a failed chunk ends its session, never the stage
@@ -170,15 +184,17 @@ class RealtimeEngine:
     def _warmup(self) -> None:
         """Spec section 9: a synthetic 2-chunk session per warm-up size (no camera, then
         released) before the stage reports ready; the generator's kernels are warm after it."""
-        sizes = self.cfg.warmup_sizes or [f"{self.model.config.default_width}x"
-                                          f"{self.model.config.default_height}"]
+        sizes = self.cfg.warmup_sizes or [f"{self.facts.default_width}x"
+                                          f"{self.facts.default_height}"]
+        image = warmup_image() if self.facts.first_frame == "required" else None
         for size in sizes:
             width, height = (int(v) for v in size.split("x"))
             sid = f"warmup-{size}"
             for k in range(2):
                 self.submit(RealtimeChunk(request_id=f"{sid}-{k}", session_id=sid, chunk_index=k,
                                           prompt="warmup" if k == 0 else None, width=width,
-                                          height=height), lambda _reply: None)
+                                          height=height, first_frame=image if k == 0 else None),
+                            lambda _reply: None)
             while self.has_work():
                 self.step()
             self.release(sid)
@@ -219,7 +235,7 @@ class RealtimeEngine:
 
     def _settings(self, req: RealtimeChunk) -> WorldSessionSettings:
         """Validate chunk 0's session settings (spec 3.1 / 6.3 bounds)."""
-        mc = self.model.config
+        mc = self.facts
         width = req.width or mc.default_width
         height = req.height or mc.default_height
         self._check_size(width, height)
@@ -231,19 +247,32 @@ class RealtimeEngine:
         sink = self.default_sink if req.sink_size is None else req.sink_size
         window = self.default_window if req.window_frames is None else req.window_frames
         self._check_window(sink, window, "realtime_causal")
-        if req.guidance_scale != 1.0:
-            raise InvalidRequest(f"guidance_scale must be 1.0 for this few-step causal model "
-                                 f"(distilled without CFG), got {req.guidance_scale}")
-        if req.first_frame is not None:
-            raise InvalidRequest("this realtime model is text-to-video: first_frame is not "
-                                 "supported")
+        self._check_conditioning(req)
         return WorldSessionSettings(seed=req.seed, width=width, height=height,
-                                    num_inference_steps=steps,
-                               sink_frames=sink, window_frames=window,
-                               frames_per_block=self.frames_per_block)
+                                    num_inference_steps=steps, sink_frames=sink,
+                                    window_frames=window, frames_per_block=self.frames_per_block,
+                                    guidance_scale=req.guidance_scale,
+                                    negative_prompt=req.negative_prompt or "",
+                                    first_frame=req.first_frame,
+                                    intrinsics=tuple(req.intrinsics) if req.intrinsics else None)
+
+    def _check_conditioning(self, req: RealtimeChunk) -> None:
+        """first_frame and guidance_scale against what the checkpoint declares."""
+        mc = self.facts
+        if req.guidance_scale != 1.0 and not mc.guidance:
+            raise InvalidRequest(f"guidance_scale must be 1.0 for {mc.pipeline}, a few-step "
+                                 f"model distilled without CFG; got {req.guidance_scale}")
+        if req.guidance_scale < 1.0:
+            raise InvalidRequest(f"guidance_scale must be >= 1.0, got {req.guidance_scale}")
+        if req.first_frame is not None and mc.first_frame == "unsupported":
+            raise InvalidRequest(f"{mc.pipeline} is text-to-video: first_frame is not "
+                                 "supported")
+        if req.first_frame is None and mc.first_frame == "required":
+            raise InvalidRequest(f"{mc.pipeline} sessions start from an image: first_frame is "
+                                 "required in the init")
 
     def _check_size(self, width: int, height: int) -> None:
-        m = self.model.spatial_factor
+        m = self.facts.size_multiple
         for name, value, limit in (("width", width, self.cfg.max_width),
                                    ("height", height, self.cfg.max_height)):
             if value < m or value > limit or value % m:
@@ -252,7 +281,7 @@ class RealtimeEngine:
 
     def _check_window(self, sink: int, window: int, where: str) -> None:
         block = self.frames_per_block
-        limit = self.model.dit.cfg.max_rope_frames
+        limit = self.facts.max_window_frames
         if sink < 0:
             raise InvalidRequest(f"{where} sink size must be >= 0 latent frames, got {sink}")
         if window <= 0 or window < sink + block or window > limit:

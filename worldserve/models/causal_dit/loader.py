@@ -47,6 +47,14 @@ class RealtimePipelineConfig:
     # Control-queue facts the api needs (spec 3.3): LingBot-style single-frame pulses.
     min_pulse_items: int = 1
     max_script_frames: int = 512
+    # Wan-style text conditioning: encoder states zero-padded to this many tokens (Wan: 512);
+    # 0 = no padding (the project's CausalDiT).
+    pad_text_tokens: int = 0
+    # Trained with a clean first latent frame (image-to-video): an init may carry first_frame.
+    image_conditioning: bool = False
+    # Few-step distilled without CFG: guidance_scale != 1 is refused. False: the model needs
+    # classifier-free guidance and a session with guidance_scale != 1 runs two forwards a step.
+    guidance_distilled: bool = True
 
     def save(self, directory: Path) -> None:
         (directory / PIPELINE_CONFIG_NAME).write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -77,6 +85,25 @@ class RealtimeModel:
         return next(self.dit.parameters()).dtype
 
     @torch.inference_mode()
+    def encode_image(self, image: Any, width: int, height: int) -> torch.Tensor:
+        """An RGB PIL image -> its model-space first latent frame (1, C, 1, h, w): resized to
+        cover width x height, centre-cropped, encoded by the VAE (posterior mode) and
+        normalised like the Wan pipelines (`(z - mean) / std`)."""
+        scale = max(width / image.width, height / image.height)
+        size = (max(width, round(image.width * scale)), max(height, round(image.height * scale)))
+        image = image.resize(size, resample=3)  # bicubic
+        left, top = (size[0] - width) // 2, (size[1] - height) // 2
+        image = image.crop((left, top, left + width, top + height))
+        pixels = torch.tensor(list(image.getdata()), dtype=torch.float32)
+        pixels = pixels.view(height, width, 3).permute(2, 0, 1) / 127.5 - 1.0
+        x = pixels[None, :, None].to(self.device, self.vae.dtype)
+        z = self.vae.encode(x).latent_dist.mode()
+        dim = self.vae.config.z_dim
+        mean = torch.tensor(self.vae.config.latents_mean).view(1, dim, 1, 1, 1).to(z)
+        std = torch.tensor(self.vae.config.latents_std).view(1, dim, 1, 1, 1).to(z)
+        return ((z - mean) / std).to(self.dtype)
+
+    @torch.inference_mode()
     def encode_prompt(self, prompt: str) -> list[KV]:
         """Prompt -> per-layer cross-attention K/V (the session's cross-attention cache)."""
         ids = self.tokenizer(prompt, max_length=self.config.max_text_tokens, truncation=True,
@@ -85,6 +112,9 @@ class RealtimeModel:
         if input_ids.shape[1] == 0:  # an empty prompt still needs one key to attend to
             input_ids = torch.full((1, 1), self.tokenizer.pad_token_id, dtype=torch.long)
         hidden = self.text_encoder(input_ids=input_ids.to(self.device)).last_hidden_state
+        pad = self.config.pad_text_tokens - hidden.shape[1]
+        if pad > 0:
+            hidden = torch.cat([hidden, hidden.new_zeros(hidden.shape[0], pad, hidden.shape[2])], 1)
         return self.dit.text_kv(hidden.to(self.dtype))
 
 
@@ -102,9 +132,20 @@ def _refuse_foreign_layouts(path: Path) -> None:
         "context does not map onto a sink + sliding-window cache)")
 
 
-def load_dit(directory: Path) -> CausalDiT:
+def load_dit(directory: Path) -> Any:
+    """`transformer/`: the project's CausalDiT, or an upstream causal Wan checkpoint
+    (a Self-Forcing-style `*.pt` pickle, or `WanModel` config.json + safetensors) mapped onto
+    diffusers' Wan DiT and run block-causally (`wan_causal.CausalWanDiT`)."""
     from safetensors.torch import load_file
 
+    config = directory / "config.json"
+    declared = json.loads(config.read_text()).get("_class_name") if config.is_file() else None
+    if declared != "WorldserveCausalDiT":
+        from worldserve.models.causal_dit.upstream import load_upstream_transformer
+        from worldserve.models.causal_dit.wan_causal import CausalWanDiT
+
+        pickles = sorted(directory.glob("*.pt"))
+        return CausalWanDiT(load_upstream_transformer(pickles[0] if pickles else directory))
     dit = CausalDiT(CausalDiTConfig.load(directory))
     state = load_file(str(directory / WEIGHTS_NAME))
     missing, unexpected = dit.load_state_dict(state, strict=False)

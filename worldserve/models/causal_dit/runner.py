@@ -8,11 +8,15 @@ on the clean block that writes its K/V -> decode the block's frames.
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from worldserve.errors import InvalidRequest
 from worldserve.models.causal_dit.camera import camera_vectors, output_frames_per_latent
 from worldserve.models.causal_dit.kv_cache import FrameRecord
 from worldserve.models.causal_dit.loader import RealtimeModel, load_realtime_model
@@ -23,7 +27,7 @@ from worldserve.models.causal_dit.vae_stream import (
     to_rgb24,
 )
 from worldserve.models.common import count_parameters, resolve_dtype
-from worldserve.models.types import ChunkRunOutput, WorldSessionSettings
+from worldserve.models.types import ChunkRunOutput, RealtimeModelFacts, WorldSessionSettings
 
 
 def dmd_sigmas(num_steps: int, shift: float) -> list[float]:
@@ -37,6 +41,42 @@ def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu")
     return CausalRunner(load_realtime_model(model_dir, device, resolve_dtype(dtype)))
 
 
+def model_facts(model: RealtimeModel) -> RealtimeModelFacts:
+    """The engine's view of a causal checkpoint: text-to-video, no CFG (few-step distilled)."""
+    mc, dit = model.config, model.dit.cfg
+    return RealtimeModelFacts(
+        pipeline=mc.pipeline, frames_per_block=mc.frames_per_block,
+        default_sink_frames=mc.default_sink_frames,
+        default_window_frames=mc.default_window_frames, max_window_frames=dit.max_rope_frames,
+        default_num_inference_steps=mc.default_num_inference_steps, default_fps=mc.default_fps,
+        default_width=mc.default_width, default_height=mc.default_height,
+        size_multiple=model.spatial_factor, max_script_frames=mc.max_script_frames,
+        min_pulse_items=mc.min_pulse_items,
+        kv_bytes_per_token=2 * dit.num_layers * dit.dim * model.dtype.itemsize,
+        camera_conditioning=getattr(dit, "num_camera_keys", 0) > 0,
+        first_frame="optional" if mc.image_conditioning else "unsupported",
+        guidance=not mc.guidance_distilled)
+
+
+def pin_first_frame(x: torch.Tensor, image: torch.Tensor | None) -> torch.Tensor:
+    """`x` with its first latent frame replaced by the clean image latent (when given)."""
+    if image is None:
+        return x
+    x = x.clone()
+    x[:, :, :1] = image.to(x.dtype)
+    return x
+
+
+def decode_image(data: bytes) -> Any:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            return img.convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise InvalidRequest(f"first_frame is not a decodable image: {exc}") from None
+
+
 class CausalRunner:
     """Stateless over sessions: every tensor of a session lives in its `CausalSession`."""
 
@@ -45,6 +85,7 @@ class CausalRunner:
         self.upsampling = temporal_upsampling(model.vae)
         self.num_params = sum(count_parameters(m)
                               for m in (model.dit, model.vae, model.text_encoder))
+        self.facts = model_facts(model)
 
     # ------------------------------------------------------------------ sessions
 
@@ -52,8 +93,17 @@ class CausalRunner:
                     prompt: str) -> CausalSession:
         f = self.model.spatial_factor
         tpf = (settings.height // f) * (settings.width // f)
-        return CausalSession(session_id, settings, prompt, self.model.encode_prompt(prompt),
-                             StreamingWanDecoder(self.model.vae), tpf)
+        session = CausalSession(session_id, settings, prompt, self.model.encode_prompt(prompt),
+                                StreamingWanDecoder(self.model.vae), tpf)
+        if settings.guidance_scale != 1.0:
+            session.uncond_kv = self.model.encode_prompt(settings.negative_prompt)
+        if settings.first_frame is not None:
+            image = decode_image(settings.first_frame)
+            session.image_latent = self.model.encode_image(image, settings.width,
+                                                           settings.height)
+            # The encoded image is not kept (up to the media limit per session): the latent is.
+            session.settings = dataclasses.replace(settings, first_frame=None)
+        return session
 
     def chunk_frames(self, chunk_index: int, frames_per_block: int) -> int:
         """Output frames of chunk `chunk_index` (the first is shorter: causal VAE)."""
@@ -96,15 +146,32 @@ class CausalRunner:
         dtype, device = self.model.dtype, self.model.device
         x = torch.randn(shape, generator=session.generator).to(device, dtype)
         sigmas = dmd_sigmas(s.num_inference_steps, self.model.config.timestep_shift)
+        image = session.image_latent if session.next_frame == 0 else None
+        x = pin_first_frame(x, image)
         x0 = x
         for i, sigma in enumerate(sigmas):
             t = torch.full((1, s.frames_per_block), sigma * 1000.0, device=device)
-            v, _ = dit(x, t, cam, positions, session.text_kv, past_kv=session.cache.past())
-            x0 = x - sigma * v  # flow matching: x_t = (1 - s) x0 + s noise, v = noise - x0
+            if image is not None:
+                t[:, 0] = 0.0  # the image frame is clean at every step
+            v = self._velocity(session, x, t, cam, positions)
+            # flow matching: x_t = (1 - s) x0 + s noise, v = noise - x0
+            x0 = pin_first_frame(x - sigma * v, image)
             if i + 1 < len(sigmas):
                 noise = torch.randn(shape, generator=session.generator).to(device, dtype)
-                x = (1 - sigmas[i + 1]) * x0 + sigmas[i + 1] * noise
+                x = pin_first_frame((1 - sigmas[i + 1]) * x0 + sigmas[i + 1] * noise, image)
         return x0
+
+    def _velocity(self, session: CausalSession, x: torch.Tensor, t: torch.Tensor,
+                  cam: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The DiT's velocity; with guidance_scale != 1 also the negative prompt's, combined as
+        v_u + g (v_c - v_u) (two forwards over the same self-attention cache)."""
+        past = session.cache.past()
+        v, _ = self.model.dit(x, t, cam, positions, session.text_kv, past_kv=past)
+        g = session.settings.guidance_scale
+        if session.uncond_kv is None or g == 1.0:
+            return v
+        v_uncond, _ = self.model.dit(x, t, cam, positions, session.uncond_kv, past_kv=past)
+        return v_uncond + g * (v - v_uncond)
 
     def _commit(self, session: CausalSession, x0: torch.Tensor, cam: torch.Tensor,
                 positions: torch.Tensor) -> None:

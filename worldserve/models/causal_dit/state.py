@@ -20,6 +20,12 @@ class CausalSession:
         self.settings = settings
         self.prompt = prompt
         self.text_kv: list[KV] | None = text_kv
+        # Classifier-free guidance (guidance_scale != 1): the negative prompt's cross-attention
+        # K/V; the self-attention cache is shared by both branches (written by the cond pass).
+        self.uncond_kv: list[KV] | None = None
+        # Image-conditioned start: the first_frame's latent, pinned clean as the session's
+        # first latent frame (dropped after chunk 0: from then on it lives in the cache).
+        self.image_latent: torch.Tensor | None = None
         self.decoder = decoder
         self.cache = SelfAttnCache(tokens_per_frame, settings.sink_frames, settings.window_frames)
         # Noise is drawn on the CPU so a seed gives the same frames on every device.
@@ -34,7 +40,7 @@ class CausalSession:
             return
         self.cache.clear()
         self.decoder.release()
-        self.text_kv = None
+        self.text_kv = self.uncond_kv = self.image_latent = None
         self.state = WorldSessionState.RELEASED
 
 

@@ -113,6 +113,10 @@ def build_cosmos3(target: Path, seed: int, cfg: Cosmos3DevConfig = Cosmos3DevCon
 
 
 def build_generation(target: Path, seed: int) -> None:
-    """The dev server's default generation checkpoint (`dev-models build` -> generation/).
-    The Cosmos3 reasoner issue adds its files to the same directory by chaining its builder."""
+    """The dev server's default generation checkpoint (`dev-models build` -> generation/): the
+    generator plus, at the root, the reasoner whose LLM is the generator's understanding
+    pathway (one directory, both stages, like the published checkpoints)."""
+    from worldserve.models.cosmos3_reasoner.dev import write_reasoner_files
+
     build_cosmos3(target, seed)
+    write_reasoner_files(target, seed)

@@ -24,6 +24,7 @@ import torch
 
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import GenerationParams
+from worldserve.models import shared
 from worldserve.models.common import count_parameters
 from worldserve.models.cosmos3 import checks, inputs
 from worldserve.models.cosmos3.loader import load_pipeline
@@ -53,6 +54,7 @@ class RowState:
     action_scheduler: Any
     timesteps: torch.Tensor
     mixed_precision: Any
+    device: Any  # the pipeline's execution device, resolved once per row
 
 
 @dataclass
@@ -81,9 +83,11 @@ class Cosmos3Batch:
 
 def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu",
                 safety_checker: bool = False) -> Cosmos3Runner:
-    """The registry's generation loader for a Cosmos3 directory."""
-    return Cosmos3Runner(load_pipeline(model_dir, dtype, device, safety_checker=safety_checker),
-                         Path(model_dir))
+    """The registry's generation loader for a Cosmos3 directory. The transformer is published
+    for a reasoner loaded later in this process (a colocated stage shares its weights)."""
+    pipe = load_pipeline(model_dir, dtype, device, safety_checker=safety_checker)
+    shared.publish(model_dir, shared.GENERATOR_TRANSFORMER, pipe.transformer)
+    return Cosmos3Runner(pipe, Path(model_dir))
 
 
 class Cosmos3Runner(DiffusersAdminOps):
@@ -133,6 +137,15 @@ class Cosmos3Runner(DiffusersAdminOps):
             padded_action_dim=self.padded_action_dim, action_domains=domains,
             action_domain_ids=({name: _EMBODIMENT_TO_DOMAIN_ID[name] for name in domains}
                                if domains is not None else None))
+
+    # ------------------------------------------------------------------ admin (optional contract)
+
+    def describe(self) -> dict[str, Any]:
+        """GET /admin/model_info facts (no LoRA, weight updates or offload on Cosmos3 yet)."""
+        return {"family": "cosmos3", "pipeline": type(self.pipe).__name__,
+                "dtype": str(self.pipe.transformer.dtype).removeprefix("torch."),
+                "device": str(self.pipe._get_execution_device()), "lora_supported": False,
+                "sound": self.supports_sound, "action_generation": self.supports_actions}
 
     # ------------------------------------------------------------------ checks
 
@@ -203,7 +216,7 @@ class Cosmos3Runner(DiffusersAdminOps):
             action_mode=action.mode if action is not None else None, scheduler=scheduler,
             sound_scheduler=copy.deepcopy(scheduler) if sound_latents is not None else None,
             action_scheduler=copy.deepcopy(scheduler) if action_latents is not None else None,
-            timesteps=timesteps, mixed_precision=self._mixed_precision())
+            timesteps=timesteps, mixed_precision=self._mixed_precision(), device=device)
 
     def _action_canvas(self, action: Any) -> tuple[int, int, int]:
         """Frames and the padded canvas of an action run, as `__call__` resolves them."""
@@ -298,7 +311,7 @@ class Cosmos3Runner(DiffusersAdminOps):
                                            len(row.timesteps), trace=None)
         t = row.timesteps[i]
         sigma = float(row.scheduler.sigmas[i])
-        device, dtype = pipe._get_execution_device(), transformer.dtype
+        device, dtype = row.device, transformer.dtype
         tokens = {
             "vision": row.latents.to(device=device, dtype=dtype),
             "sound": (row.sound_latents.to(device=device, dtype=dtype)
@@ -330,7 +343,7 @@ class Cosmos3Runner(DiffusersAdminOps):
                     t: torch.Tensor, i: int, sigma: float, name: str) -> list[Any]:
         """One forward (cond or uncond) and its masked velocities, as float32."""
         pipe = self.pipe
-        device = pipe._get_execution_device()
+        device = row.device
         timestep = t.item()
         vision_t = torch.full((packed["num_noisy_vision_tokens"],), timestep, device=device)
         sound_t = (torch.full((packed["sound_len"],), timestep, device=device)

@@ -93,10 +93,14 @@ class ReasonerDevConfig:
         return 1 if self.model_type == EDGE else 2  # Edge: one span per frame
 
 
-def write_reasoner_files(target: Path, seed: int = 0, model_type: str = OMNI) -> None:
-    """Write a tiny seeded Cosmos3 reasoner of `model_type` into `target` (see module doc)."""
+def write_reasoner_files(target: Path, seed: int = 0, model_type: str | None = None) -> None:
+    """Write a tiny seeded Cosmos3 reasoner into `target` (see module doc). `model_type`
+    None: Edge beside a squared-ReLU generator, else Omni."""
     target = Path(target)
     generator = _read_generator(target)
+    if model_type is None:
+        relu2 = bool(generator) and generator[0].get("hidden_act") == "relu2"
+        model_type = EDGE if relu2 else OMNI
     cfg = _dims_from_generator(generator[0], model_type) if generator else ReasonerDevConfig(
         model_type=model_type)
     tokenizer = build_tokenizer(cfg.vocab_size, model_max_length=cfg.max_position_embeddings)

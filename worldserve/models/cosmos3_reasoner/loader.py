@@ -7,14 +7,18 @@ checkpoint on a device that cannot run it.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
-from worldserve.models.cosmos3_reasoner.sharing import tie_text_pathway
+from worldserve.models import shared
+from worldserve.models.cosmos3_reasoner.sharing import WeightMismatch, tie_text_pathway
 from worldserve.models.detect import read_json
 from worldserve.models.qwen_vl.processor import load_vlm
 from worldserve.models.qwen_vl.runner import QwenVLRunner
 from worldserve.models.types import ModelLoadError
+
+logger = logging.getLogger(__name__)
 
 MODELOPT_STATE = "modelopt_state.pth"
 
@@ -35,12 +39,29 @@ def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu",
             "on CPU, or serve this one on a GPU")
     try:
         model, processor = load_vlm(model_dir, dtype=dtype, device=device)
-        if generator is not None:
-            tie_text_pathway(model, generator, model.config.model_type)
-        return QwenVLRunner(model, processor)
     except Exception as exc:
         raise ModelLoadError(f"cannot load the Cosmos3 reasoner from {model_dir}: "
                              f"{exc}") from exc
+    if generator is not None:
+        tie_text_pathway(model, generator, model.config.model_type)  # asked for: must work
+    else:
+        _share_published_generator(model, model_dir)
+    return QwenVLRunner(model, processor)
+
+
+def _share_published_generator(model: Any, model_dir: Path) -> None:
+    """In a colocated process: tie to the generator transformer the generation stage loaded
+    from the same directory, if any (else, or when it cannot be shared, keep this copy)."""
+    generator = shared.lookup(model_dir, shared.GENERATOR_TRANSFORMER)
+    if generator is None:
+        return
+    try:
+        tied = tie_text_pathway(model, generator, model.config.model_type)
+    except WeightMismatch as exc:
+        logger.warning("not sharing the generator's weights (%s); the reasoner keeps its own "
+                       "copy", exc)
+        return
+    logger.info("reasoner shares %d LLM tensors with the generator transformer", tied)
 
 
 def quantization_method(model_dir: Path) -> str | None:

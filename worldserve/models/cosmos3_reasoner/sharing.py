@@ -29,7 +29,11 @@ def tie_text_pathway(reasoner: Any, generator: Any, model_type: str) -> int:
     reasoner_params = dict(reasoner.named_parameters())
     for source, target in pairs:
         mine, theirs = reasoner_params[target], generator_params[source]
-        if mine.shape != theirs.shape or not torch.equal(mine.to(theirs), theirs):
+        if (mine.dtype, mine.device) != (theirs.dtype, theirs.device):
+            raise WeightMismatch(f"reasoner {target} is {mine.dtype} on {mine.device}, the "
+                                 f"generator's {theirs.dtype} on {theirs.device}: load both "
+                                 "with one dtype on one device")
+        if mine.shape != theirs.shape or not torch.equal(mine, theirs):
             raise WeightMismatch(f"reasoner {target} differs from generator {source}")
     for source, target in pairs:
         module_name, _, leaf = target.rpartition(".")

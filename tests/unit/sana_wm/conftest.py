@@ -1,0 +1,50 @@
+"""Fixtures for the SANA-WM realtime tests: the tiny pipeline and refiner, built in memory."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from worldserve.models.sana_wm.dev import build_pipeline, build_refiner
+from worldserve.models.sana_wm.runner import SanaWMRunner
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def sana_pipe():
+    return build_pipeline(0)
+
+
+@pytest.fixture(scope="session")
+def sana_refiner():
+    return build_refiner(0)
+
+
+@pytest.fixture(scope="session")
+def first_frame() -> bytes:
+    """A 80x48 PNG (not the session size: the pipeline resizes and crops it)."""
+    pixels = (np.random.RandomState(0).rand(48, 80, 3) * 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def runner(sana_pipe):
+    return SanaWMRunner(sana_pipe)
+
+
+@pytest.fixture
+def refined_runner(sana_pipe, sana_refiner):
+    return SanaWMRunner(sana_pipe, sana_refiner)
