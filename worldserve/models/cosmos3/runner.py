@@ -114,10 +114,12 @@ class Cosmos3Runner(DiffusersAdminOps):
         self.lora = LoraAdapters(pipe)
 
     def describe(self) -> dict[str, Any]:
+        """GET /admin/model_info facts."""
         return {"family": "cosmos3", "pipeline": type(self.pipe).__name__,
                 "dtype": str(self.pipe.transformer.dtype).removeprefix("torch."),
                 "device": str(self.device), "lora_supported": True,
-                "lora": self.lora.describe()}
+                "lora": self.lora.describe(), "sound": self.supports_sound,
+                "action_generation": self.supports_actions}
 
     def _features(self) -> RunnerFeatures:
         from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
@@ -137,15 +139,6 @@ class Cosmos3Runner(DiffusersAdminOps):
             padded_action_dim=self.padded_action_dim, action_domains=domains,
             action_domain_ids=({name: _EMBODIMENT_TO_DOMAIN_ID[name] for name in domains}
                                if domains is not None else None))
-
-    # ------------------------------------------------------------------ admin (optional contract)
-
-    def describe(self) -> dict[str, Any]:
-        """GET /admin/model_info facts (no LoRA, weight updates or offload on Cosmos3 yet)."""
-        return {"family": "cosmos3", "pipeline": type(self.pipe).__name__,
-                "dtype": str(self.pipe.transformer.dtype).removeprefix("torch."),
-                "device": str(self.pipe._get_execution_device()), "lora_supported": False,
-                "sound": self.supports_sound, "action_generation": self.supports_actions}
 
     # ------------------------------------------------------------------ checks
 
