@@ -1,4 +1,5 @@
-"""Cost of per-request LoRA in the generation engine, on the dev checkpoint (or --model-path).
+"""Cost of per-request LoRA in the generation engine, on the Wan dev checkpoint (or --model-path,
+a Wan pipeline directory).
 
 Runs the engine in this process (no server), `max_batch_size` 1 so every request is its own
 batch and the engine interleaves them step by step, in three configurations of the same
@@ -42,10 +43,11 @@ from worldserve.ipc.messages import (  # noqa: E402
 
 
 def dev_generation_dir() -> Path:
+    """The Wan dev checkpoint (dev-models' generation/ is Cosmos3)."""
     root = envs.dev_models_dir()
     subprocess.run([sys.executable, "-m", "worldserve", "dev-models", "build", str(root)],
                    check=True)
-    return root / "generation"
+    return root / "wan"
 
 
 def run(engine: GenerationEngine, selections: list[list[LoraRef]], size: int,

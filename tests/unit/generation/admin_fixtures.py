@@ -4,6 +4,7 @@ of another shape, and the reference outputs of fresh diffusers pipelines."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,7 @@ def build_tiny_wan22(model_dir: Path, target: Path, boundary_ratio: float = 0.9)
                           scheduler=pipe.scheduler, transformer=pipe.transformer,
                           transformer_2=transformer_2, boundary_ratio=boundary_ratio)
     wan22.save_pretrained(target)
+    shutil.copy(model_dir / "worldserve_dev.json", target)  # the dev sampling defaults
     return target
 
 

@@ -301,4 +301,5 @@ def test_describe_for_the_admin_model_info(runner):
     facts = runner.describe()
     assert facts["family"] == "cosmos3" and facts["pipeline"] == "Cosmos3OmniPipeline"
     assert facts["dtype"] == "float32" and facts["device"] == "cpu"
-    assert facts["sound"] and facts["action_generation"] and not facts["lora_supported"]
+    assert facts["sound"] and facts["action_generation"]
+    assert facts["lora_supported"] and facts["lora"] == []  # adapters: test_cosmos3_admin.py

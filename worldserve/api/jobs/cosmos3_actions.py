@@ -96,7 +96,7 @@ def _params(env: ActionEnvelope, images: list[bytes], videos: list[bytes],
         guidance_scale=float(extra.get("guidance_scale", DEFAULT_GUIDANCE)),
         seeds=[seed + i for i in range(count)], fps=float(extra.get("fps") or DEFAULT_FPS),
         condition_images=images[:1], condition_video=videos[0] if videos else None,
-        action=action)
+        action=action, lora=env.lora)
 
 
 def response(env: ActionEnvelope, params: GenerationParams, result: GenerationResult,

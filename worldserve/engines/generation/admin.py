@@ -146,16 +146,19 @@ class GenerationAdmin:
         engine = self.engine
         runner = engine.runner
         described = runner.describe() if isinstance(runner, DescribedRunner) else {}
-        tasks = ["images", "videos"] + (["actions"] if engine.actions is not None else [])
-        actions = engine.actions.metadata() if engine.actions is not None else None
+        features = getattr(runner, "features", None)
+        generates_actions = bool(features and features.action_generation)
+        head = engine.actions.metadata() if engine.actions is not None else None
+        tasks = ["images", "videos"] + (["actions"] if head or generates_actions else [])
+        domains = sorted((features.action_domains or {}) if generates_actions else {})
         return {
             "stage": "generation", "model": engine.model_name, "path": engine.model_path,
-            "family": described.get("family"), "pipeline": described.get("pipeline"),
+            "family": described.get("family", getattr(features, "family", None)),
+            "pipeline": described.get("pipeline", type(engine.pipe).__name__),
             "dtype": described.get("dtype", engine.config.dtype),
             "device": described.get("device", engine.config.device),
-            "num_params": engine.num_params, "tasks": tasks,
-            "action_domains": (actions or {}).get("domains", []) if actions else [],
-            "action_head": actions, "sound": False,
+            "num_params": engine.num_params, "tasks": tasks, "action_domains": domains,
+            "action_head": head, "sound": bool(features and features.sound),
             "lora": {"supported": isinstance(runner, LoraRunner),
                      "adapters": described.get("lora", [])},
             "weights_update": isinstance(runner, WeightsRunner),

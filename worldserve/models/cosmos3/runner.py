@@ -28,6 +28,7 @@ from worldserve.models import shared
 from worldserve.models.common import count_parameters
 from worldserve.models.cosmos3 import checks, inputs
 from worldserve.models.cosmos3.loader import load_pipeline
+from worldserve.models.diffusers_admin import DiffusersAdminOps, LoraAdapters
 from worldserve.models.types import RowExtras, RunnerFeatures
 
 SAMPLING_DTYPE = torch.float32
@@ -89,8 +90,10 @@ def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu",
     return Cosmos3Runner(pipe, Path(model_dir))
 
 
-class Cosmos3Runner:
-    """Owns the pipeline; satisfies the generation runner contract (engines/generation)."""
+class Cosmos3Runner(DiffusersAdminOps):
+    """Owns the pipeline; satisfies the generation runner contract (engines/generation), with
+    the optional LoRA / weights / memory capabilities of `DiffusersAdminOps` (the pipeline has
+    no LoRA loader: adapters load through the transformer's `load_lora_adapter`)."""
 
     max_batch_size: int | None = 1  # no batch axis: interleave only
 
@@ -107,6 +110,16 @@ class Cosmos3Runner:
         self.sample_rate = (int(pipe.sound_tokenizer.config.sampling_rate)
                             if pipe.sound_tokenizer is not None else None)
         self.features = self._features()
+        self.device = pipe._get_execution_device()
+        self.lora = LoraAdapters(pipe)
+
+    def describe(self) -> dict[str, Any]:
+        """GET /admin/model_info facts."""
+        return {"family": "cosmos3", "pipeline": type(self.pipe).__name__,
+                "dtype": str(self.pipe.transformer.dtype).removeprefix("torch."),
+                "device": str(self.device), "lora_supported": True,
+                "lora": self.lora.describe(), "sound": self.supports_sound,
+                "action_generation": self.supports_actions}
 
     def _features(self) -> RunnerFeatures:
         from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
@@ -126,15 +139,6 @@ class Cosmos3Runner:
             padded_action_dim=self.padded_action_dim, action_domains=domains,
             action_domain_ids=({name: _EMBODIMENT_TO_DOMAIN_ID[name] for name in domains}
                                if domains is not None else None))
-
-    # ------------------------------------------------------------------ admin (optional contract)
-
-    def describe(self) -> dict[str, Any]:
-        """GET /admin/model_info facts (no LoRA, weight updates or offload on Cosmos3 yet)."""
-        return {"family": "cosmos3", "pipeline": type(self.pipe).__name__,
-                "dtype": str(self.pipe.transformer.dtype).removeprefix("torch."),
-                "device": str(self.pipe._get_execution_device()), "lora_supported": False,
-                "sound": self.supports_sound, "action_generation": self.supports_actions}
 
     # ------------------------------------------------------------------ checks
 
