@@ -7,13 +7,13 @@ the engine's refusals (missing LoRA path, unknown adapter, mismatching tensor).
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from worldserve.api.errors import OpenAIRoute
+from worldserve.api.routes.ops import query_stages
 from worldserve.api.runtime import ServerRuntime
 from worldserve.api.security import require_admin
 from worldserve.errors import InternalError, InvalidRequest
@@ -100,22 +100,11 @@ async def relay(request: Request, msg: AdminRequest, stage: str = MODEL_STAGE,
 @router.get("/model_info")
 async def model_info(request: Request) -> dict:
     """Per stage: the loaded model, what it supports, its LoRA adapters and memory state."""
-    runtime = _runtime(request)
-
-    async def one(stage: str) -> tuple[str, dict]:
-        client = runtime.clients[stage]
-        if client.down_reason is not None:
-            return stage, {"state": client.state, "error": client.down_reason}
-        try:
-            reply = await client.call(ModelInfoRequest(request_id=new_request_id("info")),
-                                      timeout_s=MODEL_INFO_TIMEOUT_S)
-        except Exception as exc:  # reported per stage; one slow stage must not hide the others
-            return stage, {"state": client.state, "error": str(exc)}
-        data = reply.data if isinstance(reply, AdminResult) else {}
-        return stage, {"state": client.state, **data}
-
-    pairs = await asyncio.gather(*(one(stage) for stage in runtime.clients))
-    return {"stages": dict(pairs)}
+    stages = await query_stages(
+        _runtime(request), lambda: ModelInfoRequest(request_id=new_request_id("info")),
+        lambda reply: reply.data if isinstance(reply, AdminResult) else {},
+        MODEL_INFO_TIMEOUT_S)
+    return {"stages": stages}
 
 
 @router.get("/lora")

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from worldserve.api.runtime import ServerRuntime
+from worldserve.ipc import messages
 from worldserve.ipc.capabilities import GenerationCapabilities, ReasonerCapabilities
 from worldserve.ipc.client import new_request_id
-from worldserve.ipc.messages import StageInfo, StageStats, StatsRequest
+from worldserve.ipc.messages import Reply, StageInfo, StageStats, StatsRequest
 
 router = APIRouter(tags=["operations"])
 
@@ -116,24 +118,35 @@ async def models(request: Request) -> dict:
     return {"object": "list", "data": data}
 
 
-async def stage_stats(runtime: ServerRuntime, timeout_s: float) -> dict[str, dict]:
-    """Stats of every stage, queried concurrently; a down or slow stage reports why."""
+async def query_stages(runtime: ServerRuntime, make_request: Callable[[], messages.Request],
+                       render: Callable[[Reply], dict], timeout_s: float) -> dict[str, dict]:
+    """Ask every stage concurrently: its state plus `render(reply)`; a down or slow stage
+    reports why instead."""
 
     async def one(stage: str) -> tuple[str, dict]:
         client = runtime.clients[stage]
         if client.down_reason is not None:
             return stage, {"state": client.state, "error": client.down_reason}
         try:
-            reply = await client.call(StatsRequest(request_id=new_request_id("stats")),
-                                      timeout_s=timeout_s)
+            reply = await client.call(make_request(), timeout_s=timeout_s)
         except Exception as exc:  # reported per stage; one slow stage must not hide the others
             return stage, {"state": client.state, "error": str(exc)}
-        assert isinstance(reply, StageStats)
-        return stage, {"state": client.state, "queue_depth": reply.queue_depth,
-                       "running": reply.running, "sessions": reply.sessions, **reply.extra}
+        return stage, {"state": client.state, **render(reply)}
 
     pairs = await asyncio.gather(*(one(stage) for stage in runtime.clients))
     return dict(pairs)
+
+
+def _render_stats(reply: Reply) -> dict:
+    assert isinstance(reply, StageStats)
+    return {"queue_depth": reply.queue_depth, "running": reply.running,
+            "sessions": reply.sessions, **reply.extra}
+
+
+async def stage_stats(runtime: ServerRuntime, timeout_s: float) -> dict[str, dict]:
+    """Stats of every stage, queried concurrently; a down or slow stage reports why."""
+    return await query_stages(runtime, lambda: StatsRequest(request_id=new_request_id("stats")),
+                              _render_stats, timeout_s)
 
 
 @router.get("/metrics")
