@@ -72,36 +72,46 @@ async def _fetch(url: str, field: str, limit: int, policy: MediaPolicy,
         content_type = fetched.content_type
         if content_type and not content_type.startswith((f"{kind}/",
                                                          "application/octet-stream")):
+            article = "an" if kind == "image" else "a"
             raise InvalidRequest(f"Failed to process {kind} source: {field} has content type "
-                                 f"{content_type!r}, not an {kind}" if kind == "image" else
-                                 f"Failed to process {kind} source: {field} has content type "
-                                 f"{content_type!r}, not a {kind}", param=field)
+                                 f"{content_type!r}, not {article} {kind}", param=field)
         return fetched.data
     raise InvalidRequest(f"Failed to process image source: cannot download {field}", param=field)
 
 
-async def read_image_reference(value: str, field: str, limit: int, policy: MediaPolicy) -> bytes:
-    """An image from a data URL, an http(s) URL or a local path (after the media policy)."""
-    value = policy.check_reference(value, field)
+async def _read_reference(value: str, field: str, limit: int, policy: MediaPolicy,
+                          kind: str) -> tuple[str | None, bytes]:
+    """(the data URL's mime type or None, the bytes) of a data URL, an http(s) URL or a local
+    path that already passed the media policy, capped at `limit` (413 beyond it)."""
     if value.lower().startswith("data:"):
         if len(value) // 4 * 3 > limit + 1024:  # refuse before decoding anything
             raise _too_large(field, limit)
         mime, data = decode_data_url(value, field=field, base64_only=True)
         if len(data) > limit:
             raise _too_large(field, limit)
-        if mime and mime.startswith("video/"):
-            raise InvalidRequest(f"{field}: video conditioning is not supported by this model",
-                                 param=field)
-    elif is_remote_url(value):
-        data = await _fetch(value, field, limit, policy)
-    else:
-        if is_video_reference(value):
-            raise InvalidRequest(f"{field}: video conditioning is not supported by this model",
-                                 param=field)
-        try:
-            data = await read_local(Path(value), limit)
-        except PayloadTooLarge:
-            raise _too_large(field, limit) from None
+        return mime, data
+    if is_remote_url(value):
+        return None, await _fetch(value, field, limit, policy, kind=kind)
+    try:
+        return None, await read_local(Path(value), limit)
+    except PayloadTooLarge:
+        raise _too_large(field, limit) from None
+
+
+def _video_not_supported(field: str) -> InvalidRequest:
+    return InvalidRequest(f"{field}: video conditioning is not supported by this model",
+                          param=field)
+
+
+async def read_image_reference(value: str, field: str, limit: int, policy: MediaPolicy) -> bytes:
+    """An image from a data URL, an http(s) URL or a local path (after the media policy)."""
+    value = policy.check_reference(value, field)
+    is_local = not value.lower().startswith("data:") and not is_remote_url(value)
+    if is_local and is_video_reference(value):
+        raise _video_not_supported(field)
+    mime, data = await _read_reference(value, field, limit, policy, "image")
+    if mime and mime.startswith("video/"):
+        raise _video_not_supported(field)
     check_image(data, field)
     return data
 
@@ -112,18 +122,6 @@ async def read_video_reference(value: str, field: str, limit: int, policy: Media
     from worldserve.media.video import check_video
 
     value = policy.check_reference(value, field)
-    if value.lower().startswith("data:"):
-        if len(value) // 4 * 3 > limit + 1024:
-            raise _too_large(field, limit)
-        _mime, data = decode_data_url(value, field=field, base64_only=True)
-        if len(data) > limit:
-            raise _too_large(field, limit)
-    elif is_remote_url(value):
-        data = await _fetch(value, field, limit, policy, kind="video")
-    else:
-        try:
-            data = await read_local(Path(value), limit)
-        except PayloadTooLarge:
-            raise _too_large(field, limit) from None
+    _mime, data = await _read_reference(value, field, limit, policy, "video")
     check_video(data, field)
     return data
