@@ -157,3 +157,115 @@ class KVState:
         self.ids = []
         self.positions = torch.zeros(3, 0, dtype=torch.long)
         self.next_pos = 0
+
+
+def packed_capacity(tokens: int) -> int:
+    """Rows of a packed batch get half their need again as headroom (repacking is rare)."""
+    return max(MIN_CAPACITY, tokens + tokens // 2)
+
+
+class PackedLayer(DynamicLayer):
+    """One layer of a `PackedBatch`: (B, H, capacity, D) buffers. Row b's new tokens are
+    written at row b's own length (set by `prepare`), not at a shared offset."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        super().__init__()
+        self.device = keys.device
+        self.is_initialized = True
+        self.k_buf, self.v_buf = keys, values
+        self._index: torch.Tensor | None = None
+        self._longest = 0
+
+    def prepare(self, index: torch.Tensor, longest: int, width: int) -> None:
+        """This step writes row b's tokens at `index[b]` (B, W); attention reads
+        [0, longest + width) of every row (the mask hides what a row does not own)."""
+        b, h, _, d = self.k_buf.shape
+        self._index = index.view(b, 1, width, 1).expand(b, h, width, d)
+        self._longest = longest
+        self.keys = self.k_buf[:, :, : longest + width]
+        self.values = self.v_buf[:, :, : longest + width]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self._index is not None, "PackedBatch.prepare() was not called"
+        self.k_buf.scatter_(2, self._index, key_states)
+        self.v_buf.scatter_(2, self._index, value_states)
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self._longest
+
+
+class PackedBatch:
+    """The caches of several sequences resident in one batch buffer per layer, kept across
+    consecutive decode steps.
+
+    Packing moves each member's filled K/V into row b of the batch buffers and points the
+    member's own `GrowableLayer`s at that row (a view), so a batched step writes each member's
+    new K/V in place and nothing is copied back. What a member does alone (prefill of its next
+    frame, eviction, speculative truncation) also works on the row in place. A member is
+    *detached* once its layer buffers are replaced (the row outgrown, a reset or re-prefill);
+    `matches` then fails and the runner packs anew. Members that leave the batch get their own
+    buffers back (`release`).
+    """
+
+    def __init__(self, config: Any, kvs: list[KVState], width: int) -> None:
+        self.kvs = list(kvs)
+        self.capacity = packed_capacity(max(len(kv) for kv in kvs) + width)
+        self.cache = DynamicCache(config=config)
+        self.cache.layers = [self._pack_layer(i) for i in range(len(kvs[0].cache.layers))]
+        self._caches = [kv.cache for kv in self.kvs]
+        self._views = [[layer._k for layer in kv.cache.layers] for kv in self.kvs]
+        self.rows = {id(kv): b for b, kv in enumerate(self.kvs)}
+
+    def _pack_layer(self, index: int) -> PackedLayer:
+        first = self.kvs[0].cache.layers[index]
+        batch = len(self.kvs)
+        k_shape = (batch, first._k.shape[1], self.capacity, first._k.shape[-1])
+        v_shape = (batch, first._v.shape[1], self.capacity, first._v.shape[-1])
+        # zeros, not empty: unowned slots are masked, but 0 x NaN would still poison the output
+        keys, values = first._k.new_zeros(k_shape), first._v.new_zeros(v_shape)
+        for b, kv in enumerate(self.kvs):
+            layer = kv.cache.layers[index]
+            keys[b, :, : layer.length] = layer._k[0, :, : layer.length]
+            values[b, :, : layer.length] = layer._v[0, :, : layer.length]
+            layer._k, layer._v = keys[b:b + 1], values[b:b + 1]
+        return PackedLayer(keys, values)
+
+    @staticmethod
+    def supports(kvs: list[KVState]) -> bool:
+        """Packing needs every layer to be a non-empty `GrowableLayer` (full attention)."""
+        return all(isinstance(layer, GrowableLayer) and layer._k is not None
+                   for kv in kvs for layer in kv.cache.layers)
+
+    def attached(self, b: int) -> bool:
+        kv = self.kvs[b]
+        return kv.cache is self._caches[b] and all(
+            layer._k is view for layer, view in zip(kv.cache.layers, self._views[b]))
+
+    def matches(self, kvs: list[KVState], width: int) -> bool:
+        """True when `kvs` are exactly the members, all attached, with room for `width` more."""
+        if len(kvs) != len(self.kvs) or any(id(kv) not in self.rows for kv in kvs):
+            return False
+        return all(self.attached(b) and len(kv) + width <= self.capacity
+                   for b, kv in enumerate(self.kvs))
+
+    def release(self, keep: list[KVState]) -> None:
+        """Give members that are not in `keep` their own buffers (copies of their rows)."""
+        kept = {id(kv) for kv in keep}
+        for b, kv in enumerate(self.kvs):
+            if id(kv) not in kept and self.attached(b):
+                for layer in kv.cache.layers:
+                    layer._k, layer._v = layer._k.clone(), layer._v.clone()
+
+    def prepare(self, lengths: torch.Tensor, width: int) -> None:
+        """Set this step's write positions: row b writes at lengths[b] + [0, width)."""
+        index = (lengths.view(-1, 1) + torch.arange(width)).to(self.cache.layers[0].device)
+        longest = int(lengths.max())
+        for layer in self.cache.layers:
+            layer.prepare(index, longest, width)
+
+    def advance(self, b: int, num_tokens: int) -> None:
+        """Row b keeps `num_tokens` of the tokens this step wrote."""
+        for layer in self.kvs[b].cache.layers:
+            layer.length += num_tokens

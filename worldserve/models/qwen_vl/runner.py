@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from worldserve.models.common import count_parameters
-from worldserve.models.qwen_vl.kv import KVState, new_cache
+from worldserve.models.qwen_vl.kv import KVState, PackedBatch, new_cache
 from worldserve.models.qwen_vl.processor import IMAGE_PAD, load_vlm
 from worldserve.models.types import ImageInput, ModelLoadError
 
@@ -52,6 +52,8 @@ class QwenVLRunner:
         self.vocab_size = int(text_config.vocab_size)
         self.max_position_embeddings = int(getattr(text_config, "max_position_embeddings", 0) or 0)
         self.num_forwards = 0
+        self.num_packs = 0  # batched-decode caches packed so far (stats, tests)
+        self._packed: PackedBatch | None = None
 
     def new_kv(self) -> KVState:
         """An empty cache for one sequence (a session or a chat request)."""
@@ -117,10 +119,63 @@ def forward_decode_batch(runner: QwenVLRunner, kvs: list[KVState],
     sampled token plus its speculative drafts (if any). Returns (len(fed[b]), V) float32 logits
     per sequence.
 
-    Each sequence keeps its own cache. The caches are left-padded into one batch with a
-    boolean attention mask (padding masked out); shorter query rows are padded at the end (their
-    outputs are ignored). Each sequence's new K/V is appended back to its own cache; positions
-    are per sequence (`next_pos` onward), so gaps stay intact.
+    The caches stay packed in one batch (`PackedBatch`) across steps while the same sequences
+    decode together; they are packed again only when the batch changes (a sequence joins or
+    leaves, or one's cache was replaced). Row b attends to its own [0, length_b) plus its new
+    tokens causally (a boolean mask hides the rest); shorter query rows are padded at the end
+    (their outputs and K/V are ignored). Positions are per sequence (`next_pos` onward), so
+    gaps stay intact.
+    """
+    if not PackedBatch.supports(kvs):
+        return _forward_repacked(runner, kvs, fed)
+    width = max(len(f) for f in fed)
+    packed = _packed_for(runner, kvs, width)
+    rows = [packed.rows[id(kv)] for kv in kvs]
+    by_row: list[list[int]] = [[] for _ in packed.kvs]
+    for b, tokens in zip(rows, fed):
+        by_row[b] = tokens
+    lengths = torch.tensor([len(kv) for kv in packed.kvs])
+    steps = torch.arange(width)
+    positions = (torch.tensor([kv.next_pos for kv in packed.kvs]).view(-1, 1) + steps)
+    positions = positions.unsqueeze(0).expand(3, -1, -1)
+    # key j is visible to query i of row b when j < length_b + i + 1
+    visible = lengths.view(-1, 1, 1, 1) + steps.view(1, 1, -1, 1) + 1
+    mask = torch.arange(int(lengths.max()) + width).view(1, 1, 1, -1) < visible
+    tokens = torch.tensor([f + [f[-1]] * (width - len(f)) for f in by_row])
+    packed.prepare(lengths, width)
+    out = runner.model(
+        input_ids=tokens.to(runner.device), position_ids=positions.to(runner.device),
+        attention_mask=mask.to(runner.device), cache=packed.cache, use_cache=True,
+        logits_to_keep=width,
+    )
+    runner.num_forwards += 1
+    logits = out.logits.float().cpu()
+    for b, kv in enumerate(packed.kvs):
+        packed.advance(b, len(by_row[b]))
+        kv.record(by_row[b], positions[:, b, : len(by_row[b])])
+    return [logits[b, : len(f)] for b, f in zip(rows, fed)]
+
+
+def _packed_for(runner: QwenVLRunner, kvs: list[KVState], width: int) -> PackedBatch:
+    """The resident packed batch of `kvs`, packed anew when the batch changed."""
+    packed = runner._packed
+    if packed is not None and packed.matches(kvs, width):
+        return packed
+    if packed is not None:
+        packed.release(keep=kvs)
+    runner._packed = None  # drop the old buffers before allocating the new ones
+    runner._packed = PackedBatch(runner.model.config, kvs, width)
+    runner.num_packs += 1
+    return runner._packed
+
+
+@torch.inference_mode()
+def _forward_repacked(runner: QwenVLRunner, kvs: list[KVState],
+                      fed: list[list[int]]) -> list[torch.Tensor]:
+    """`forward_decode_batch` for caches that cannot stay packed (layers other than
+    `GrowableLayer`): the caches are left-padded into a new batch every step with a boolean
+    attention mask (padding masked out); shorter query rows are padded at the end (their
+    outputs are ignored). Each sequence's new K/V is appended back to its own cache.
     """
     lengths = [len(kv) for kv in kvs]
     longest, width = max(lengths), max(len(f) for f in fed)
