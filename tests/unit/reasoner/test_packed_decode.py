@@ -128,3 +128,44 @@ def test_eviction_and_reprefill_while_packed_equal_sequential(make_engine):
     assert sum(r.evicted_segments for r in results) >= 40
     assert sum(r.reprefill_ms is not None for r in results) >= 2  # one per session
     assert batched.engine.runner.num_packs >= 2
+
+
+class _Tokenizer:
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+
+def test_batched_sampling_equals_one_row_at_a_time():
+    """`sample_rows` over a batch with mixed settings (greedy, temperature, top-k, top-p,
+    penalties) gives each row the token that row's decoder samples alone, step after step
+    (per-row generators, penalties updated by each accepted token)."""
+    from worldserve.engines.reasoner.decoding import ReplyDecoder, sample_rows
+    from worldserve.ipc.messages import ReasonerSampling
+
+    vocab = 300
+    settings = [dict(temperature=0.0), dict(temperature=1.0, top_p=1.0),
+                dict(temperature=0.7, top_p=0.9, repetition_penalty=1.3),
+                dict(temperature=0.5, top_k=20, frequency_penalty=0.4, presence_penalty=0.2),
+                dict(temperature=1.3, top_p=0.5, repetition_penalty=0.9)]
+    gen = torch.Generator().manual_seed(0)
+
+    def decoders(trial):
+        context = torch.randint(0, vocab, (30,), generator=torch.Generator().manual_seed(trial))
+        return [ReplyDecoder(ReasonerSampling(max_tokens=64, **s), context.tolist(), {1},
+                             _Tokenizer(), vocab, torch.Generator().manual_seed(trial + k),
+                             banned_ids=(5, 6)) for k, s in enumerate(settings)]
+
+    distinct = set()
+    for trial in range(20):
+        batch, alone = decoders(trial), decoders(trial)
+        for _ in range(6):
+            logits = torch.randn(len(settings), vocab + 4, generator=gen) * 3
+            got = sample_rows(batch, logits)
+            expected = [d.sample(row) for d, row in zip(alone, logits)]
+            assert got == expected
+            assert not {5, 6} & set(got)
+            for d, e, token in zip(batch, alone, got):
+                d.accept(token)
+                e.accept(token)
+            distinct.update(got)
+    assert len(distinct) > 50  # the draws really vary

@@ -8,12 +8,20 @@ draft is kept only when it equals that token, and the KV of rejected drafts is r
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
 from worldserve.engines.reasoner.contract import ReasonerRunner, SequenceKV
 from worldserve.engines.reasoner.guided import Guide
 from worldserve.ipc.messages import ReasonerSampling
+
+
+@functools.lru_cache(maxsize=8)
+def _banned_index(ids: tuple[int, ...]) -> torch.Tensor:
+    """One shared index tensor per banned set (decoders of one engine batch-mask together)."""
+    return torch.tensor(ids, dtype=torch.long)
 
 
 class ReplyDecoder:
@@ -29,7 +37,8 @@ class ReplyDecoder:
         self.guide = guide
         self.tokens: list[int] = []
         self.finish_reason: str | None = None
-        self.text = ""
+        self._text = ""
+        self._text_tokens = 0  # len(tokens) when `_text` was decoded
         # repetition penalty: context + reply
         self._seen = torch.zeros(vocab_size, dtype=torch.bool)
         if context_ids:
@@ -39,46 +48,14 @@ class ReplyDecoder:
         self._stop_mask[[t for t in stop_ids if t < vocab_size]] = True
         # Vision placeholders are never output: fed back as context they would be read as image
         # positions (mm_token_type_ids) without an image.
-        self._banned = torch.tensor([t for t in banned_ids if 0 <= t < vocab_size],
-                                    dtype=torch.long)
+        self._banned = _banned_index(tuple(t for t in banned_ids if 0 <= t < vocab_size))
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
         """(V,) raw logits -> penalised and grammar-masked logits."""
-        s = self.sampling
-        logits = logits[: self._seen.shape[0]].clone()
-        logits[self._banned] = float("-inf")
-        if s.repetition_penalty != 1.0:
-            seen = logits[self._seen]
-            logits[self._seen] = torch.where(seen > 0, seen / s.repetition_penalty,
-                                             seen * s.repetition_penalty)
-        if s.frequency_penalty or s.presence_penalty:
-            logits -= s.frequency_penalty * self._counts
-            logits -= s.presence_penalty * (self._counts > 0).float()
-        if self.guide is not None:
-            allowed = self.guide.allowed()
-            allowed = allowed & ~self._stop_mask
-            if self.guide.is_accepting():
-                allowed = allowed | self._stop_mask  # EOS only once the grammar accepts
-            logits = logits.masked_fill(~allowed, float("-inf"))
-        return logits
+        return process_rows([self], logits[None])[0]
 
     def sample(self, logits: torch.Tensor) -> int:
-        s = self.sampling
-        logits = self.process(logits)
-        if s.temperature == 0:
-            return int(torch.argmax(logits))
-        logits = logits / s.temperature
-        if s.top_k and s.top_k > 0 and s.top_k < logits.shape[0]:
-            kth = torch.topk(logits, s.top_k).values[-1]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
-        if s.top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, descending=True)
-            cumulative = torch.cumsum(sorted_probs, dim=-1)
-            drop = cumulative - sorted_probs > s.top_p  # keep the smallest set reaching top_p
-            sorted_probs[drop] = 0.0
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        return sample_rows([self], logits[None])[0]
 
     def accept(self, token: int) -> str | None:
         """Record a sampled token; returns the finish reason when the reply ends with it."""
@@ -92,24 +69,102 @@ class ReplyDecoder:
                 self.guide.consume(token)
                 if self.guide.is_complete():
                     self.finish_reason = "stop"
-        self.text = self._decode()
         if self.finish_reason is None and self.sampling.stop:
-            cut = min((i for i in (self.text.find(x) for x in self.sampling.stop) if i >= 0),
+            text = self.text
+            cut = min((i for i in (text.find(x) for x in self.sampling.stop) if i >= 0),
                       default=-1)
             if cut >= 0:
-                self.text = self.text[:cut]
+                self._text = text[:cut]  # final: no token is accepted after the finish
                 self.finish_reason = "stop"
         if self.finish_reason is None and len(self.tokens) >= self.sampling.max_tokens:
             self.finish_reason = "length"
         return self.finish_reason
 
-    def _decode(self) -> str:
-        ids = [t for t in self.tokens if t not in self.stop_ids]
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+    @property
+    def text(self) -> str:
+        """The reply so far, decoded when asked (once per accepted token at most)."""
+        if self._text_tokens != len(self.tokens):
+            ids = [t for t in self.tokens if t not in self.stop_ids]
+            self._text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            self._text_tokens = len(self.tokens)
+        return self._text
 
     @property
     def remaining(self) -> int:
         return self.sampling.max_tokens - len(self.tokens)
+
+
+def process_rows(decoders: list[ReplyDecoder], logits: torch.Tensor) -> torch.Tensor:
+    """(B, V) raw logits, row b for `decoders[b]` -> penalised and grammar-masked logits.
+
+    Elementwise with per-row parameters, so a row comes out the same whether it is processed
+    alone or in a batch.
+    """
+    first = decoders[0]
+    logits = logits[:, : first._seen.shape[0]].clone()
+    if all(d._banned is first._banned for d in decoders):  # one engine: one shared index
+        logits[:, first._banned] = float("-inf")
+    else:
+        for b, d in enumerate(decoders):
+            logits[b, d._banned] = float("-inf")
+    samplings = [d.sampling for d in decoders]
+    if any(s.repetition_penalty != 1.0 for s in samplings):
+        penalty = _column([s.repetition_penalty for s in samplings])
+        seen = torch.stack([d._seen for d in decoders])
+        penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+        logits = torch.where(seen, penalised, logits)
+    if any(s.frequency_penalty or s.presence_penalty for s in samplings):
+        counts = torch.stack([d._counts for d in decoders])
+        logits -= _column([s.frequency_penalty for s in samplings]) * counts
+        logits -= _column([s.presence_penalty for s in samplings]) * (counts > 0).float()
+    for b, d in enumerate(decoders):
+        if d.guide is not None:
+            allowed = d.guide.allowed() & ~d._stop_mask
+            if d.guide.is_accepting():
+                allowed = allowed | d._stop_mask  # EOS only once the grammar accepts
+            logits[b] = logits[b].masked_fill(~allowed, float("-inf"))
+    return logits
+
+
+def sample_rows(decoders: list[ReplyDecoder], logits: torch.Tensor) -> list[int]:
+    """The next token of each row of (B, V) raw logits: greedy rows by one argmax, sampled rows
+    by one softmax (+ top-k / top-p where set) and a draw from each row's own generator, so a
+    row gives the token it would give alone."""
+    logits = process_rows(decoders, logits)
+    tokens = [0] * len(decoders)
+    greedy = [b for b, d in enumerate(decoders) if d.sampling.temperature == 0]
+    if greedy:
+        for b, token in zip(greedy, torch.argmax(logits[greedy], dim=-1).tolist()):
+            tokens[b] = token
+    sampled = [b for b, d in enumerate(decoders) if d.sampling.temperature != 0]
+    if sampled:
+        probs = _probabilities(logits[sampled], [decoders[b].sampling for b in sampled])
+        for row, b in zip(probs, sampled):
+            tokens[b] = int(torch.multinomial(row, 1, generator=decoders[b].generator))
+    return tokens
+
+
+def _probabilities(logits: torch.Tensor, samplings: list[ReasonerSampling]) -> torch.Tensor:
+    """(B, V) processed logits -> temperature, top-k, top-p -> (B, V) probabilities."""
+    logits = logits / _column([s.temperature for s in samplings])
+    for b, s in enumerate(samplings):
+        if s.top_k and 0 < s.top_k < logits.shape[1]:
+            kth = torch.topk(logits[b], s.top_k).values[-1]
+            logits[b] = logits[b].masked_fill(logits[b] < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    nucleus = [b for b, s in enumerate(samplings) if s.top_p < 1.0]
+    if nucleus:
+        rows = probs[nucleus]
+        sorted_probs, order = torch.sort(rows, dim=-1, descending=True)
+        cumulative = torch.cumsum(sorted_probs, dim=-1)
+        top_p = _column([samplings[b].top_p for b in nucleus])
+        sorted_probs[cumulative - sorted_probs > top_p] = 0.0  # smallest set reaching top_p
+        probs[nucleus] = torch.zeros_like(rows).scatter_(1, order, sorted_probs)
+    return probs
+
+
+def _column(values: list[float]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32).view(-1, 1)
 
 
 class NgramProposer:
@@ -145,14 +200,15 @@ def propose(kv: SequenceKV, decoder: ReplyDecoder, pending: int,
 
 
 def verify(kv: SequenceKV, decoder: ReplyDecoder, fed: list[int], logits: torch.Tensor,
-           proposer: NgramProposer | None = None) -> int:
+           proposer: NgramProposer | None = None, first: int | None = None) -> int:
     """Sample position by position from the logits of `fed` (already appended to `kv`); keep a
     draft only when it equals the sampled token; crop the K/V of the rest. Returns the new
-    pending token (sampled, not fed)."""
+    pending token (sampled, not fed). `first`: position 0's token, already sampled from
+    `logits[0]` (a batched step samples every sequence's first position in one go)."""
     drafts = fed[1:]
     num_kept = len(fed)
     for i in range(len(fed)):
-        token = decoder.sample(logits[i])
+        token = first if i == 0 and first is not None else decoder.sample(logits[i])
         finished = decoder.accept(token) is not None
         if finished or i == len(drafts) or token != drafts[i]:
             num_kept = i + 1

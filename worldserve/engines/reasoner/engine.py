@@ -12,11 +12,13 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+import torch
+
 from worldserve.config import ReasonerStageConfig, ServerConfig
 from worldserve.engines.common import ModelLoadError, model_dir, served_model_name, unsupported
 from worldserve.engines.reasoner import admission
 from worldserve.engines.reasoner.contract import ReasonerRunner
-from worldserve.engines.reasoner.decoding import NgramProposer
+from worldserve.engines.reasoner.decoding import NgramProposer, sample_rows
 from worldserve.engines.reasoner.guided import GrammarFactory
 from worldserve.engines.reasoner.jobs import ChatJob, EngineContext, FrameJob
 from worldserve.engines.reasoner.prompt import PromptBuilder
@@ -277,13 +279,15 @@ class ReasonerEngine:
                 job.fail(exc)
 
     def _decode_batch(self, jobs: list[Any]) -> None:
-        """One decode step (with its drafts, if speculating) of every job, in one forward."""
+        """One decode step (with its drafts, if speculating) of every job, in one forward;
+        every job's first position is sampled in one batched call."""
         start = time.perf_counter()
         kvs, fed = zip(*(j.batch_input() for j in jobs))
         logits = self.runner.forward_decode_batch(list(kvs), list(fed))
+        firsts = sample_rows([j.decoder for j in jobs], torch.stack([row[0] for row in logits]))
         share = (time.perf_counter() - start) / len(jobs)
-        for row, j in zip(logits, jobs):
-            j.apply_logits(row, share)
+        for row, first, j in zip(logits, firsts, jobs):
+            j.apply_logits(row, share, first)
 
     def shutdown(self) -> None:
         self.scheduler.clear()

@@ -94,12 +94,13 @@ class FrameJob:
         self._fed = propose(self.session.kv, self.decoder, self.pending, self.ctx.proposer)
         return self.session.kv, self._fed
 
-    def apply_logits(self, logits: torch.Tensor, engine_s: float) -> None:
-        """Finish a batched decode step from this job's logits rows (one per fed token)."""
+    def apply_logits(self, logits: torch.Tensor, engine_s: float, first: int) -> None:
+        """Finish a batched decode step from this job's logits rows (one per fed token) and
+        the token already sampled from the first row."""
         assert self.decoder is not None and self.session.kv is not None
         self.engine_s += engine_s
         self.pending = verify(self.session.kv, self.decoder, self._fed, logits,
-                              self.ctx.proposer)
+                              self.ctx.proposer, first)
         self._after_token()
 
     def _start(self) -> None:
@@ -229,9 +230,10 @@ class ChatJob:
         self._fed = propose(self.kv, self.decoder, self.pending, self.ctx.proposer)
         return self.kv, self._fed
 
-    def apply_logits(self, logits: torch.Tensor, engine_s: float) -> None:
+    def apply_logits(self, logits: torch.Tensor, engine_s: float, first: int) -> None:
         assert self.decoder is not None
-        self.pending = verify(self.kv, self.decoder, self._fed, logits, self.ctx.proposer)
+        self.pending = verify(self.kv, self.decoder, self._fed, logits, self.ctx.proposer,
+                              first)
         self._emit()
 
     def _emit(self) -> None:
