@@ -169,3 +169,22 @@ def test_batched_sampling_equals_one_row_at_a_time():
                 e.accept(token)
             distinct.update(got)
     assert len(distinct) > 50  # the draws really vary
+
+
+def test_batched_draw_equals_torch_multinomial():
+    """The batched draw is torch.multinomial's exponential race: same tokens for the same
+    seeds, generators left in the same state (seeded replies did not change with batching)."""
+    from worldserve.engines.reasoner.decoding import _draw
+
+    for trial in range(50):
+        probs = torch.softmax(torch.randn(3, 700) * 3, dim=-1)
+        probs[:, torch.randint(0, 700, (200,))] = 0.0
+        ours = [torch.Generator().manual_seed(trial * 3 + b) for b in range(3)]
+        torch_s = [torch.Generator().manual_seed(trial * 3 + b) for b in range(3)]
+        for _ in range(3):
+            expected = [int(torch.multinomial(row, 1, generator=g))
+                        for row, g in zip(probs, torch_s)]
+            assert _draw(probs, ours) == expected
+        assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(ours, torch_s))
+    with pytest.raises(ValueError, match="every token is masked"):
+        _draw(torch.full((1, 4), float("nan")), [torch.Generator()])
