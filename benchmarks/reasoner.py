@@ -10,10 +10,15 @@ one model and one set of frames:
 3. aggregate frames/s with 1, 2 and 4 concurrent sessions.
 
     python benchmarks/reasoner.py [--model qwen-vl|cosmos3|cosmos3-edge] [--model-path DIR]
-                                  [--flat-frames 1000] [--profile]
+                                  [--flat-frames 1000] [--profile] [--batch-ab]
+                                  [--parts window,flatness,concurrency]
 
 `--model` picks a dev checkpoint (built on first use); `--profile` runs the 4-session part
-again under cProfile and prints where the time goes.
+again under cProfile and prints where the time goes; `--batch-ab` runs the 1- and 4-session
+parts with the batched decode path of before (caches re-packed every step, one sampling call
+per sequence) and the current one (caches kept packed, one sampling call per batch),
+interleaved, and prints both fps_4 / fps_1 ratios. Frames/s are wall-clock; `cpu_fps` (frames
+per second of this process's CPU time) is printed too, steadier on a shared machine.
 
 Prints one JSON line per part and a final summary line.
 """
@@ -181,7 +186,9 @@ def part_flatness(bench: Bench, frames: list[bytes], num_frames: int, max_tokens
 
 
 def part_concurrency(bench: Bench, frames: list[bytes], num_sessions: int, per_session: int,
-                     max_tokens: int) -> float:
+                     max_tokens: int, cpu: list[float] | None = None) -> float:
+    """Aggregate frames/s (wall clock) of `num_sessions` sessions, each sending its next frame
+    when the previous reply arrives; `cpu` (if given) receives frames per CPU second."""
     sids = [f"c{num_sessions}-{k}" for k in range(num_sessions)]
     for sid in sids:
         bench.create(sid, max_tokens)
@@ -195,7 +202,7 @@ def part_concurrency(bench: Bench, frames: list[bytes], num_sessions: int, per_s
                                          image=image, received_at=time.time()), inbox.append)
         sent[sid] += 1
 
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for sid in sids:
         send(sid)
     while done < num_sessions * per_session:
@@ -209,6 +216,8 @@ def part_concurrency(bench: Bench, frames: list[bytes], num_sessions: int, per_s
             if sent[sid] < per_session:
                 send(sid)
     elapsed = time.perf_counter() - start
+    if cpu is not None:
+        cpu.append(num_sessions * per_session / (time.process_time() - cpu_start))
     for sid in sids:
         bench.engine.submit(_close(sid), lambda _: None)
     return num_sessions * per_session / elapsed
@@ -256,6 +265,60 @@ def profile_concurrency(bench: Bench, frames: list[bytes], per_session: int, max
     return {"total_s": round(total, 3), "by_cumulative": by_cum, "by_self": by_self}
 
 
+def per_step_repacking(bench: Bench):
+    """Context manager: the batched decode of before (caches re-packed into a new batch every
+    step, one sampling call per sequence), for A/B runs."""
+    import contextlib
+
+    from worldserve.engines.reasoner import engine as engine_module
+    from worldserve.models.qwen_vl import runner as runner_module
+
+    @contextlib.contextmanager
+    def swapped():
+        runner, sample_rows = bench.engine.runner, engine_module.sample_rows
+        runner.forward_decode_batch = (
+            lambda kvs, fed: runner_module._forward_repacked(runner, kvs, fed))
+        engine_module.sample_rows = lambda decoders, logits: [
+            d.sample(row) for d, row in zip(decoders, logits)]
+        try:
+            yield
+        finally:
+            del runner.forward_decode_batch  # back to the class method
+            engine_module.sample_rows = sample_rows
+
+    return swapped()
+
+
+def batch_ab(bench: Bench, frames: list[bytes], per_session: int, max_tokens: int,
+             repeats: int) -> dict:
+    """fps_4 / fps_1 with the batched decode of before and the current one, interleaved
+    `repeats` times (medians), in one process on one model."""
+    import contextlib
+
+    runs: dict[str, dict[str, list[float]]] = {}
+    for _ in range(repeats):
+        for name in ("per_step_repack", "resident"):
+            ctx = (per_step_repacking(bench) if name == "per_step_repack"
+                   else contextlib.nullcontext())
+            got = runs.setdefault(name, {"fps_1": [], "fps_4": [], "cpu_fps_1": [],
+                                         "cpu_fps_4": []})
+            with ctx:
+                for n in (1, 4):
+                    cpu: list[float] = []
+                    got[f"fps_{n}"].append(part_concurrency(bench, frames, n, per_session,
+                                                            max_tokens, cpu))
+                    got[f"cpu_fps_{n}"].append(cpu[0])
+    out: dict = {"part": "batch_ab", "repeats": repeats}
+    for name, got in runs.items():
+        med = {k: statistics.median(v) for k, v in got.items()}
+        out[name] = {**{k: round(v, 2) for k, v in med.items()},
+                     "ratio_4_over_1": round(med["fps_4"] / med["fps_1"], 3),
+                     "cpu_ratio_4_over_1": round(med["cpu_fps_4"] / med["cpu_fps_1"], 3)}
+    out["fps_4_resident_over_per_step"] = round(
+        out["resident"]["fps_4"] / out["per_step_repack"]["fps_4"], 3)
+    return out
+
+
 def _close(sid: str):
     from worldserve.ipc.messages import CloseSession
 
@@ -269,6 +332,11 @@ def main() -> None:
     parser.add_argument("--model-path", type=Path, default=None)
     parser.add_argument("--profile", action="store_true",
                         help="profile the 4-session part (cProfile, top functions)")
+    parser.add_argument("--parts", default="window,flatness,concurrency",
+                        help="comma-separated parts to run")
+    parser.add_argument("--batch-ab", action="store_true",
+                        help="fps_4 / fps_1 with the batched decode of before vs now")
+    parser.add_argument("--ab-repeats", type=int, default=3)
     parser.add_argument("--frame-size", type=int, default=224)
     parser.add_argument("--window-frames", type=int, default=40)
     parser.add_argument("--flat-frames", type=int, default=1000)
@@ -290,16 +358,29 @@ def main() -> None:
     model_path = args.model_path or dev_model_path(args.model)
     bench = Bench(model_path, args.spec)
     summary: dict[str, float | str] = {"model": str(model_path)}
-    window = part_window(bench, frames, args.window_frames, 8, args.max_tokens)
-    print(json.dumps(window), flush=True)
-    summary["naive_over_session_ttft_w8"] = round(window["naive_over_session_ttft"], 2)
-    flat = part_flatness(bench, frames, args.flat_frames, args.flat_max_tokens)
-    print(json.dumps(flat), flush=True)
-    summary["flatness_1000"] = round(flat["flatness"], 3)
-    for n in (1, 2, 4):
-        fps = part_concurrency(bench, frames, n, args.per_session, args.max_tokens)
-        print(json.dumps({"part": "concurrency", "sessions": n, "fps": fps}), flush=True)
-        summary[f"fps_{n}"] = round(fps, 2)
+    parts = set(args.parts.split(","))
+    if "window" in parts:
+        window = part_window(bench, frames, args.window_frames, 8, args.max_tokens)
+        print(json.dumps(window), flush=True)
+        summary["naive_over_session_ttft_w8"] = round(window["naive_over_session_ttft"], 2)
+    if "flatness" in parts:
+        flat = part_flatness(bench, frames, args.flat_frames, args.flat_max_tokens)
+        print(json.dumps(flat), flush=True)
+        summary["flatness_1000"] = round(flat["flatness"], 3)
+    if "concurrency" in parts:
+        for n in (1, 2, 4):
+            cpu: list[float] = []
+            fps = part_concurrency(bench, frames, n, args.per_session, args.max_tokens, cpu)
+            print(json.dumps({"part": "concurrency", "sessions": n, "fps": fps,
+                              "cpu_fps": cpu[0]}), flush=True)
+            summary[f"fps_{n}"], summary[f"cpu_fps_{n}"] = round(fps, 2), round(cpu[0], 2)
+        summary["fps_4_over_1"] = round(summary["fps_4"] / summary["fps_1"], 3)
+        summary["cpu_fps_4_over_1"] = round(summary["cpu_fps_4"] / summary["cpu_fps_1"], 3)
+    if args.batch_ab:
+        ab = batch_ab(bench, frames, args.per_session, args.max_tokens, args.ab_repeats)
+        print(json.dumps(ab), flush=True)
+        summary["batch_ab_ratio_before"] = ab["per_step_repack"]["ratio_4_over_1"]
+        summary["batch_ab_ratio_now"] = ab["resident"]["ratio_4_over_1"]
     if args.profile:
         profile = profile_concurrency(bench, frames, args.per_session, args.max_tokens)
         print(json.dumps({"part": "profile", "sessions": 4, **profile}), flush=True)
