@@ -188,3 +188,46 @@ def test_batched_draw_equals_torch_multinomial():
         assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(ours, torch_s))
     with pytest.raises(ValueError, match="every token is masked"):
         _draw(torch.full((1, 4), float("nan")), [torch.Generator()])
+
+
+def test_batched_prefill_equals_one_chunk_at_a_time(make_engine):
+    """Chunks with images of different sizes prefilled in one forward (one vision-tower call):
+    last-position logits and caches equal prefilling each chunk alone."""
+    drv = make_engine()
+    runner, prompts = drv.engine.runner, drv.engine.prompts
+    stop_ids = drv.engine.ctx.stop_ids
+    chunks = [prompts.frame_chunk(frame_bytes(k, size=56 + 28 * k), None, "What?", 7, stop_ids)
+              for k in range(3)]
+    history = [[3, 4, 5], list(range(10, 22)), [9] * 7]
+    batched, alone = _prefilled(runner, history), _prefilled(runner, history)
+    for kv in batched + alone:
+        kv.next_pos += 5  # a position gap, as after an eviction
+    runner.forward_decode_batch(batched, [[1], [2], [3]])  # packed, as after a reply
+    for kv, token in zip(alone, (1, 2, 3)):
+        runner.forward(kv, [token])
+    forwards = runner.num_forwards
+    ids = [c.closing_ids + c.turn_ids for c in chunks]
+    got = runner.forward_prefill_batch(batched, ids, [[c.image] for c in chunks])
+    assert runner.num_forwards == forwards + 1
+    for kv_b, kv_a, chunk_ids, chunk, row in zip(batched, alone, ids, chunks, got):
+        expected = runner.forward(kv_a, chunk_ids, [chunk.image])[-1]
+        torch.testing.assert_close(row, expected, atol=1e-5, rtol=1e-5)
+        assert kv_b.ids == kv_a.ids and torch.equal(kv_b.positions, kv_a.positions)
+        for lb, la in zip(kv_b.cache.layers, kv_a.cache.layers):
+            torch.testing.assert_close(lb.keys, la.keys, atol=1e-5, rtol=1e-5)
+
+
+def test_frames_arriving_together_share_one_prefill_step(make_engine):
+    drv = make_engine(max_sessions=2)
+    for sid in ("a", "b"):
+        drv.create(sid, sampling={"max_tokens": 3, **GREEDY})
+        drv.frame(sid, frame_bytes(0))
+    for k, sid in enumerate(("a", "b")):
+        drv.submit(SessionFrame(request_id=f"{sid}-1", session_id=sid, image=frame_bytes(k + 1),
+                                received_at=time.time()))
+    forwards = drv.engine.runner.num_forwards
+    drv.engine.step()
+    assert drv.engine.runner.num_forwards == forwards + 1
+    assert [job.phase.value for job in drv.engine.scheduler] == ["decode", "decode"]
+    drv.run()
+    assert {r.request_id for r in drv.replies[-2:]} == {"a-1", "b-1"}

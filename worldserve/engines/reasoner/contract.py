@@ -55,3 +55,7 @@ class ReasonerRunner(Protocol):
 
     def forward_decode_batch(self, kvs: list[Any], fed: list[list[int]]) -> list[Any]:
         """One decode step of several sequences in one forward; per-sequence logits."""
+
+    def forward_prefill_batch(self, kvs: list[Any], ids: list[list[int]],
+                              images: list[list[ImageInput]]) -> list[Any]:
+        """One chunk per sequence in one forward; each chunk's last-position logits (V,)."""

@@ -268,6 +268,8 @@ class ReasonerEngine:
     def _execute(self, batch: ReasonerBatch) -> None:
         if batch.batched_decode:
             self._decode_batch(batch.jobs)
+        elif batch.batched_prefill:
+            self._prefill_batch(batch.jobs)
         else:
             batch.jobs[0].step()
 
@@ -277,6 +279,29 @@ class ReasonerEngine:
         for job in batch.jobs:
             if job.phase is not JobPhase.DONE:
                 job.fail(exc)
+
+    def _prefill_batch(self, jobs: list[Any]) -> None:
+        """The next prefill group of several new frames in one forward (one vision-tower call
+        for their images). A frame that cannot start fails alone; a re-prefill runs alone."""
+        inputs = []
+        for job in jobs:
+            try:
+                got = job.prefill_input()
+                if got is None:
+                    job.step()
+            except Exception as exc:
+                self._failed(ReasonerBatch([job]), exc)
+                continue
+            if got is not None:
+                inputs.append((job, got))
+        if not inputs:
+            return
+        start = time.perf_counter()
+        kvs, ids, images = zip(*(got for _, got in inputs))
+        logits = self.runner.forward_prefill_batch(list(kvs), list(ids), list(images))
+        share = (time.perf_counter() - start) / len(inputs)
+        for (job, _), row in zip(inputs, logits):
+            job.apply_prefill(row, share)
 
     def _decode_batch(self, jobs: list[Any]) -> None:
         """One decode step (with its drafts, if speculating) of every job, in one forward;

@@ -72,6 +72,7 @@ class FrameJob:
         self.decoder: ReplyDecoder | None = None
         self.pending = 0
         self._fed: list[int] = []
+        self._group: list[Any] = []  # the segments of a batched prefill group
 
     def step(self) -> None:
         t0 = time.perf_counter()
@@ -117,12 +118,44 @@ class FrameJob:
             self.reprefill_s = 0.0
         self.phase = JobPhase.PREFILL
 
+    @property
+    def batchable_prefill(self) -> bool:
+        """A new frame's prefill that may share a forward with others' (`prefill_input`);
+        a re-prefill runs on its own (it reuses the retained frames' image encodings)."""
+        return self.phase is JobPhase.QUEUED or (self.phase is JobPhase.PREFILL
+                                                 and self.reprefill_s is None)
+
+    def prefill_input(self) -> tuple[SequenceKV, list[int], list[Any]] | None:
+        """(cache, ids, images) of this job's next prefill group for a batched prefill, or
+        None when it must run alone (`step()`): a re-prefill. Starts the frame if queued."""
+        t0 = time.perf_counter()
+        try:
+            if self.phase is JobPhase.QUEUED:
+                self._start()
+        finally:
+            self.engine_s += time.perf_counter() - t0
+        if not self.batchable_prefill:
+            return None
+        assert self.session.kv is not None
+        self._group, ids, image_seg = self.session.next_group(self.ctx.max_prefill_tokens)
+        return self.session.kv, ids, [image_seg.image] if image_seg is not None else []
+
+    def apply_prefill(self, logits: torch.Tensor, engine_s: float) -> None:
+        """Finish a batched prefill group from its last position's logits (V,)."""
+        self.engine_s += engine_s
+        self.session.mark_cached(self._group)
+        self._after_prefill_group(logits)
+
     def _prefill(self) -> None:
         t0 = time.perf_counter()
-        session = self.session
-        logits = session.prefill_next(self.ctx.runner, self.ctx.max_prefill_tokens)
+        logits = self.session.prefill_next(self.ctx.runner, self.ctx.max_prefill_tokens)
         if self.reprefill_s is not None:
             self.reprefill_s += time.perf_counter() - t0
+        self._after_prefill_group(logits)
+
+    def _after_prefill_group(self, logits: torch.Tensor) -> None:
+        """After a prefill group: once the frame is cached, sample the reply's first token."""
+        session = self.session
         if session.has_uncached():
             return
         assert session.kv is not None
@@ -187,6 +220,8 @@ class FrameJob:
 
 class ChatJob:
     """One chat completion on a fresh cache; streams `ChatDelta`s when asked."""
+
+    batchable_prefill = False
 
     def __init__(self, request: ChatCompletion, prompt: ChatPrompt, grammar: str | None,
                  reply: ReplyFn, ctx: EngineContext) -> None:

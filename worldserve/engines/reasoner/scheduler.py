@@ -2,7 +2,9 @@
 
 Pure CPU logic, no torch: jobs wait in one FIFO; `schedule()` takes the head job and, when
 batch decoding is on and the head is decoding, up to `max_decode_batch - 1` other decoding jobs
-in queue order, so they run one decode step in one forward. `update()` puts unfinished jobs back
+in queue order, so they run one decode step in one forward; likewise, when the head is a new
+frame to prefill (`batchable_prefill`), the other new frames waiting, so their prefill groups
+share one forward. `update()` puts unfinished jobs back
 at the end, so a long prefill of one session delays another by at most one unit.
 """
 
@@ -34,11 +36,25 @@ class ReasonerBatch:
     """The scheduler's output for one step: jobs that run one unit each in this step."""
 
     jobs: list[Job]
+    prefill: bool = False  # several jobs' prefill groups (else decode steps when batched)
 
     @property
     def batched_decode(self) -> bool:
         """Several decode jobs sharing one forward (else: one unit of one job)."""
-        return len(self.jobs) > 1
+        return len(self.jobs) > 1 and not self.prefill
+
+    @property
+    def batched_prefill(self) -> bool:
+        """Several new frames' prefill groups sharing one forward."""
+        return len(self.jobs) > 1 and self.prefill
+
+
+def _decoding(job: Job) -> bool:
+    return job.phase is JobPhase.DECODE
+
+
+def _batchable_prefill(job: Job) -> bool:
+    return bool(getattr(job, "batchable_prefill", False))
 
 
 class ReasonerScheduler:
@@ -72,12 +88,14 @@ class ReasonerScheduler:
             return None
         head = self.queue.popleft()
         jobs = [head]
-        if self.batch_decode and head.phase is JobPhase.DECODE:
-            partners = [j for j in self.queue if j.phase is JobPhase.DECODE]
+        prefill = self.batch_decode and _batchable_prefill(head)
+        if self.batch_decode and (prefill or head.phase is JobPhase.DECODE):
+            joins = _batchable_prefill if prefill else _decoding
+            partners = [j for j in self.queue if joins(j)]
             jobs += partners[:self.max_decode_batch - 1]
             for job in jobs[1:]:
                 self.queue.remove(job)
-        return ReasonerBatch(jobs)
+        return ReasonerBatch(jobs, prefill=prefill)
 
     def update(self, batch: ReasonerBatch) -> None:
         """After the step: unfinished jobs go back to the end of the queue."""

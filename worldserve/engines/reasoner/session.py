@@ -117,10 +117,11 @@ class KVSession:
     def has_uncached(self) -> bool:
         return any(s.num_cached < len(s) for s in self.segments)
 
-    def prefill_next(self, runner: ReasonerRunner, max_group_tokens: int) -> torch.Tensor:
-        """Prefill the next group of uncached segment tails (at most one image, about
-        `max_group_tokens` tokens) in one forward; returns the last position's logits (V,)."""
-        assert self.kv is not None
+    def next_group(self, max_group_tokens: int) -> tuple[list[Segment], list[int],
+                                                         Segment | None]:
+        """The next group of uncached segment tails to prefill in one forward (at most one
+        image, about `max_group_tokens` tokens): (segments, their uncached ids, the segment
+        whose image the group holds, if any)."""
         group: list[Segment] = []
         num_tokens = 0
         for seg in self.segments:
@@ -139,12 +140,23 @@ class KVSession:
             ids += seg.ids[seg.num_cached:]
             if seg.image is not None and seg.num_cached == 0:
                 image_seg = seg
+        return group, ids, image_seg
+
+    @staticmethod
+    def mark_cached(group: list[Segment]) -> None:
+        for seg in group:
+            seg.num_cached = len(seg)
+
+    def prefill_next(self, runner: ReasonerRunner, max_group_tokens: int) -> torch.Tensor:
+        """Prefill the next group (`next_group`) in one forward; returns the last position's
+        logits (V,). The group's image encoding is kept for re-prefills."""
+        assert self.kv is not None
+        group, ids, image_seg = self.next_group(max_group_tokens)
         images = [image_seg.image] if image_seg is not None else []
         if image_seg is not None and image_seg.encoded is None:
             image_seg.encoded = runner.encode_images(images)
         logits = runner.forward(self.kv, ids, images, image_seg.encoded if image_seg else None)
-        for seg in group:
-            seg.num_cached = len(seg)
+        self.mark_cached(group)
         return logits[-1]
 
     def begin_reply(self) -> None:

@@ -63,6 +63,11 @@ class QwenVLRunner:
         """One decode step of several sequences in one forward (see `forward_decode_batch`)."""
         return forward_decode_batch(self, kvs, fed)
 
+    def forward_prefill_batch(self, kvs: list[KVState], ids: list[list[int]],
+                              images: list[list[ImageInput]]) -> list[torch.Tensor]:
+        """One chunk per sequence prefilled in one forward (see `forward_prefill_batch`)."""
+        return forward_prefill_batch(self, kvs, ids, images)
+
     @torch.inference_mode()
     def encode_images(self, images: list[ImageInput]) -> Any:
         """Vision tower output for `images` (a session keeps it per frame for re-prefill)."""
@@ -128,31 +133,78 @@ def forward_decode_batch(runner: QwenVLRunner, kvs: list[KVState],
     """
     if not PackedBatch.supports(kvs):
         return _forward_repacked(runner, kvs, fed)
+    return _forward_rows(runner, kvs, fed)
+
+
+@torch.inference_mode()
+def forward_prefill_batch(runner: QwenVLRunner, kvs: list[KVState], ids: list[list[int]],
+                          images: list[list[ImageInput]]) -> list[torch.Tensor]:
+    """Prefill one chunk per sequence (`ids[b]` with the placeholders of `images[b]`) in one
+    forward, the vision tower run once for all the images; returns each chunk's last-position
+    logits (V,). Same packed batch and masking as `forward_decode_batch`; each chunk keeps the
+    positions it would get alone."""
+    if not PackedBatch.supports(kvs):  # e.g. a session's first frame: nothing to pack yet
+        return [runner.forward(kv, chunk, imgs)[-1] for kv, chunk, imgs in zip(kvs, ids, images)]
+    positions = [runner.chunk_positions(torch.tensor([chunk]), imgs, kv.next_pos)[:, 0]
+                 for kv, chunk, imgs in zip(kvs, ids, images)]
+    rows = _forward_rows(runner, kvs, ids, positions, images, last_only=True)
+    return [row[-1] for row in rows]
+
+
+def _forward_rows(runner: QwenVLRunner, kvs: list[KVState], fed: list[list[int]],
+                  positions: list[torch.Tensor] | None = None,
+                  images: list[list[ImageInput]] | None = None,
+                  last_only: bool = False) -> list[torch.Tensor]:
+    """Append `fed[i]` to `kvs[i]` for every i in one forward over their packed batch.
+    `positions[i]`: (3, len(fed[i])), default `next_pos` onward; `images[i]`: the images of
+    `fed[i]`'s placeholders. Returns per sequence the logits of its fed tokens (only the last
+    one's when `last_only`)."""
     width = max(len(f) for f in fed)
     packed = _packed_for(runner, kvs, width)
     rows = [packed.rows[id(kv)] for kv in kvs]
-    by_row: list[list[int]] = [[] for _ in packed.kvs]
-    for b, tokens in zip(rows, fed):
-        by_row[b] = tokens
-    lengths = torch.tensor([len(kv) for kv in packed.kvs])
+    num_rows = len(packed.kvs)
+    by_row: list[list[int]] = [[] for _ in range(num_rows)]
+    images_by_row: list[list[ImageInput]] = [[] for _ in range(num_rows)]
     steps = torch.arange(width)
-    positions = (torch.tensor([kv.next_pos for kv in packed.kvs]).view(-1, 1) + steps)
-    positions = positions.unsqueeze(0).expand(3, -1, -1)
+    pos = (torch.tensor([kv.next_pos for kv in packed.kvs]).view(-1, 1) + steps)
+    pos = pos.unsqueeze(0).repeat(3, 1, 1)
+    for i, b in enumerate(rows):
+        by_row[b] = fed[i]
+        if positions is not None:
+            n = len(fed[i])
+            pos[:, b, :n] = positions[i]
+            pos[:, b, n:] = positions[i][:, -1:]  # padding: ignored
+        if images is not None:
+            images_by_row[b] = images[i]
+    lengths = torch.tensor([len(kv) for kv in packed.kvs])
     # key j is visible to query i of row b when j < length_b + i + 1
     visible = lengths.view(-1, 1, 1, 1) + steps.view(1, 1, -1, 1) + 1
     mask = torch.arange(int(lengths.max()) + width).view(1, 1, 1, -1) < visible
     tokens = torch.tensor([f + [f[-1]] * (width - len(f)) for f in by_row])
+    kwargs: dict[str, Any] = {}
+    flat = [im for row_images in images_by_row for im in row_images]  # row-major, as placed
+    if flat:
+        kwargs["mm_encoder_outputs"] = {"image": runner.encode_images(flat)}
+        kwargs["image_grid_thw"] = _grids(flat).to(runner.device)
+        kwargs["mm_token_type_ids"] = runner.mm_token_type_ids(tokens).to(runner.device)
+    keep: int | torch.Tensor = width
+    if last_only:
+        lasts = sorted({len(f) - 1 for f in by_row})
+        keep = torch.tensor(lasts)
     packed.prepare(lengths, width)
     out = runner.model(
-        input_ids=tokens.to(runner.device), position_ids=positions.to(runner.device),
+        input_ids=tokens.to(runner.device), position_ids=pos.to(runner.device),
         attention_mask=mask.to(runner.device), cache=packed.cache, use_cache=True,
-        logits_to_keep=width,
+        logits_to_keep=keep, **kwargs,
     )
     runner.num_forwards += 1
     logits = out.logits.float().cpu()
     for b, kv in enumerate(packed.kvs):
-        packed.advance(b, len(by_row[b]))
-        kv.record(by_row[b], positions[:, b, : len(by_row[b])])
+        n = len(by_row[b])
+        packed.advance(b, n)
+        kv.record(by_row[b], pos[:, b, :n])
+    if last_only:
+        return [logits[b, lasts.index(len(f) - 1)].unsqueeze(0) for b, f in zip(rows, fed)]
     return [logits[b, : len(f)] for b, f in zip(rows, fed)]
 
 
