@@ -215,7 +215,7 @@ def _packed_for(runner: QwenVLRunner, kvs: list[KVState], width: int) -> PackedB
         return packed
     if packed is not None:
         packed.release(keep=kvs)
-    runner._packed = None  # drop the old buffers before allocating the new ones
+    runner._packed = packed = None  # drop the old buffers before allocating the new ones
     runner._packed = PackedBatch(runner.model.config, kvs, width)
     runner.num_packs += 1
     return runner._packed
