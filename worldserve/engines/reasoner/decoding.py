@@ -109,14 +109,14 @@ def process_rows(decoders: list[ReplyDecoder], logits: torch.Tensor) -> torch.Te
             logits[b, d._banned] = float("-inf")
     samplings = [d.sampling for d in decoders]
     if any(s.repetition_penalty != 1.0 for s in samplings):
-        penalty = _column([s.repetition_penalty for s in samplings])
+        penalty = _per_row([s.repetition_penalty for s in samplings])
         seen = torch.stack([d._seen for d in decoders])
         penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
         logits = torch.where(seen, penalised, logits)
     if any(s.frequency_penalty or s.presence_penalty for s in samplings):
         counts = torch.stack([d._counts for d in decoders])
-        logits -= _column([s.frequency_penalty for s in samplings]) * counts
-        logits -= _column([s.presence_penalty for s in samplings]) * (counts > 0).float()
+        logits -= _per_row([s.frequency_penalty for s in samplings]) * counts
+        logits -= _per_row([s.presence_penalty for s in samplings]) * (counts > 0).float()
     for b, d in enumerate(decoders):
         if d.guide is not None:
             allowed = d.guide.allowed() & ~d._stop_mask
@@ -134,11 +134,13 @@ def sample_rows(decoders: list[ReplyDecoder], logits: torch.Tensor) -> list[int]
     tokens = [0] * len(decoders)
     greedy = [b for b, d in enumerate(decoders) if d.sampling.temperature == 0]
     if greedy:
-        for b, token in zip(greedy, torch.argmax(logits[greedy], dim=-1).tolist()):
+        rows = logits if len(greedy) == len(decoders) else logits[greedy]
+        for b, token in zip(greedy, torch.argmax(rows, dim=-1).tolist()):
             tokens[b] = token
     sampled = [b for b, d in enumerate(decoders) if d.sampling.temperature != 0]
     if sampled:
-        probs = _probabilities(logits[sampled], [decoders[b].sampling for b in sampled])
+        rows = logits if len(sampled) == len(decoders) else logits[sampled]
+        probs = _probabilities(rows, [decoders[b].sampling for b in sampled])
         draws = _draw(probs, [decoders[b].generator for b in sampled])
         for b, token in zip(sampled, draws):
             tokens[b] = token
@@ -162,7 +164,7 @@ def _draw(probs: torch.Tensor, generators: list[torch.Generator]) -> list[int]:
 
 def _probabilities(logits: torch.Tensor, samplings: list[ReasonerSampling]) -> torch.Tensor:
     """(B, V) processed logits -> temperature, top-k, top-p -> (B, V) probabilities."""
-    logits = logits / _column([s.temperature for s in samplings])
+    logits = logits / _per_row([s.temperature for s in samplings])
     for b, s in enumerate(samplings):
         if s.top_k and 0 < s.top_k < logits.shape[1]:
             kth = torch.topk(logits[b], s.top_k).values[-1]
@@ -173,13 +175,18 @@ def _probabilities(logits: torch.Tensor, samplings: list[ReasonerSampling]) -> t
         rows = probs[nucleus]
         sorted_probs, order = torch.sort(rows, dim=-1, descending=True)
         cumulative = torch.cumsum(sorted_probs, dim=-1)
-        top_p = _column([samplings[b].top_p for b in nucleus])
+        top_p = _per_row([samplings[b].top_p for b in nucleus])
         sorted_probs[cumulative - sorted_probs > top_p] = 0.0  # smallest set reaching top_p
         probs[nucleus] = torch.zeros_like(rows).scatter_(1, order, sorted_probs)
     return probs
 
 
-def _column(values: list[float]) -> torch.Tensor:
+def _per_row(values: list[float]) -> float | torch.Tensor:
+    """One value per row: a Python number when the rows agree (the common case, no tensor to
+    build), else a (B, 1) float32 column. Either way each element meets the same float32
+    operand."""
+    if all(v == values[0] for v in values):
+        return values[0]
     return torch.tensor(values, dtype=torch.float32).view(-1, 1)
 
 
