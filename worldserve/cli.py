@@ -155,7 +155,9 @@ def serve(
     streaming_encoder_capacity: Optional[int] = _nim(
         "Shared encoder capacity (default: the image budget)."),
     streaming_spec_method: Optional[str] = _nim(
-        "none | ngram ($NIM_STREAMING_SPEC_METHOD; none)."),
+        "none | ngram | dflash ($NIM_STREAMING_SPEC_METHOD; none)."),
+    streaming_spec_model_path: Optional[Path] = _nim(
+        "DFlash drafter directory (needed by --streaming-spec-method dflash)."),
     streaming_spec_num_tokens: Optional[int] = _nim(
         "Draft tokens per step ($NIM_STREAMING_SPEC_NUM_TOKENS; 3)."),
     guided_decoding_backend: Optional[str] = _nim(
@@ -191,6 +193,7 @@ def serve(
         f"{streaming}.encoder_capacity": streaming_encoder_capacity,
         f"{streaming}.spec_method": streaming_spec_method,
         f"{streaming}.spec_num_tokens": streaming_spec_num_tokens,
+        f"{streaming}.spec_model_path": streaming_spec_model_path,
         "stages.reasoner.guided_decoding_backend": guided_decoding_backend,
         "stages.reasoner.served_model_name": reasoner_model_name,
     }
