@@ -105,6 +105,7 @@ class DFlashDrafter:
         self.model = model
         self.config = model.config
         self.block_size = int(model.config.block_size)
+        self.device = target.get_input_embeddings().weight.device
         self.target = target
         self.tap = HiddenTap(target, model.config.target_layer_ids)
 
@@ -150,7 +151,8 @@ class DrafterState:
         n = len(self.pending_pos)
         if limit <= 0 or n == 0:
             return []
-        ids = torch.zeros(1, n + 1, dtype=torch.long)
+        # on the target's device: the block's embeddings are looked up in its table
+        ids = torch.zeros(1, n + 1, dtype=torch.long, device=self.drafter.device)
         ids[0, -1] = anchor
         positions = torch.cat([self.pending_pos, self.pending_pos[-1:] + 1]).unsqueeze(0)
         outputs = SimpleNamespace(hidden_states={i + 1: h for i, h in self.pending.items()})
