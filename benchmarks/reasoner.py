@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -258,9 +259,11 @@ def _session_decode(bench: Bench, sid: str, frames: list[bytes], max_tokens: int
     start = time.perf_counter()
     results = bench.session_frames(sid, frames)
     elapsed = time.perf_counter() - start
+    replies = [t for seg in bench.engine.sessions[sid].segments
+               if seg.kind == "assistant_text" for t in seg.ids]  # the retained replies
     bench.engine.submit(_close(sid), lambda _: None)
     extra = bench.engine.stats()["extra"]
-    return {"s": elapsed, "tokens": sum(r.token_count for r in results),
+    return {"s": elapsed, "tokens": sum(r.token_count for r in results), "replies": replies,
             "forwards": extra["forwards"] - extra0["forwards"],
             **{k: extra[k] - extra0.get(k, 0) for k in ("spec_drafted", "spec_accepted",
                                                          "spec_steps") if k in extra}}
@@ -270,7 +273,7 @@ SPEC_REPEATS = 3
 
 
 def part_spec(model_path: Path, method: str, frames: list[bytes], max_tokens: int,
-              drafter: Path | None) -> dict:
+              drafter: Path | None, label: str | None = None) -> dict:
     """Decode cost of one speculation method: a session run with `max_tokens` minus the same
     frames with max_tokens 1 (prefill + first token) leaves the decode steps."""
     bench = Bench(model_path, method, spec_model_path=drafter if method == "dflash" else None)
@@ -282,7 +285,8 @@ def part_spec(model_path: Path, method: str, frames: list[bytes], max_tokens: in
         first["s"] = min(first["s"], _session_decode(bench, f"first{k}", frames, 1)["s"])
     decoded = full["tokens"] - len(frames)  # tokens after each reply's first
     steps = full["forwards"] - first["forwards"]  # decode forwards (prefill is the same)
-    out = {"part": "spec", "method": method, "frames": len(frames), "decoded_tokens": decoded,
+    out = {"part": "spec", "method": label or method, "frames": len(frames),
+           "decoded_tokens": decoded, "replies": full["replies"],
            "decode_forwards": steps, "tokens_per_decode_forward": decoded / max(steps, 1),
            "decode_ms_per_token": (full["s"] - first["s"]) * 1000 / max(decoded, 1)}
     if "spec_steps" in full:
@@ -291,15 +295,41 @@ def part_spec(model_path: Path, method: str, frames: list[bytes], max_tokens: in
     return out
 
 
+def constant_drafter_path(model_path: Path, replies: list[int]) -> Path:
+    """The upper-bound drafter: it always drafts the most frequent token of `replies`."""
+    import tempfile
+
+    from transformers import AutoModelForImageTextToText
+
+    from worldserve.models.dflash.dev import write_constant_drafter
+
+    token = max(set(replies), key=replies.count)
+    target = Path(tempfile.mkdtemp(prefix="bench-constant-drafter-"))
+    model = AutoModelForImageTextToText.from_pretrained(model_path)
+    write_constant_drafter(target, 0, model_path, model, token)
+    return target
+
+
 def compare_spec(model_path: Path, frames: list[bytes], max_tokens: int,
-                 drafter: Path | None) -> dict:
+                 drafter: Path | None, upper_bound: bool = False) -> dict:
     drafter = drafter or bench_drafter_path(model_path)
     parts = {}
     for method in ("none", "ngram", "dflash"):
         parts[method] = part_spec(model_path, method, frames, max_tokens, drafter)
-        print(json.dumps(parts[method]), flush=True)
+    if upper_bound:
+        constant = constant_drafter_path(model_path, parts["none"]["replies"])
+        parts["dflash-constant"] = part_spec(model_path, "dflash", frames, max_tokens,
+                                             constant, label="dflash-constant")
+        shutil.rmtree(constant, ignore_errors=True)
+    reference = parts["none"]["replies"]
+    for part in parts.values():
+        assert part.pop("replies") == reference  # lossless, here too
+        print(json.dumps(part), flush=True)
     cost = {m: p["decode_ms_per_token"] for m, p in parts.items()}
-    return {"model": str(model_path), "drafter": str(drafter),
+    bound = {"constant_accepted_per_step": round(parts["dflash-constant"]["accepted_per_step"], 3),
+             "constant_speedup_vs_none": round(cost["none"] / cost["dflash-constant"], 3)
+             } if upper_bound else {}
+    return {**bound, "model": str(model_path), "drafter": str(drafter),
             "dflash_accepted_per_step": round(parts["dflash"].get("accepted_per_step", 0.0), 3),
             "ngram_accepted_per_step": round(parts["ngram"].get("accepted_per_step", 0.0), 3),
             "ngram_speedup_vs_none": round(cost["none"] / cost["ngram"], 3),
@@ -354,6 +384,9 @@ def main() -> None:
     parser.add_argument("--spec-compare", action="store_true",
                         help="only compare decoding with none / ngram / dflash speculation")
     parser.add_argument("--spec-frames", type=int, default=12)
+    parser.add_argument("--spec-upper-bound", action="store_true",
+                        help="with --spec-compare: also DFlash with a hand-set drafter that "
+                             "always drafts the model's most frequent reply token")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--temperature", type=float, default=1.0,
                         help="0 = greedy (the dev model then emits no text: TTFT falls back to "
@@ -368,7 +401,7 @@ def main() -> None:
     model_path = args.model_path or dev_model_path(args.model)
     if args.spec_compare:
         print(json.dumps(compare_spec(model_path, frames[:args.spec_frames], args.max_tokens,
-                                      args.spec_model_path)))
+                                      args.spec_model_path, args.spec_upper_bound)))
         return
     drafter = args.spec_model_path or (bench_drafter_path(model_path)
                                        if args.spec == "dflash" else None)

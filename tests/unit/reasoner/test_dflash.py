@@ -15,7 +15,12 @@ from tests.unit.reasoner.reference import reply_tokens
 from tests.unit.reasoner.tiny_vlm import frame_bytes
 from worldserve.config import ConfigError, ReasonerStageConfig, ServerConfig, StreamingConfig
 from worldserve.ipc.messages import SessionFrame
-from worldserve.models.dflash.dev import build_drafter, write_drafter, write_drafter_for
+from worldserve.models.dflash.dev import (
+    build_drafter,
+    write_constant_drafter,
+    write_drafter,
+    write_drafter_for,
+)
 from worldserve.models.types import ModelLoadError
 
 
@@ -33,21 +38,11 @@ def repeating_drafter_dir(tiny_dir: Path, tmp_path_factory: pytest.TempPathFacto
     blocks are zeroed (the output is the normed input embedding) and its mask token is one whose
     embedding the target's tied lm_head maps to that token. Drafts are then often accepted, which
     exercises the partial-acceptance paths (target and drafter caches cropped mid-block)."""
-    from transformers import AutoModel, AutoModelForImageTextToText
+    from transformers import AutoModelForImageTextToText
 
     target = tmp_path_factory.mktemp("repeating-drafter")
-    write_drafter_for(target, 0, tiny_dir)
-    drafter = AutoModel.from_pretrained(target)
     model = AutoModelForImageTextToText.from_pretrained(tiny_dir)
-    for layer in drafter.layers:
-        torch.nn.init.zeros_(layer.self_attn.o_proj.weight)
-        torch.nn.init.zeros_(layer.mlp.down_proj.weight)
-    with torch.no_grad():
-        emb = model.get_input_embeddings().weight
-        normed = emb * torch.rsqrt(emb.pow(2).mean(-1, keepdim=True) + 1e-6)
-        drafts = model.get_output_embeddings()(normed).argmax(-1)
-    drafter.config.mask_token_id = int(torch.nonzero(drafts == REPEATED_TOKEN)[0])
-    drafter.save_pretrained(target)
+    write_constant_drafter(target, 0, tiny_dir, model, REPEATED_TOKEN)
     return target
 
 

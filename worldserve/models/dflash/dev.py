@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-from transformers import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
+import torch
+from transformers import AutoModel, MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
 
 from worldserve.models.cosmos3_reasoner.dev import ReasonerDevConfig
 from worldserve.models.dev.seeding import seeded
@@ -50,3 +52,27 @@ def build_drafter(target: Path, seed: int) -> None:
     reasoner inside the Cosmos3 `generation` directory: same text sizes)."""
     cfg = ReasonerDevConfig()
     write_drafter(target, seed, cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size)
+
+
+def write_constant_drafter(target: Path, seed: int, reasoner_dir: Path, model: Any,
+                           token: int) -> None:
+    """A hand-set drafter that always drafts `token` (for tests and for the benchmark's upper
+    bound, not a DFlash-quality drafter): its blocks are zeroed, so each output is the normed
+    input embedding, and its mask token is one whose embedding `model`'s lm_head maps to
+    `token`. ValueError when no vocabulary entry maps there."""
+    write_drafter_for(target, seed, reasoner_dir)
+    drafter = AutoModel.from_pretrained(target)
+    for layer in drafter.layers:
+        torch.nn.init.zeros_(layer.self_attn.o_proj.weight)
+        torch.nn.init.zeros_(layer.mlp.down_proj.weight)
+    with torch.no_grad():
+        emb = model.get_input_embeddings().weight.float()
+        eps = drafter.norm.variance_epsilon
+        normed = emb * torch.rsqrt(emb.pow(2).mean(-1, keepdim=True) + eps)
+        head = model.get_output_embeddings()
+        drafts = (normed.to(head.weight.dtype) @ head.weight.T).argmax(-1)
+    hits = torch.nonzero(drafts == token)
+    if not len(hits):
+        raise ValueError(f"no mask token makes the drafter draft token {token}")
+    drafter.config.mask_token_id = int(hits[0])
+    drafter.save_pretrained(target)
