@@ -241,3 +241,20 @@ def test_a_drafter_of_another_model_is_a_startup_error(tiny_dir, tmp_path):
     assert "hidden_size 32 != the target's 64" in message
     assert "target_layer_ids [5] outside the target's 2 layers" in message
     assert "mask_token_id 99999 outside the target's vocabulary" in message
+
+
+def test_chat_completion_equals_plain_decoding(make_engine, repeating_drafter_dir):
+    from worldserve.ipc.messages import ChatCompletion, ChatMessage, ChatPart, ReasonerSampling
+
+    def chat(drv, **sampling):
+        return drv.call(ChatCompletion(
+            request_id="chat", sampling=ReasonerSampling(max_tokens=16, **sampling),
+            messages=[ChatMessage(role="user", parts=[
+                ChatPart(type="image", image=frame_bytes(3)),
+                ChatPart(type="text", text="What is it?")])]))
+
+    for sampling in (GREEDY, {"temperature": 0.9, "seed": 2}):
+        spec = make_engine(spec_method="dflash", spec_model_path=repeating_drafter_dir)
+        got, plain = chat(spec, **sampling), chat(make_engine(), **sampling)
+        assert (got.text, got.completion_tokens) == (plain.text, plain.completion_tokens)
+        assert spec.engine.stats()["extra"]["spec_drafted"] > 0
