@@ -201,6 +201,49 @@ def test_drafter_cache_after_evictions_equals_one_built_from_the_kept_tokens(tin
         torch.testing.assert_close(ours.values, ref.values, rtol=1e-5, atol=1e-5)
 
 
+def test_sliding_window_drafter_layers_follow_eviction(tiny_dir, drafter_dir, tmp_path):
+    """transformers' default drafter layers are sliding-window ones (only the last window - 1
+    context tokens kept). Evicting older tokens leaves what a cache of the kept tokens holds;
+    evicting inside the window shrinks it, and drafting still works."""
+    import json
+    import shutil
+
+    from worldserve.models.qwen_vl.runner import load_runner
+    from worldserve.models.registry import load_drafter
+
+    shutil.copytree(drafter_dir, tmp_path, dirs_exist_ok=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.update(layer_types=["sliding_attention"], sliding_window=8)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    drafter = load_drafter(tmp_path, load_runner(tiny_dir).model)
+    gen = torch.Generator().manual_seed(1)
+    hidden = {i: torch.randn(1, 40, 64, generator=gen) for i in drafter.tap.layer_ids}
+
+    def fed(state, lo, hi):
+        state.extend({i: h[:, lo:hi] for i, h in hidden.items()}, torch.arange(lo, hi))
+
+    state = drafter.new_state()
+    fed(state, 0, 20)
+    state.draft(7, 3)
+    fed(state, 20, 30)
+    state.draft(7, 3)
+    state.evict(4, 12)  # older than the window (the last 7 of 30 tokens)
+    fresh = drafter.new_state()
+    keep = torch.cat([torch.arange(4), torch.arange(12, 30)])
+    fresh.extend({i: h[:, keep] for i, h in hidden.items()}, keep)
+    fed(state, 30, 31)
+    fed(fresh, 30, 31)
+    assert state.draft(7, 3) == fresh.draft(7, 3)
+    layer, ref = state.generator.cache.layers[0], fresh.generator.cache.layers[0]
+    assert layer.keys.shape[-2] == 7
+    torch.testing.assert_close(layer.keys, ref.keys, rtol=1e-5, atol=1e-5)
+
+    state.evict(len(state) - 3, len(state) - 1)  # inside the window
+    fed(state, 31, 33)
+    assert len(state.draft(7, 3)) == 3
+    assert len(state) == 23 - 2 + 2 and layer.keys.shape[-2] <= 7
+
+
 # ---------------------------------------------------------------- configuration
 
 

@@ -200,7 +200,9 @@ class DrafterState:
 
 
 def _evict_layer(layer: Any, start: int, end: int, length: int) -> None:
-    """Drop tokens [start, end) of a drafter cache layer holding `length` context tokens."""
+    """Drop tokens [start, end) of a drafter cache layer holding `length` context tokens.
+    A sliding-window layer keeps only its last tokens: the part of the range inside its window
+    goes (the window is not refilled with older tokens: they are no longer stored)."""
     if not getattr(layer, "is_initialized", False) or layer.keys is None:
         return
     stored = layer.keys.shape[-2]
@@ -210,4 +212,9 @@ def _evict_layer(layer: Any, start: int, end: int, length: int) -> None:
         layer.keys = torch.cat([layer.keys[:, :, :lo], layer.keys[:, :, hi:]], dim=2)
         layer.values = torch.cat([layer.values[:, :, :lo], layer.values[:, :, hi:]], dim=2)
     if isinstance(layer, DynamicSlidingWindowLayer):
-        layer.cumulative_length -= end - start
+        # The attention mask expects min(length, window - 1) stored tokens. Tokens evicted from
+        # inside the window are not replaced by older ones (those are gone): the layer then
+        # counts only what it holds.
+        kept = layer.keys.shape[-2]
+        length -= end - start
+        layer.cumulative_length = kept if kept < layer.sliding_window - 1 else max(length, kept)
