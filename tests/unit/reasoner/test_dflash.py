@@ -272,6 +272,15 @@ def test_a_directory_that_is_no_drafter_is_a_startup_error_saying_what_was_found
         ReasonerEngine(stage, ServerConfig())
 
 
+def test_a_missing_drafter_directory_is_a_startup_error(tiny_dir, tmp_path):
+    from worldserve.engines.reasoner.engine import ReasonerEngine
+
+    stage = ReasonerStageConfig(model_path=tiny_dir, streaming=StreamingConfig(
+        spec_method="dflash", spec_model_path=tmp_path / "nope"))
+    with pytest.raises(ModelLoadError, match=r"spec_model_path .*nope' is not a directory"):
+        ReasonerEngine(stage, ServerConfig())
+
+
 def test_a_drafter_of_another_model_is_a_startup_error(tiny_dir, tmp_path):
     from worldserve.engines.reasoner.engine import ReasonerEngine
 

@@ -25,6 +25,7 @@ from transformers import AutoModel, GenerationConfig
 from transformers.cache_utils import DynamicSlidingWindowLayer
 from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
 
+from worldserve.models.common import resolve_dtype
 from worldserve.models.detect import describe, transformers_type
 from worldserve.models.types import ModelLoadError
 
@@ -37,7 +38,10 @@ def load_drafter(drafter_dir: Path, target: Any, *, dtype: str = "float32",
     """Load the drafter in `drafter_dir` and attach it to `target` (the reasoner's model).
     ModelLoadError says what was found when the directory is no DFlash drafter or does not fit
     the target."""
-    drafter_dir = Path(drafter_dir)
+    drafter_dir = Path(drafter_dir).expanduser()
+    if not drafter_dir.is_dir():
+        raise ModelLoadError(f"streaming.spec_model_path {str(drafter_dir)!r} is not a "
+                             "directory (a DFlash drafter checkpoint folder)")
     found = transformers_type(drafter_dir)
     if found not in DRAFTER_MODEL_TYPES:
         raise ModelLoadError(
@@ -45,7 +49,8 @@ def load_drafter(drafter_dir: Path, target: Any, *, dtype: str = "float32",
             f"{describe(drafter_dir)}; expected config.json with model_type "
             f"{' or '.join(sorted(DRAFTER_MODEL_TYPES))}")
     try:
-        model = AutoModel.from_pretrained(drafter_dir, dtype=getattr(torch, dtype))
+        model = AutoModel.from_pretrained(drafter_dir, dtype=resolve_dtype(dtype),
+                                          local_files_only=True)
     except Exception as exc:
         raise ModelLoadError(f"cannot load the DFlash drafter from {drafter_dir}: {exc}") from exc
     check_fits(model.config, target, drafter_dir)
