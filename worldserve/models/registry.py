@@ -45,12 +45,14 @@ def supported(stage_kind: str) -> list[str]:
 
 def stage_kinds(model_dir: Path) -> list[str]:
     """Every stage kind some family serves from `model_dir` (JSON reads only), e.g.
-    ["generation", "reasoner"] for a Cosmos3 directory holding the generator and the reasoner."""
+    ["generation", "reasoner"] for a Cosmos3 directory holding the generator and the reasoner;
+    a family's `explicit_kinds` are left out (they need the stage's own model_path)."""
     model_dir = Path(model_dir)
     kinds: list[str] = []
     for family in FAMILIES:
         if family.detect(model_dir):
-            kinds += [kind for kind in family.loaders if kind not in kinds]
+            kinds += [kind for kind in family.loaders
+                      if kind not in kinds and kind not in family.explicit_kinds]
     return kinds
 
 

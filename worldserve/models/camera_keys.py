@@ -1,8 +1,10 @@
-"""Camera keys per output frame -> SANA-WM's action DSL ("w-8,jw-4,none-12").
+"""Held camera keys per output frame (WASD/IJKL, spec section 3), shared by the families that
+take camera keys: validation, and the run-length action DSL ("w-8,jw-4,none-12").
 
 SANA-WM rolls a camera trajectory out of one action entry per generated frame (diffusers
-`sana_wm/cam_utils.py`: 0.05 units / 1.2 degrees per frame, from identity). A chunk of
-`1 + n` pipeline frames needs `n` entries; entry j is the key set that produced frame j + 1.
+`sana_wm/cam_utils.py`: 0.05 units / 1.2 degrees per frame, from identity); the Cosmos3 world
+runner turns the same rollout into 9-D pose deltas. A chunk of `1 + n` pipeline frames needs
+`n` entries; entry j is the key set that produced frame j + 1.
 """
 
 from __future__ import annotations
