@@ -71,3 +71,26 @@ def upstream_wan_state(seed: int = 0, dim: int = 16, layers: int = 2, ffn: int =
         state[b + "ffn.0.weight"], state[b + "ffn.0.bias"] = t(FFN, DIM), t(FFN)
         state[b + "ffn.2.weight"], state[b + "ffn.2.bias"] = t(DIM, FFN), t(DIM)
     return state
+
+
+def lingbot_world_state(seed: int = 0, dim: int = 24, layers: int = 2, latent: int = 16,
+                        mask: int = 4, text: int = 32, ray_stride: int = 8) -> dict[str, Any]:
+    """A LingBot-World-style causal DiT in the upstream key layout: the Wan keys with an
+    image-conditioned patch embedding (latent + mask + latent input channels, latent out) and
+    the camera keys of `wan/modules/model.py` (:219-222, :396-399)."""
+    state = upstream_wan_state(seed, dim=dim, layers=layers, channels=latent, text=text)
+    g = torch.Generator().manual_seed(seed + 1000)
+
+    def t(*shape: int) -> torch.Tensor:
+        return 0.2 * torch.randn(*shape, generator=g)
+
+    state["patch_embedding.weight"] = t(dim, 2 * latent + mask, 1, 2, 2)
+    cams = {"patch_embedding_wancamctrl": 6 * ray_stride * ray_stride * 4,
+            "c2ws_hidden_states_layer1": dim, "c2ws_hidden_states_layer2": dim}
+    for i in range(layers):
+        for name in ("cam_injector_layer1", "cam_injector_layer2", "cam_scale_layer",
+                     "cam_shift_layer"):
+            cams[f"blocks.{i}.{name}"] = dim
+    for name, fan_in in cams.items():
+        state[f"{name}.weight"], state[f"{name}.bias"] = t(dim, fan_in), t(dim)
+    return state
