@@ -10,8 +10,6 @@ The upstream reference lines are transcribed inline from Robbyant/lingbot-world 
 from __future__ import annotations
 
 import io
-import json
-import shutil
 
 import numpy as np
 import pytest
@@ -19,13 +17,13 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from tests.unit.realtime.helpers import Replies, chunk, lingbot_world_state, run_session
+from tests.unit.realtime.helpers import Replies, chunk, run_session
 from worldserve.config import RealtimeStageConfig, ServerConfig
 from worldserve.engines.realtime.engine import RealtimeEngine
 from worldserve.errors import InvalidRequest
 from worldserve.models import registry
 from worldserve.models.camera_keys import rollout_c2w
-from worldserve.models.causal_dit.dev import build_realtime
+from worldserve.models.causal_dit.dev import build_lingbot_realtime
 from worldserve.models.causal_dit.lingbot import (
     CameraInjector,
     chunk_camera_tokens,
@@ -154,18 +152,11 @@ def png(seed: int, width: int = 40, height: int = 32) -> bytes:
 
 @pytest.fixture(scope="module")
 def lingbot_dir(tmp_path_factory):
-    """The dev realtime directory with its transformer replaced by a LingBot-World-style
-    upstream-layout pickle (dim 24, 2 layers, 36 -> 16 channels, camera weights)."""
+    """The dev realtime directory with a LingBot-World-style upstream-layout pickle as its
+    transformer (dim 24, 2 layers, 36 -> 16 channels, camera weights)."""
     target = tmp_path_factory.mktemp("lingbot") / "lb"
     target.mkdir()
-    build_realtime(target, 0)
-    shutil.rmtree(target / "transformer")
-    (target / "transformer").mkdir()
-    state = lingbot_world_state(5)
-    torch.save({"generator_ema": {f"model.{k}": v for k, v in state.items()}},
-               target / "transformer" / "lingbot_causal.pt")
-    config = json.loads((target / "realtime_config.json").read_text())
-    (target / "realtime_config.json").write_text(json.dumps({**config, "pad_text_tokens": 40}))
+    build_lingbot_realtime(target, 0)
     return target
 
 
