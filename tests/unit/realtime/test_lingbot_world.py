@@ -9,6 +9,7 @@ The upstream reference lines are transcribed inline from Robbyant/lingbot-world 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import numpy as np
@@ -220,14 +221,17 @@ def run_chunks(engine, session_id, scripts, **init):
     return replies, session, torch.cat(generated, 2)
 
 
-def test_lingbot_checkpoint_serves_sessions_equal_to_the_reference(lingbot_runner):
+@pytest.mark.parametrize("sink,window", [(0, 100), (3, 9)])
+def test_lingbot_checkpoint_serves_sessions_equal_to_the_reference(lingbot_runner, sink,
+                                                                   window):
     assert isinstance(lingbot_runner.model.dit, CausalWanDiT)
     engine = engine_for(lingbot_runner)
     caps = engine.capabilities()
     assert caps.camera_conditioning and caps.requires_first_frame
     image = png(1)
     replies, session, got = run_chunks(engine, "s", SCRIPTS, seed=7, width=32, height=32,
-                                       sink_size=0, window_frames=100, first_frame=image)
+                                       sink_size=sink, window_frames=window,
+                                       first_frame=image)
     assert replies[0].num_frames == 9
     assert session.cache.latents.shape[1] == 36  # retained with its condition
     with Image.open(io.BytesIO(image)) as img:
@@ -254,3 +258,30 @@ def test_first_frame_is_required_and_bad_keys_are_refused(lingbot_runner):
     replies = run_session(engine, "t", 1, width=32, height=32, first_frame=png(3),
                           camera=[["x"]])
     assert "unknown camera key 'x'" in str(replies[-1])
+
+
+def test_rebuilt_cache_equals_the_cached_one(lingbot_runner):
+    """A refresh recomputes the K/V from the retained latents, conditions and camera tokens."""
+    engine = engine_for(lingbot_runner)
+    _, session, _ = run_chunks(engine, "s", SCRIPTS[:3], seed=1, width=32, height=32,
+                               sink_size=3, window_frames=6, first_frame=png(4))
+    cached = [(k.clone(), v.clone()) for k, v in session.cache.kv]
+    with torch.inference_mode():
+        lingbot_runner.rebuild(session)
+    for (k, v), (k2, v2) in zip(cached, session.cache.kv):
+        assert (k - k2).abs().max().item() < 1e-5 and (v - v2).abs().max().item() < 1e-5
+
+
+def test_init_intrinsics_follow_the_image_resize_and_crop():
+    from worldserve.models.causal_dit.runner import session_intrinsics
+    from worldserve.models.types import WorldSessionSettings
+
+    settings = WorldSessionSettings(seed=0, width=32, height=32, num_inference_steps=1,
+                                    sink_frames=0, window_frames=9, frames_per_block=3,
+                                    intrinsics=(50.0, 40.0, 20.0, 16.0))
+    image = Image.new("RGB", (80, 64))  # resized to 40 x 32, then 4 px cropped left and right
+    fx, fy, cx, cy = session_intrinsics(settings, image)
+    assert (fx, fy, cx, cy) == pytest.approx((25.0, 20.0, 10.0 - 4.0, 8.0))
+    default = session_intrinsics(dataclasses.replace(settings, intrinsics=None), image)
+    assert default == pytest.approx((502.9116 * 32 / 832, 503.10812 * 32 / 480,
+                                     415.77786 * 32 / 832, 239.77779 * 32 / 480))
