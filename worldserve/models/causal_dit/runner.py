@@ -59,7 +59,7 @@ def model_facts(model: RealtimeModel) -> RealtimeModelFacts:
         size_multiple=model.spatial_factor, max_script_frames=mc.max_script_frames,
         min_pulse_items=mc.min_pulse_items,
         kv_bytes_per_token=2 * dit.num_layers * dit.dim * model.dtype.itemsize,
-        camera_conditioning=getattr(model.dit, "num_camera_keys", 0) > 0,
+        camera_conditioning=getattr(dit, "num_camera_keys", 0) > 0,
         first_frame=first_frame_mode(model),
         guidance=not mc.guidance_distilled)
 

@@ -41,6 +41,7 @@ class CausalWanConfig:
     text_dim: int
     max_rope_frames: int
     cond_channels: int = 0  # image condition appended to the input (LingBot: 4 mask + 16)
+    num_camera_keys: int = 0  # > 0: a camera branch consumes held keys (LingBot-World)
 
 
 def rope_tables(wan: Any, frame_pos: torch.Tensor, pph: int,
@@ -83,9 +84,9 @@ class CausalWanDiT(nn.Module):
             in_channels=c.out_channels, patch_size=c.patch_size[1], dim=wan.inner_dim
             if hasattr(wan, "inner_dim") else c.num_attention_heads * c.attention_head_dim,
             num_heads=c.num_attention_heads, num_layers=c.num_layers, text_dim=c.text_dim,
-            max_rope_frames=c.rope_max_seq_len, cond_channels=c.in_channels - c.out_channels)
+            max_rope_frames=c.rope_max_seq_len, cond_channels=c.in_channels - c.out_channels,
+            num_camera_keys=len(CAMERA_KEYS) if camera_branch is not None else 0)
         self.camera_branch = camera_branch
-        self.num_camera_keys = len(CAMERA_KEYS) if camera_branch is not None else 0
         self.ray_stride = (ray_stride(camera_branch.in_features, self.cfg.patch_size)
                            if camera_branch is not None else 0)
 
