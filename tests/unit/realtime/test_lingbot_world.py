@@ -2,9 +2,9 @@
 condition) on the causal runner.
 
 The upstream reference lines are transcribed inline from Robbyant/lingbot-world (HEAD 6ca87d4):
-`wan/utils/cam_utils.py` (compute_relative_poses :54-72, get_plucker_embeddings :86-115),
-`wan/image2video.py` (:362-366, the per-latent-cell rearrange) and `wan/modules/model.py`
-(:256-263 block camera term, :504-518 patch rearrange + embedding).
+`wan/utils/cam_utils.py` (compute_relative_poses :54-73, get_plucker_embeddings :77-112),
+`wan/image2video.py` (:355-362, the per-latent-cell rearrange) and `wan/modules/model.py`
+(:256-263 block camera term, :502-521 patch rearrange + embedding).
 """
 
 from __future__ import annotations

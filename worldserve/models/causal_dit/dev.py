@@ -98,7 +98,7 @@ def lingbot_world_state(seed: int = 0, dim: int = 24, layers: int = 2, latent: i
                         mask: int = 4, text: int = 32, ray_stride: int = 8) -> dict[str, Any]:
     """A LingBot-World-style causal DiT in the upstream key layout: the Wan keys with an
     image-conditioned patch embedding (latent + mask + latent input channels, latent out) and
-    the camera keys of `wan/modules/model.py` (:219-222, :396-399)."""
+    the camera keys of `wan/modules/model.py` (:220-223, :396-399)."""
     state = upstream_wan_state(seed, dim=dim, layers=layers, channels=latent, text=text)
     g = torch.Generator().manual_seed(seed + 1000)
 

@@ -2,13 +2,13 @@
 
 What upstream computes, with the lines each piece follows:
 - poses: c2w matrices made relative to frame 0, then frame to frame, translations divided by
-  their largest norm (`wan/utils/cam_utils.py` `compute_relative_poses(framewise=True)`, :54-72);
+  their largest norm (`wan/utils/cam_utils.py` `compute_relative_poses(framewise=True)`, :54-73);
 - rays: per pixel centre (+0.5) the camera origin and the normalised view direction rotated
-  into the world, `cat(origin, direction)` (`get_plucker_embeddings`, :86-115);
+  into the world, `cat(origin, direction)` (`get_plucker_embeddings`, :77-112);
 - tokens: each latent cell's 8 x 8 pixels folded into channels, then each 1 x 2 x 2 patch
-  (`wan/image2video.py` :362-365, `wan/modules/model.py` :504-512);
+  (`wan/image2video.py` :355-362, `wan/modules/model.py` :502-514);
 - embedding: `e = p + layer2(silu(layer1(p)))`, p = `patch_embedding_wancamctrl(tokens)`
-  (model.py :513-518); per block after the self-attention residual,
+  (model.py :515-521); per block after the self-attention residual,
   `x = (1 + scale(c)) x + shift(c)` with `c = e + injector2(silu(injector1(e)))` (:256-263);
 - image conditioning: 36 input channels = noise (16) + a 4-channel first-frame mask + the VAE
   latent of the image followed by zero frames (image2video.py :302-309, :367-376).
@@ -128,7 +128,7 @@ def ray_tokens(rays: torch.Tensor, stride: int, patch: int) -> torch.Tensor:
 def transform_intrinsics(intrinsics: tuple[float, ...], source: tuple[int, int],
                          resized: tuple[int, int], final: tuple[int, int]) -> tuple[float, ...]:
     """[fx, fy, cx, cy] of a `source` (w, h) image resized to `resized` and centre-cropped to
-    `final` (upstream `get_Ks_transformed`, cam_utils.py :118-146)."""
+    `final` (upstream `get_Ks_transformed`, cam_utils.py :115-146)."""
     fx, fy, cx, cy = intrinsics
     sx, sy = resized[0] / source[0], resized[1] / source[1]
     return (fx * sx, fy * sy, cx * sx - (resized[0] - final[0]) / 2,
