@@ -285,3 +285,69 @@ def test_init_intrinsics_follow_the_image_resize_and_crop():
     default = session_intrinsics(dataclasses.replace(settings, intrinsics=None), image)
     assert default == pytest.approx((502.9116 * 32 / 832, 503.10812 * 32 / 480,
                                      415.77786 * 32 / 832, 239.77779 * 32 / 480))
+
+
+def upstream_block(st, i, x, e, context, cam, heads):
+    """model.py WanAttentionBlock.forward (:226-275) on the upstream weights, RoPE left out
+    (identity), with the camera term of :256-263."""
+    b = f"blocks.{i}."
+
+    def lin(name, v):
+        return F.linear(v, st[b + name + ".weight"], st[b + name + ".bias"])
+
+    def rms(name, v):  # WanRMSNorm
+        return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6) * st[b + name + ".weight"]
+
+    def ln(v):  # WanLayerNorm without affine
+        return F.layer_norm(v, v.shape[-1:], eps=1e-6)
+
+    def attn(prefix, xq, xkv):
+        q = rms(prefix + ".norm_q", lin(prefix + ".q", xq)).unflatten(2, (heads, -1))
+        k = rms(prefix + ".norm_k", lin(prefix + ".k", xkv)).unflatten(2, (heads, -1))
+        v = lin(prefix + ".v", xkv).unflatten(2, (heads, -1))
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                             v.transpose(1, 2))
+        return lin(prefix + ".o", out.transpose(1, 2).flatten(2))
+
+    e = (st[b + "modulation"].unsqueeze(0) + e).chunk(6, dim=2)
+    e = [m.squeeze(2) for m in e]
+    y = attn("self_attn", ln(x) * (1 + e[1]) + e[0], ln(x) * (1 + e[1]) + e[0])
+    x = x + y * e[2]
+    hidden = lin("cam_injector_layer2", F.silu(lin("cam_injector_layer1", cam))) + cam
+    x = (1.0 + lin("cam_scale_layer", hidden)) * x + lin("cam_shift_layer", hidden)
+    norm3 = F.layer_norm(x, x.shape[-1:], st[b + "norm3.weight"], st[b + "norm3.bias"], 1e-6)
+    x = x + attn("cross_attn", norm3, context)
+    y = lin("ffn.2", F.gelu(lin("ffn.0", ln(x) * (1 + e[4]) + e[3]), approximate="tanh"))
+    return x + y * e[5]
+
+
+@torch.no_grad()
+def test_a_block_equals_upstreams_block_with_its_camera_term(tmp_path):
+    """Weights mapped from the upstream layout + the camera branch, one block with RoPE set
+    to identity, against the upstream block written from model.py on the raw weights."""
+    from worldserve.models.causal_dit.dev import lingbot_world_state
+    from worldserve.models.causal_dit.upstream import load_upstream
+
+    st = lingbot_world_state(9, dim=24, layers=2, text=8)
+    torch.save(st, tmp_path / "lb.pt")
+    dit = CausalWanDiT(*load_upstream(tmp_path / "lb.pt"))
+    g = torch.Generator().manual_seed(0)
+    n, tokens = 8, torch.randn(1, 8, dit.camera_branch.in_features, generator=g)
+    x, e = torch.randn(1, n, 24, generator=g), torch.randn(1, n, 6, 24, generator=g)
+    text = torch.randn(1, 5, 8, generator=g)
+    p = F.linear(tokens, st["patch_embedding_wancamctrl.weight"],
+                 st["patch_embedding_wancamctrl.bias"])
+    hidden = F.silu(F.linear(p, st["c2ws_hidden_states_layer1.weight"],
+                             st["c2ws_hidden_states_layer1.bias"]))
+    cam = p + F.linear(hidden, st["c2ws_hidden_states_layer2.weight"],
+                       st["c2ws_hidden_states_layer2.bias"])
+    torch.testing.assert_close(dit.camera_branch.embed(tokens), cam)
+    context = F.linear(F.gelu(F.linear(text, st["text_embedding.0.weight"],
+                                       st["text_embedding.0.bias"]), approximate="tanh"),
+                       st["text_embedding.2.weight"], st["text_embedding.2.bias"])
+    rope = (torch.ones(1, n, 1, 24), torch.zeros(1, n, 1, 24))
+    for i in range(2):
+        got, _ = dit._block(dit.wan.blocks[i], x, e, rope, dit.text_kv(text)[i], None, None,
+                            (dit.camera_branch.blocks[i], cam))
+        want = upstream_block(st, i, x, e, context, cam, heads=1)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
