@@ -4,6 +4,7 @@ frames/s with 1 and 2 concurrent sessions, and payload encoding figures.
     python benchmarks/realtime.py [--chunks 200] [--size 64x64] [--threads 1] [--model-path DIR]
     python benchmarks/realtime.py --model sana_wm [--chunks 200] [--no-refiner] [--steps 2]
     python benchmarks/realtime.py --model cosmos3 [--chunks 80] [--steps 2]
+    python benchmarks/realtime.py --model lingbot [--chunks 200] [--steps 2] [--size 64x64]
 
 The engine runs in-process (no sockets). Flatness = p95 of the last 20 chunks / p95 of the first
 20 (1.0 = flat). Prints progress to stderr and one JSON line to stdout.
@@ -13,6 +14,10 @@ unless --no-refiner): per-chunk latency of one session, flatness = p95 of the la
 p95 of chunks 10-60, and aggregate chunks/s of 2 sessions vs 1 through the engine.
 `--model cosmos3` measures the same for Cosmos3 world sessions (the tiny random Cosmos3
 generator with action heads, camera_pose forward dynamics, 8 new frames per chunk).
+`--model lingbot` measures the same for a LingBot-World-style causal checkpoint (the tiny
+upstream-layout pickle of `causal_dit.dev.build_lingbot_realtime`, written to a temporary
+directory and loaded like a real one: camera branch over Plücker rays, 36-channel image
+condition, sink + window cache at the checkpoint's defaults).
 """
 
 from __future__ import annotations
@@ -220,8 +225,17 @@ def world_throughput(runner: Any, num_sessions: int, num_chunks: int, width: int
 
 
 def world_main(args: argparse.Namespace, width: int, height: int) -> None:
-    """A family whose sessions start from an image (sana_wm, cosmos3), in memory."""
-    if args.model == "sana_wm":
+    """A family whose sessions start from an image (sana_wm, cosmos3, lingbot)."""
+    if args.model == "lingbot":
+        import tempfile
+
+        from worldserve.models.causal_dit.dev import build_lingbot_realtime
+        from worldserve.models.causal_dit.runner import load_runner
+
+        directory = Path(tempfile.mkdtemp(prefix="lingbot-bench-"))
+        build_lingbot_realtime(directory, 0)
+        runner = load_runner(directory)
+    elif args.model == "sana_wm":
         from worldserve.models.sana_wm.dev import build_pipeline, build_refiner
         from worldserve.models.sana_wm.runner import SanaWMRunner
 
@@ -249,10 +263,11 @@ def world_main(args: argparse.Namespace, width: int, height: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=("causal_dit", "sana_wm", "cosmos3"), default="causal_dit")
+    ap.add_argument("--model", choices=("causal_dit", "sana_wm", "cosmos3", "lingbot"),
+                    default="causal_dit")
     ap.add_argument("--no-refiner", action="store_true", help="sana_wm: stage 1 only")
     ap.add_argument("--steps", type=int, default=2,
-                    help="sana_wm / cosmos3: denoising steps per chunk")
+                    help="sana_wm / cosmos3 / lingbot: denoising steps per chunk")
     ap.add_argument("--chunks", type=int, default=200)
     ap.add_argument("--fps-chunks", type=int, default=20)
     ap.add_argument("--size", default="64x64")
@@ -261,7 +276,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     width, height = (int(v) for v in args.size.split("x"))
-    if args.model in ("sana_wm", "cosmos3"):
+    if args.model in ("sana_wm", "cosmos3", "lingbot"):
         world_main(args, width, height)
         return
     if args.model_path:

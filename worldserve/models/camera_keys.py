@@ -9,6 +9,9 @@ runner turns the same rollout into 9-D pose deltas. A chunk of `1 + n` pipeline 
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from worldserve.errors import InvalidRequest
 
 CAMERA_KEYS = "wasdijkl"
@@ -39,3 +42,28 @@ def action_string(camera: list[list[str]] | None, num_entries: int) -> str:
         else:
             runs.append((keys, 1))
     return ",".join(f"{keys}-{count}" for keys, count in runs)
+
+
+def rollout_c2w(camera: list[list[str]] | None, num_entries: int,
+                start_pitch_steps: int = 0) -> tuple[Any, int]:
+    """SANA-WM's rollout (diffusers `sana_wm/cam_utils.action_string_to_c2w`) of `num_entries`
+    key sets: c2w (num_entries + 1, 4, 4), float32, OpenCV axes; and the pitch at the end in
+    rotation steps.
+
+    The rollout's rotation is always yaw(Y) @ pitch(P), and P moves in whole steps, clamped at
+    the pitch limit; a session continuing from an earlier chunk starts at its pitch (`start_
+    pitch_steps`, reached by a prefix of `i` / `k` entries that is then dropped) with yaw and
+    position reset, which leaves every pose relative to the chunk's first one unchanged.
+    """
+    from diffusers.pipelines.sana_wm.cam_utils import (
+        DEFAULT_ROTATION_SPEED_DEG,
+        action_string_to_c2w,
+    )
+
+    camera = camera or []
+    prefix = [["i" if start_pitch_steps > 0 else "k"]] * abs(start_pitch_steps)
+    entries = prefix + [list(camera[i]) if i < len(camera) else [] for i in range(num_entries)]
+    c2w = action_string_to_c2w(action_string(entries, len(entries)))[len(prefix):]
+    rot = c2w[-1, :3, :3].astype(float)
+    pitch = math.atan2(-rot[1, 2], rot[1, 1])
+    return c2w, round(pitch / math.radians(DEFAULT_ROTATION_SPEED_DEG))

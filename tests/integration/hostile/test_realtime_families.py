@@ -1,5 +1,6 @@
 """The hostile realtime suite on each real world-model family (tiny random weights): SANA-WM,
-Cosmos3 camera_pose world sessions and the causal DiT with an image-conditioned start. One
+Cosmos3 camera_pose world sessions, the causal DiT with an image-conditioned start and a
+LingBot-World-style upstream checkpoint (camera branch, 36-channel image condition). One
 server per family (module-scoped, one alive at a time) with the strict media policy; the init
 cases of test_realtime.py (first_frame under the media policy, forbidden fields, junk), the
 family's own invalid inits, the 10,000-event flood, and the server alive afterwards."""
@@ -26,7 +27,7 @@ from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.skipif(not HAS_REALTIME, reason="no realtime route on this branch")
 
-FAMILIES = ("sana_wm", "cosmos3", "causal_dit_image")
+FAMILIES = ("sana_wm", "cosmos3", "causal_dit_image", "lingbot_world")
 # Inits the family's engine refuses (invalid_init from the stage, not the api's checks).
 FAMILY_INVALID: dict[str, list[tuple[str, dict[str, Any], str]]] = {
     "sana_wm": [("no-first-frame", {"first_frame": None}, "first_frame is required"),
@@ -37,6 +38,9 @@ FAMILY_INVALID: dict[str, list[tuple[str, dict[str, Any], str]]] = {
                 ("guidance-below-1", {"guidance_scale": 0.5}, "guidance_scale must be >= 1")],
     "causal_dit_image": [("size-not-16", {"size": "72x72"}, "multiple of 16"),
                          ("guidance-distilled", {"guidance_scale": 2.0}, "guidance-distilled")],
+    "lingbot_world": [("no-first-frame", {"first_frame": None}, "first_frame is required"),
+                      ("size-not-16", {"size": "72x72"}, "multiple of 16"),
+                      ("guidance-distilled", {"guidance_scale": 2.0}, "guidance-distilled")],
 }
 
 
@@ -51,6 +55,10 @@ def build(family: str, target: Path) -> dict[str, Any]:
         from worldserve.models.cosmos3.dev import Cosmos3DevConfig, build_cosmos3
 
         build_cosmos3(target, 0, Cosmos3DevConfig(sound=False))
+    elif family == "lingbot_world":
+        from worldserve.models.causal_dit.dev import build_lingbot_realtime
+
+        build_lingbot_realtime(target, 0)
     else:
         from worldserve.models.causal_dit.dev import build_realtime
 
