@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # `make test` a test never skips for something the machine lacks (WORLDSERVE_TEST_STRICT=1).
 BROWSER ?= 1
 
-.PHONY: serve serve-cosmos3 test lint install dev-models clean
+.PHONY: serve serve-qwen test lint install dev-models clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,14 +27,17 @@ install: $(STAMP)
 dev-models: $(STAMP)
 	$(BIN)/worldserve dev-models build
 
+DEV_MODELS = $$($(BIN)/python -c 'from worldserve import envs; print(envs.dev_models_dir())')
+
+# Images, videos, actions and live reasoning from the one Cosmos3 dev directory (generator +
+# reasoner, as a published Cosmos3 checkpoint); the realtime stage serves the dev causal model.
 serve: dev-models
 	$(BIN)/worldserve serve --host $(HOST) --port $(PORT)
 
-# Images, videos, actions and live reasoning from one Cosmos3 directory (generator + reasoner);
-# the realtime stage keeps the dev causal model.
-serve-cosmos3: dev-models
-	$(BIN)/worldserve serve --host $(HOST) --port $(PORT) --model-path \
-		"$$($(BIN)/python -c 'from worldserve import envs; print(envs.dev_models_dir())')/generation"
+# The same with the Qwen2.5-VL dev reasoner (`worldserve-dev-reasoner`) on the reasoner stage.
+serve-qwen: dev-models
+	$(BIN)/worldserve serve --host $(HOST) --port $(PORT) \
+		--model-path "$(DEV_MODELS)/reasoner"
 
 lint: $(STAMP)
 	$(BIN)/ruff check worldserve tests benchmarks

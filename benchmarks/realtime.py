@@ -3,6 +3,8 @@ frames/s with 1 and 2 concurrent sessions, and payload encoding figures.
 
     python benchmarks/realtime.py [--chunks 200] [--size 64x64] [--threads 1] [--model-path DIR]
     python benchmarks/realtime.py --model sana_wm [--chunks 200] [--no-refiner] [--steps 2]
+    python benchmarks/realtime.py --model cosmos3 [--chunks 80] [--steps 2]
+    python benchmarks/realtime.py --model lingbot [--chunks 200] [--steps 2] [--size 64x64]
 
 The engine runs in-process (no sockets). Flatness = p95 of the last 20 chunks / p95 of the first
 20 (1.0 = flat). Prints progress to stderr and one JSON line to stdout.
@@ -10,6 +12,12 @@ The engine runs in-process (no sockets). Flatness = p95 of the last 20 chunks / 
 `--model sana_wm` runs the tiny SANA-WM family (random weights, in memory, with its refiner
 unless --no-refiner): per-chunk latency of one session, flatness = p95 of the last 50 chunks /
 p95 of chunks 10-60, and aggregate chunks/s of 2 sessions vs 1 through the engine.
+`--model cosmos3` measures the same for Cosmos3 world sessions (the tiny random Cosmos3
+generator with action heads, camera_pose forward dynamics, 8 new frames per chunk).
+`--model lingbot` measures the same for a LingBot-World-style causal checkpoint (the tiny
+upstream-layout pickle of `causal_dit.dev.build_lingbot_realtime`, written to a temporary
+directory and loaded like a real one: camera branch over Plücker rays, 36-channel image
+condition, sink + window cache at the checkpoint's defaults).
 """
 
 from __future__ import annotations
@@ -157,16 +165,16 @@ def _png(width: int, height: int) -> bytes:
     return buffer.getvalue()
 
 
-def _sana_engine(runner: Any, steps: int, sessions: int) -> RealtimeEngine:
+def _world_engine(runner: Any, steps: int, sessions: int) -> RealtimeEngine:
     return RealtimeEngine(RealtimeStageConfig(max_sessions=max(2, sessions),
                                               num_inference_steps=steps), ServerConfig(),
                           runner=runner)
 
 
-def sana_latency_run(runner: Any, num_chunks: int, width: int, height: int,
+def world_latency_run(runner: Any, num_chunks: int, width: int, height: int,
                      steps: int) -> dict[str, Any]:
-    """Per-chunk times of one SANA-WM session (camera keys change every 4 chunks)."""
-    engine = _sana_engine(runner, steps, 1)
+    """Per-chunk times of one image-started session (camera keys change every 4 chunks)."""
+    engine = _world_engine(runner, steps, 1)
     times: list[float] = []
     state_bytes: list[int] = []
 
@@ -192,10 +200,10 @@ def sana_latency_run(runner: Any, num_chunks: int, width: int, height: int,
             "state_bytes_last": state_bytes[-1], "state_bytes_max": max(state_bytes)}
 
 
-def sana_throughput(runner: Any, num_sessions: int, num_chunks: int, width: int, height: int,
+def world_throughput(runner: Any, num_sessions: int, num_chunks: int, width: int, height: int,
                     steps: int) -> float:
-    """Aggregate chunks/s of `num_sessions` SANA-WM sessions interleaved by the engine."""
-    engine = _sana_engine(runner, steps, num_sessions)
+    """Aggregate chunks/s of `num_sessions` image-started sessions interleaved by the engine."""
+    engine = _world_engine(runner, steps, num_sessions)
     done = 0
 
     def reply(msg: Any) -> None:
@@ -216,29 +224,50 @@ def sana_throughput(runner: Any, num_sessions: int, num_chunks: int, width: int,
     return done / (time.perf_counter() - start)
 
 
-def sana_main(args: argparse.Namespace, width: int, height: int) -> None:
-    from worldserve.models.sana_wm.dev import build_pipeline, build_refiner
-    from worldserve.models.sana_wm.runner import SanaWMRunner
+def world_main(args: argparse.Namespace, width: int, height: int) -> None:
+    """A family whose sessions start from an image (sana_wm, cosmos3, lingbot)."""
+    if args.model == "lingbot":
+        import tempfile
 
-    runner = SanaWMRunner(build_pipeline(0), None if args.no_refiner else build_refiner(0))
-    result: dict[str, Any] = {"model": "sana_wm", "pipeline": runner.facts.pipeline,
+        from worldserve.models.causal_dit.dev import build_lingbot_realtime
+        from worldserve.models.causal_dit.runner import load_runner
+
+        directory = Path(tempfile.mkdtemp(prefix="lingbot-bench-"))
+        build_lingbot_realtime(directory, 0)
+        runner = load_runner(directory)
+    elif args.model == "sana_wm":
+        from worldserve.models.sana_wm.dev import build_pipeline, build_refiner
+        from worldserve.models.sana_wm.runner import SanaWMRunner
+
+        runner = SanaWMRunner(build_pipeline(0), None if args.no_refiner else build_refiner(0))
+    else:
+        from worldserve.models.cosmos3.dev import Cosmos3DevConfig, build_pipeline
+        from worldserve.models.cosmos3.world import Cosmos3World
+
+        pipe = build_pipeline(0, Cosmos3DevConfig(sound=False))
+        pipe.set_progress_bar_config(disable=True)
+        runner = Cosmos3World(pipe)
+    result: dict[str, Any] = {"model": args.model, "pipeline": runner.facts.pipeline,
                               "size": args.size, "chunks": args.chunks, "steps": args.steps,
                               "threads": args.threads,
-                              "frames_per_chunk": runner.chunk_frames(1, 3)}
+                              "frames_per_chunk": runner.chunk_frames(
+                                  1, runner.facts.frames_per_block)}
     with torch.inference_mode():
-        sana_throughput(runner, 1, 3, width, height, args.steps)  # warm-up
-        result.update(sana_latency_run(runner, args.chunks, width, height, args.steps))
-        one = sana_throughput(runner, 1, args.fps_chunks, width, height, args.steps)
-        two = sana_throughput(runner, 2, args.fps_chunks, width, height, args.steps)
+        world_throughput(runner, 1, 3, width, height, args.steps)  # warm-up
+        result.update(world_latency_run(runner, args.chunks, width, height, args.steps))
+        one = world_throughput(runner, 1, args.fps_chunks, width, height, args.steps)
+        two = world_throughput(runner, 2, args.fps_chunks, width, height, args.steps)
     result.update({"chunks_per_s_1": one, "chunks_per_s_2": two, "ratio_2_vs_1": two / one})
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=("causal_dit", "sana_wm"), default="causal_dit")
+    ap.add_argument("--model", choices=("causal_dit", "sana_wm", "cosmos3", "lingbot"),
+                    default="causal_dit")
     ap.add_argument("--no-refiner", action="store_true", help="sana_wm: stage 1 only")
-    ap.add_argument("--steps", type=int, default=2, help="sana_wm: stage-1 steps per chunk")
+    ap.add_argument("--steps", type=int, default=2,
+                    help="sana_wm / cosmos3 / lingbot: denoising steps per chunk")
     ap.add_argument("--chunks", type=int, default=200)
     ap.add_argument("--fps-chunks", type=int, default=20)
     ap.add_argument("--size", default="64x64")
@@ -247,8 +276,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     width, height = (int(v) for v in args.size.split("x"))
-    if args.model == "sana_wm":
-        sana_main(args, width, height)
+    if args.model in ("sana_wm", "cosmos3", "lingbot"):
+        world_main(args, width, height)
         return
     if args.model_path:
         model = load_realtime_model(args.model_path)

@@ -12,6 +12,8 @@ one model and one set of frames:
     python benchmarks/reasoner.py [--model qwen-vl|cosmos3|cosmos3-edge] [--model-path DIR]
                                   [--flat-frames 1000] [--profile] [--batch-ab]
                                   [--parts window,flatness,concurrency]
+                                  [--spec none|ngram|dflash [--spec-model-path DRAFTER]]
+    python benchmarks/reasoner.py --spec-compare [--model ...]
 
 `--model` picks a dev checkpoint (built on first use); `--profile` runs the 4-session part
 again under cProfile and prints where the time goes; `--batch-ab` runs the 1- and 4-session
@@ -20,6 +22,10 @@ sequence, one forward per frame's prefill) and the current one (caches kept pack
 sampling call per batch, frames arriving together prefilled in one forward), interleaved, and
 prints both fps_4 / fps_1 ratios. Frames/s are wall-clock; `cpu_fps` (frames
 per second of this process's CPU time) is printed too, steadier on a shared machine.
+`--spec-compare` runs only a speculation comparison: one session decoding the same frames
+with no speculation, n-gram and DFlash (a seeded random drafter matched to the model unless
+`--spec-model-path`), printing accepted tokens per drafting step, tokens per decode forward
+and the decode speed-up of each method.
 
 Prints one JSON line per part and a final summary line.
 """
@@ -29,6 +35,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -71,11 +78,12 @@ def make_frames(count: int, size: int) -> list[bytes]:
 
 
 class Bench:
-    def __init__(self, model_path: Path, spec: str, max_sessions: int = 4) -> None:
+    def __init__(self, model_path: Path, spec: str, max_sessions: int = 4,
+                 spec_model_path: Path | None = None) -> None:
         from worldserve.engines.reasoner.engine import ReasonerEngine
 
         stage = ReasonerStageConfig(model_path=model_path, streaming=StreamingConfig(
-            max_sessions=max_sessions, spec_method=spec))
+            max_sessions=max_sessions, spec_method=spec, spec_model_path=spec_model_path))
         self.engine = ReasonerEngine(stage, ServerConfig())
         self.retention = self.engine.capabilities().retention
         self._seq = 0
@@ -244,6 +252,102 @@ def dev_model_path(model: str) -> Path:
     return root / name
 
 
+def bench_drafter_path(model_path: Path) -> Path:
+    """A seeded random DFlash drafter matched to `model_path` (written on first use)."""
+    from worldserve.models.dflash.dev import write_drafter_for
+
+    target = envs.dev_models_dir() / f"bench-drafter-{model_path.name}"
+    if not (target / "config.json").is_file():
+        target.mkdir(parents=True, exist_ok=True)
+        write_drafter_for(target, 0, model_path)
+    return target
+
+
+def _session_decode(bench: Bench, sid: str, frames: list[bytes], max_tokens: int) -> dict:
+    """One session over `frames`: wall time, reply tokens and target forwards."""
+    extra0 = dict(bench.engine.stats()["extra"])
+    bench.create(sid, max_tokens)
+    start = time.perf_counter()
+    results = bench.session_frames(sid, frames)
+    elapsed = time.perf_counter() - start
+    replies = [t for seg in bench.engine.sessions[sid].segments
+               if seg.kind == "assistant_text" for t in seg.ids]  # the retained replies
+    bench.engine.submit(_close(sid), lambda _: None)
+    extra = bench.engine.stats()["extra"]
+    return {"s": elapsed, "tokens": sum(r.token_count for r in results), "replies": replies,
+            "forwards": extra["forwards"] - extra0["forwards"],
+            **{k: extra[k] - extra0.get(k, 0) for k in ("spec_drafted", "spec_accepted",
+                                                         "spec_steps") if k in extra}}
+
+
+SPEC_REPEATS = 3
+
+
+def part_spec(model_path: Path, method: str, frames: list[bytes], max_tokens: int,
+              drafter: Path | None, label: str | None = None) -> dict:
+    """Decode cost of one speculation method: a session run with `max_tokens` minus the same
+    frames with max_tokens 1 (prefill + first token) leaves the decode steps."""
+    bench = Bench(model_path, method, spec_model_path=drafter if method == "dflash" else None)
+    _session_decode(bench, "warm", frames[:2], max_tokens)
+    full = _session_decode(bench, "full", frames, max_tokens)
+    first = _session_decode(bench, "first", frames, 1)
+    for k in range(SPEC_REPEATS - 1):  # the fastest of a few runs: less noise from other load
+        full["s"] = min(full["s"], _session_decode(bench, f"full{k}", frames, max_tokens)["s"])
+        first["s"] = min(first["s"], _session_decode(bench, f"first{k}", frames, 1)["s"])
+    decoded = full["tokens"] - len(frames)  # tokens after each reply's first
+    steps = full["forwards"] - first["forwards"]  # decode forwards (prefill is the same)
+    out = {"part": "spec", "method": label or method, "frames": len(frames),
+           "decoded_tokens": decoded, "replies": full["replies"],
+           "decode_forwards": steps, "tokens_per_decode_forward": decoded / max(steps, 1),
+           "decode_ms_per_token": (full["s"] - first["s"]) * 1000 / max(decoded, 1)}
+    if "spec_steps" in full:
+        out["drafted"], out["accepted"] = full["spec_drafted"], full["spec_accepted"]
+        out["accepted_per_step"] = full["spec_accepted"] / max(full["spec_steps"], 1)
+    return out
+
+
+def constant_drafter_path(model_path: Path, replies: list[int]) -> Path:
+    """The upper-bound drafter: it always drafts the most frequent token of `replies`."""
+    import tempfile
+
+    from transformers import AutoModelForImageTextToText
+
+    from worldserve.models.dflash.dev import write_constant_drafter
+
+    token = max(set(replies), key=replies.count)
+    target = Path(tempfile.mkdtemp(prefix="bench-constant-drafter-"))
+    model = AutoModelForImageTextToText.from_pretrained(model_path)
+    write_constant_drafter(target, 0, model_path, model, token)
+    return target
+
+
+def compare_spec(model_path: Path, frames: list[bytes], max_tokens: int,
+                 drafter: Path | None, upper_bound: bool = False) -> dict:
+    drafter = drafter or bench_drafter_path(model_path)
+    parts = {}
+    for method in ("none", "ngram", "dflash"):
+        parts[method] = part_spec(model_path, method, frames, max_tokens, drafter)
+    if upper_bound:
+        constant = constant_drafter_path(model_path, parts["none"]["replies"])
+        parts["dflash-constant"] = part_spec(model_path, "dflash", frames, max_tokens,
+                                             constant, label="dflash-constant")
+        shutil.rmtree(constant, ignore_errors=True)
+    reference = parts["none"]["replies"]
+    for part in parts.values():
+        assert part.pop("replies") == reference  # lossless, here too
+        print(json.dumps(part), flush=True)
+    cost = {m: p["decode_ms_per_token"] for m, p in parts.items()}
+    bound = {"constant_accepted_per_step": round(parts["dflash-constant"]["accepted_per_step"], 3),
+             "constant_speedup_vs_none": round(cost["none"] / cost["dflash-constant"], 3)
+             } if upper_bound else {}
+    return {**bound, "model": str(model_path), "drafter": str(drafter),
+            "dflash_accepted_per_step": round(parts["dflash"].get("accepted_per_step", 0.0), 3),
+            "ngram_accepted_per_step": round(parts["ngram"].get("accepted_per_step", 0.0), 3),
+            "ngram_speedup_vs_none": round(cost["none"] / cost["ngram"], 3),
+            "dflash_speedup_vs_none": round(cost["none"] / cost["dflash"], 3),
+            "dflash_speedup_vs_ngram": round(cost["ngram"] / cost["dflash"], 3)}
+
+
 def profile_concurrency(bench: Bench, frames: list[bytes], per_session: int, max_tokens: int,
                         top: int = 12) -> dict:
     """Where the 4-session time goes: the functions with the most cumulative time."""
@@ -346,7 +450,15 @@ def main() -> None:
     parser.add_argument("--flat-max-tokens", type=int, default=8)
     parser.add_argument("--per-session", type=int, default=24)
     parser.add_argument("--max-tokens", type=int, default=24)
-    parser.add_argument("--spec", choices=["none", "ngram"], default="none")
+    parser.add_argument("--spec", choices=["none", "ngram", "dflash"], default="none")
+    parser.add_argument("--spec-model-path", type=Path, default=None,
+                        help="DFlash drafter (default: a seeded random one matched to the model)")
+    parser.add_argument("--spec-compare", action="store_true",
+                        help="only compare decoding with none / ngram / dflash speculation")
+    parser.add_argument("--spec-frames", type=int, default=12)
+    parser.add_argument("--spec-upper-bound", action="store_true",
+                        help="with --spec-compare: also DFlash with a hand-set drafter that "
+                             "always drafts the model's most frequent reply token")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--temperature", type=float, default=1.0,
                         help="0 = greedy (the dev model then emits no text: TTFT falls back to "
@@ -359,7 +471,13 @@ def main() -> None:
     SAMPLING["temperature"] = args.temperature
     frames = make_frames(40, args.frame_size)
     model_path = args.model_path or dev_model_path(args.model)
-    bench = Bench(model_path, args.spec)
+    if args.spec_compare:
+        print(json.dumps(compare_spec(model_path, frames[:args.spec_frames], args.max_tokens,
+                                      args.spec_model_path, args.spec_upper_bound)))
+        return
+    drafter = args.spec_model_path or (bench_drafter_path(model_path)
+                                       if args.spec == "dflash" else None)
+    bench = Bench(model_path, args.spec, spec_model_path=drafter)
     summary: dict[str, float | str] = {"model": str(model_path)}
     parts = set(args.parts.split(","))
     if "window" in parts:
@@ -390,7 +508,8 @@ def main() -> None:
     extra = bench.engine.stats()["extra"]
     if "spec_drafted" in extra:
         print(json.dumps({"part": "speculation", "drafted": extra["spec_drafted"],
-                          "accepted": extra["spec_accepted"]}), flush=True)
+                          "accepted": extra["spec_accepted"],
+                          "steps": extra["spec_steps"]}), flush=True)
     print(json.dumps(summary))
 
 

@@ -25,6 +25,10 @@ dev_models_app = typer.Typer(help="Tiny built-in development checkpoints.", no_a
 app.add_typer(dev_models_app, name="dev-models")
 
 DEV_STAGE_DIRS = ("generation", "reasoner", "realtime")
+# Which dev checkpoint a stage without a model path serves: generation and reasoning both come
+# from the one Cosmos3 dev directory (as from a published Cosmos3 checkpoint); the Qwen2.5-VL
+# dev reasoner (`<dev-models>/reasoner`) is served with `--model-path <dev-models>/reasoner`.
+DEV_STAGE_DEFAULTS = {"generation": "generation", "reasoner": "generation", "realtime": "realtime"}
 NIM_PANEL = "Live video reasoning (NIM settings; each flag wins over its NIM_* variable)"
 CLUSTER_PANEL = "Scale-out on Ray Serve (docs/scale-out.md)"
 
@@ -60,7 +64,8 @@ def _fill_dev_model_paths(config: ServerConfig) -> ServerConfig:
     if not missing:
         return config
     root = envs.dev_models_dir()
-    if not all((root / name / "worldserve_dev.json").is_file() for name in missing):
+    folders = {name: root / DEV_STAGE_DEFAULTS[name] for name in missing}
+    if not all((folder / "worldserve_dev.json").is_file() for folder in folders.values()):
         typer.echo(f"worldserve: building dev checkpoints in {root} (first run only)", err=True)
         # A child process: the api process never imports torch.
         done = subprocess.run(
@@ -70,8 +75,8 @@ def _fill_dev_model_paths(config: ServerConfig) -> ServerConfig:
             typer.echo("worldserve: building the dev checkpoints failed", err=True)
             raise typer.Exit(code=1)
     data = config.model_dump(mode="json")
-    for name in missing:
-        data["stages"][name]["model_path"] = str(root / name)
+    for name, folder in folders.items():
+        data["stages"][name]["model_path"] = str(folder)
     return ServerConfig.model_validate(data)
 
 
@@ -155,7 +160,9 @@ def serve(
     streaming_encoder_capacity: Optional[int] = _nim(
         "Shared encoder capacity (default: the image budget)."),
     streaming_spec_method: Optional[str] = _nim(
-        "none | ngram ($NIM_STREAMING_SPEC_METHOD; none)."),
+        "none | ngram | dflash ($NIM_STREAMING_SPEC_METHOD; none)."),
+    streaming_spec_model_path: Optional[Path] = _nim(
+        "DFlash drafter directory (needed by --streaming-spec-method dflash)."),
     streaming_spec_num_tokens: Optional[int] = _nim(
         "Draft tokens per step ($NIM_STREAMING_SPEC_NUM_TOKENS; 3)."),
     guided_decoding_backend: Optional[str] = _nim(
@@ -191,6 +198,7 @@ def serve(
         f"{streaming}.encoder_capacity": streaming_encoder_capacity,
         f"{streaming}.spec_method": streaming_spec_method,
         f"{streaming}.spec_num_tokens": streaming_spec_num_tokens,
+        f"{streaming}.spec_model_path": streaming_spec_model_path,
         "stages.reasoner.guided_decoding_backend": guided_decoding_backend,
         "stages.reasoner.served_model_name": reasoner_model_name,
     }

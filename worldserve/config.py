@@ -188,12 +188,24 @@ class StreamingConfig(_Frozen):
     # None: 2 x max_sessions x max_video_segments (never below that floor)
     image_budget: int | None = Field(default=None, ge=1)
     encoder_capacity: int | None = Field(default=None, ge=1)
-    spec_method: Literal["none", "ngram"] = "none"
+    # A DFlash drafter directory (config.json model_type muse_glimmer_assistant); declared
+    # before spec_method, whose validator needs it.
+    spec_model_path: Path | None = None
+    spec_method: Literal["none", "ngram", "dflash"] = "none"
+    # Drafts per step, both methods (dflash: also at most the drafter's block_size - 1).
     spec_num_tokens: int = Field(default=3, ge=1, le=16)
     # None: the library default (7000), lowered to fit small models (A1/A2 of spec 4.5)
     max_session_tokens: int | None = Field(default=None, ge=1024)
     # How often the api's reaper closes idle sessions (spec section 6.1: every 5 s).
     reaper_interval_s: float = Field(default=5.0, gt=0, le=60)
+
+    @field_validator("spec_method")
+    @classmethod
+    def _dflash_has_a_drafter(cls, method: str, info: ValidationInfo) -> str:
+        if method == "dflash" and info.data.get("spec_model_path") is None:
+            raise ValueError("'dflash' needs a drafter directory: set streaming.spec_model_path "
+                             "(--streaming-spec-model-path)")
+        return method
 
 
 class ReasonerStageConfig(StageConfig):
@@ -221,6 +233,16 @@ class ReasonerStageConfig(StageConfig):
     fake_hang_on_frame: int | None = Field(default=None, ge=0)
     fake_fail_on_frame: int | None = Field(default=None, ge=0)
     fake_streaming: bool = True
+
+    @field_validator("streaming")
+    @classmethod
+    def _spec_method_is_served(cls, streaming: StreamingConfig,
+                               info: ValidationInfo) -> StreamingConfig:
+        backend = info.data.get("backend", "hf")
+        if streaming.spec_method == "dflash" and backend != "hf":
+            raise ValueError(f"spec_method 'dflash' needs the hf backend (this stage uses "
+                             f"{backend!r})")
+        return streaming
 
     @field_validator("guided_decoding_backend")
     @classmethod

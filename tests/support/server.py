@@ -55,6 +55,11 @@ class ServerProcess:
             # The suite's servers default to the Wan dev model (what these tests were written
             # for); Cosmos3, the product default, is tested with an explicit model path.
             generation.setdefault("model_path", str(dev_models_dir() / "wan"))
+            # and the reasoner stage to the Qwen2.5-VL dev reasoner (`worldserve serve`
+            # alone serves the Cosmos3 dev directory's reasoner: tested explicitly).
+            reasoner = config["stages"].setdefault("reasoner", {})
+            if reasoner.get("backend") != "fake":
+                reasoner.setdefault("model_path", str(dev_models_dir() / "reasoner"))
         self.config_path = workdir / f"config-{self.port}.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
         cmd = [sys.executable, "-m", "worldserve", "serve", "--port", str(self.port),

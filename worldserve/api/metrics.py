@@ -18,8 +18,12 @@ class Metrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
         )
         self.stage_up = Gauge(
-            "worldserve_stage_up", "1 when the stage is ready, 0 otherwise", ["stage"],
-            registry=self.registry,
+            "worldserve_stage_up", "1 when the stage is ready or holds its weights released "
+            "(POST /admin/memory/release), 0 otherwise", ["stage"], registry=self.registry,
+        )
+        self.weights_released = Gauge(
+            "worldserve_stage_weights_released", "1 while the stage's weights are released",
+            ["stage"], registry=self.registry,
         )
         self.queue_depth = Gauge(
             "worldserve_stage_queue_depth", "Requests waiting in the stage", ["stage"],

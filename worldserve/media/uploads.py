@@ -63,7 +63,7 @@ async def _fetch(url: str, field: str, limit: int, policy: MediaPolicy,
             fetched = await fetch_media(url, hop_policy)
         except FetchFailed as exc:
             if not exc.retryable or attempt == FETCH_ATTEMPTS - 1:
-                raise InvalidRequest(f"Failed to process image source: {field}: {exc.message}",
+                raise InvalidRequest(f"Failed to process {kind} source: {field}: {exc.message}",
                                      param=field) from None
             await asyncio.sleep(FETCH_BACKOFF_S * 2 ** attempt)
             continue
@@ -76,7 +76,7 @@ async def _fetch(url: str, field: str, limit: int, policy: MediaPolicy,
             raise InvalidRequest(f"Failed to process {kind} source: {field} has content type "
                                  f"{content_type!r}, not {article} {kind}", param=field)
         return fetched.data
-    raise InvalidRequest(f"Failed to process image source: cannot download {field}", param=field)
+    raise InvalidRequest(f"Failed to process {kind} source: cannot download {field}", param=field)
 
 
 async def _read_reference(value: str, field: str, limit: int, policy: MediaPolicy,

@@ -303,31 +303,40 @@ def check_shapes(live: dict[str, torch.Tensor], new: dict[str, tuple[Path, list[
 
 
 def update_weights(pipe: Any, path: str) -> dict[str, Any]:
-    """Validate every component's shapes first, then copy the new tensors in place."""
+    """Validate every component's shapes, read every new tensor (host memory: one copy of the
+    new weights), then copy them in place: a file that fails to read changes nothing."""
     plan = []
     for component, folder in _component_dirs(pipe, Path(path)).items():
         live = live_tensors(getattr(pipe, component))
         new = _headers(folder)
         check_shapes(live, new, folder, component)
-        plan.append((component, live, new))
+        plan.append((component, live, _read_all(new)))
     counts = {}
-    for component, live, new in plan:
-        counts[component] = _copy_in(live, new)
+    with torch.no_grad():
+        for component, live, staged in plan:
+            for key, tensor in staged.items():
+                live[key].copy_(tensor)
+            counts[component] = len(staged)
     return {"path": path, "tensors": counts}
 
 
-def _copy_in(live: dict[str, torch.Tensor], new: dict[str, tuple[Path, list[int]]]) -> int:
+def _read_all(new: dict[str, tuple[Path, list[int]]]) -> dict[str, torch.Tensor]:
+    """Every tensor of `new`, read on the host; InvalidRequest naming the first unreadable one."""
     from safetensors import safe_open
 
     by_file: dict[Path, list[str]] = {}
     for key, (file, _) in new.items():
         by_file.setdefault(file, []).append(key)
-    with torch.no_grad():
-        for file, keys in by_file.items():
-            with safe_open(str(file), "pt") as handle:
-                for key in keys:
-                    live[key].copy_(handle.get_tensor(key))
-    return len(new)
+    staged = {}
+    for file, keys in by_file.items():
+        with safe_open(str(file), "pt") as handle:
+            for key in keys:
+                try:
+                    staged[key] = handle.get_tensor(key)
+                except Exception as exc:  # a truncated or corrupt tensor body
+                    raise InvalidRequest(f"cannot read tensor '{key}' from '{file}': "
+                                         f"{_first_line(exc)}", param="path") from None
+    return staged
 
 
 # --------------------------------------------------------------------------- memory

@@ -23,7 +23,8 @@ from worldserve.models.sana_wm.family import FAMILY as SANA_WM
 from worldserve.models.types import ModelFamily, ModelLoadError
 from worldserve.models.wan.family import FAMILY as WAN
 
-__all__ = ["FAMILIES", "ModelFamily", "load_runner", "resolve", "stage_kinds", "supported"]
+__all__ = ["FAMILIES", "ModelFamily", "load_drafter", "load_runner", "resolve", "stage_kinds",
+           "supported"]
 
 # Order matters: the first family whose `detect` matches (and that serves the stage kind) wins.
 FAMILIES: tuple[ModelFamily, ...] = (
@@ -44,12 +45,14 @@ def supported(stage_kind: str) -> list[str]:
 
 def stage_kinds(model_dir: Path) -> list[str]:
     """Every stage kind some family serves from `model_dir` (JSON reads only), e.g.
-    ["generation", "reasoner"] for a Cosmos3 directory holding the generator and the reasoner."""
+    ["generation", "reasoner"] for a Cosmos3 directory holding the generator and the reasoner;
+    a family's `explicit_kinds` are left out (they need the stage's own model_path)."""
     model_dir = Path(model_dir)
     kinds: list[str] = []
     for family in FAMILIES:
         if family.detect(model_dir):
-            kinds += [kind for kind in family.loaders if kind not in kinds]
+            kinds += [kind for kind in family.loaders
+                      if kind not in kinds and kind not in family.explicit_kinds]
     return kinds
 
 
@@ -71,3 +74,10 @@ def load_runner(stage_kind: str, model_dir: Path, **kwargs: Any) -> Any:
     module_name, function_name = family.loaders[stage_kind].split(":")
     loader = getattr(importlib.import_module(module_name), function_name)
     return loader(Path(model_dir), **kwargs)
+
+
+def load_drafter(drafter_dir: Path, target: Any, **kwargs: Any) -> Any:
+    """A speculative-decoding drafter attached to `target` (the reasoner's loaded model): a
+    DFlash drafter directory (`models/dflash`); ModelLoadError names what was found."""
+    module = importlib.import_module("worldserve.models.dflash.drafter")
+    return module.load_drafter(Path(drafter_dir), target, **kwargs)

@@ -89,6 +89,9 @@ class ModelFamily:
     name: str  # "wan"
     detect: Callable[[Path], bool]  # cheap: reads JSON files only, never imports torch
     loaders: Mapping[str, str]  # stage kind -> "module:function"
+    # Stage kinds served only when that stage's model_path names the directory (never chosen by
+    # `--model-path DIR` detection): a Cosmos3 directory is a realtime model only on request.
+    explicit_kinds: frozenset[str] = frozenset()
 
 
 @dataclass

@@ -189,11 +189,11 @@ def test_oversized_message_closes_1009(strict: ServerProcess) -> None:
     assert reply is None and code == 1009
 
 
-def test_10000_events_per_second(strict: ServerProcess) -> None:
+def flood_session(url: str, init: dict[str, Any],
+                  num_chunks: int = 12) -> tuple[int, int, int | None, float]:
     """A client sends 10,000 events (valid camera states, prompts, junk) within about a second
-    while reading. The session survives (chunks keep coming, then close 1000 at max_chunks) and
-    the api's memory stays flat: control queues are bounded (512 transitions, latest prompt)."""
-    before = rss_kb(strict.proc.pid)
+    while reading a session of `num_chunks` chunks. Returns (chunk_stats received, errors
+    received, close code, seconds spent sending)."""
     events = [
         pack(
             {
@@ -212,8 +212,8 @@ def test_10000_events_per_second(strict: ServerProcess) -> None:
     ]
 
     async def run() -> tuple[int, int, int | None, float]:
-        async with websockets.connect(strict.ws_url + ENDPOINT, max_size=None) as ws:
-            await ws.send(pack({**INIT, "max_chunks": 12}))
+        async with websockets.connect(url + ENDPOINT, max_size=None) as ws:
+            await ws.send(pack({**init, "max_chunks": num_chunks}))
             received = {"chunks": 0, "errors": 0}
 
             async def reader() -> int | None:
@@ -238,7 +238,14 @@ def test_10000_events_per_second(strict: ServerProcess) -> None:
             code = await reading
             return received["chunks"], received["errors"], code, send_s
 
-    chunks, errors, code, send_s = asyncio.run(run())
+    return asyncio.run(run())
+
+
+def test_10000_events_per_second(strict: ServerProcess) -> None:
+    """The session survives (chunks keep coming, then close 1000 at max_chunks) and the api's
+    memory stays flat: control queues are bounded (512 transitions, latest prompt)."""
+    before = rss_kb(strict.proc.pid)
+    chunks, errors, code, send_s = flood_session(strict.ws_url, INIT)
     assert code == 1000 and chunks == 12, (code, chunks, errors)
     assert errors == 4000  # every invalid event is answered, none is dropped silently
     assert rss_kb(strict.proc.pid) - before < 64 * 1024

@@ -3,6 +3,7 @@ over the NIM variable; a malformed variable stops startup with a message naming 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ FLAGS = [  # flag, value, attribute of stages.reasoner.streaming (or the reasone
     ("--streaming-encoder-capacity", "40", "encoder_capacity", 40),
     ("--streaming-spec-method", "ngram", "spec_method", "ngram"),
     ("--streaming-spec-num-tokens", "6", "spec_num_tokens", 6),
+    ("--streaming-spec-model-path", "/drafters/d1", "spec_model_path", Path("/drafters/d1")),
 ]
 
 
@@ -84,3 +86,13 @@ def test_help_lists_the_nim_flags_in_their_own_panel() -> None:
     for name in ("--enable-streaming", "--disable-streaming", "--guided-decoding-backend",
                  "NIM_STREAMING_REST_IDLE_TIMEOUT_S", "--reasoner-model-name"):
         assert name in result.output
+
+
+def test_dflash_flag_without_a_drafter_stops_startup_naming_the_setting(
+        served: list[ServerConfig]) -> None:
+    result = _serve("--streaming-spec-method", "dflash")
+    assert result.exit_code != 0 and not served
+    assert "spec_model_path" in result.output
+    ok = _serve("--streaming-spec-method", "dflash", "--streaming-spec-model-path", "/d")
+    assert ok.exit_code == 0, ok.output
+    assert served[0].stages.reasoner.streaming.spec_method == "dflash"

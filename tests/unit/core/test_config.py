@@ -144,7 +144,9 @@ def test_worldserve_variable_wins_over_its_nim_alias(monkeypatch: pytest.MonkeyP
     ("NIM_STREAMING_MAX_SESSIONS", "two", "NIM_STREAMING_MAX_SESSIONS='two': expected an int"),
     ("NIM_STREAMING_IDLE_TIMEOUT_S", "soon", "NIM_STREAMING_IDLE_TIMEOUT_S='soon': expected a"),
     ("NIM_STREAMING_MAX_SESSIONS", "0", "max_sessions: .*(from $NIM_STREAMING_MAX_SESSIONS)"),
-    ("NIM_STREAMING_SPEC_METHOD", "dflash", "spec_method: .*(from $NIM_STREAMING_SPEC_METHOD)"),
+    ("NIM_STREAMING_SPEC_METHOD", "dflash",
+     "spec_method: .*streaming.spec_model_path.*(from $NIM_STREAMING_SPEC_METHOD)"),
+    ("NIM_STREAMING_SPEC_METHOD", "eagle", "spec_method: .*(from $NIM_STREAMING_SPEC_METHOD)"),
 ])
 def test_malformed_variable_is_an_error_naming_it(monkeypatch: pytest.MonkeyPatch,
                                                   variable: str, raw: str, message: str) -> None:

@@ -210,6 +210,9 @@ async def test_memory_release_and_resume_routes(engine, tiny_wan_dir) -> None:
             await asyncio.sleep(0.01)
         assert health.status_code == 503 and health.json()["status"] == "released"
         assert health.json()["running"] is True
+        metrics = (await http.get("/metrics")).text
+        assert 'worldserve_stage_up{stage="generation"} 1.0' in metrics
+        assert 'worldserve_stage_weights_released{stage="generation"} 1.0' in metrics
         bad_stage = await http.post("/admin/memory/release", json={"stage": "realtime"})
         assert bad_stage.status_code == 400 and "not enabled" in error(bad_stage)
         resumed = await http.post("/admin/memory/resume")

@@ -175,3 +175,12 @@ async def test_load_media_dispatches(origin: str, media_root: Path) -> None:
     assert await load_media(data_url, policy) == BODY
     assert await load_media(f"{origin}/img", policy) == BODY
     assert await load_media(str(media_root / "ok.png"), policy) == BODY
+
+
+async def test_download_failures_name_the_kind_of_reference(origin: str) -> None:
+    from worldserve.media.uploads import read_image_reference, read_video_reference
+
+    with pytest.raises(InvalidRequest, match=r"Failed to process video source: input_video: .*404"):
+        await read_video_reference(f"{origin}/missing.mp4", "input_video", 1000, LISTED)
+    with pytest.raises(InvalidRequest, match=r"Failed to process image source: image: .*404"):
+        await read_image_reference(f"{origin}/missing", "image", 1000, LISTED)

@@ -49,7 +49,8 @@ def test_unknown_directory_names_what_was_found_and_the_families(tmp_path):
 
 def test_a_family_serves_only_its_stage_kinds(tmp_path):
     model = write(tmp_path, "config.json", {"model_type": "qwen2_5_vl"})
-    with pytest.raises(ModelLoadError, match="supported realtime families: causal_dit, sana_wm"):
+    with pytest.raises(ModelLoadError,
+                       match="supported realtime families: cosmos3, causal_dit, sana_wm"):
         registry.resolve("realtime", model)
 
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-
 from worldserve.engines.realtime.engine import RealtimeEngine
 from worldserve.ipc.messages import Message, RealtimeChunk
+from worldserve.models.causal_dit.dev import lingbot_world_state, upstream_wan_state
+
+__all__ = ["lingbot_world_state", "upstream_wan_state"]
 
 
 class Replies:
@@ -37,37 +36,3 @@ def run_session(engine: RealtimeEngine, session_id: str, num_chunks: int, **firs
         while engine.has_work():
             engine.step()
     return out.items
-
-
-def upstream_wan_state(seed: int = 0, dim: int = 16, layers: int = 2, ffn: int = 32,
-                       text: int = 8, freq: int = 16, channels: int = 4) -> dict[str, Any]:
-    """A causal Wan DiT's weights under the original WanModel parameter names and shapes
-    (patch 1x2x2), written out by hand (the upstream layout tests load)."""
-    DIM, LAYERS, FFN, TEXT, FREQ = dim, layers, ffn, text, freq
-    CHANNELS, PATCH = channels, (1, 2, 2)
-    g = torch.Generator().manual_seed(seed)
-
-    def t(*shape: int) -> torch.Tensor:
-        return 0.2 * torch.randn(*shape, generator=g)
-
-    state = {"patch_embedding.weight": t(DIM, CHANNELS, *PATCH), "patch_embedding.bias": t(DIM),
-             "text_embedding.0.weight": t(DIM, TEXT), "text_embedding.0.bias": t(DIM),
-             "text_embedding.2.weight": t(DIM, DIM), "text_embedding.2.bias": t(DIM),
-             "time_embedding.0.weight": t(DIM, FREQ), "time_embedding.0.bias": t(DIM),
-             "time_embedding.2.weight": t(DIM, DIM), "time_embedding.2.bias": t(DIM),
-             "time_projection.1.weight": t(6 * DIM, DIM), "time_projection.1.bias": t(6 * DIM),
-             "head.modulation": t(1, 2, DIM), "head.head.weight": t(CHANNELS * 4, DIM),
-             "head.head.bias": t(CHANNELS * 4)}
-    for i in range(LAYERS):
-        b = f"blocks.{i}."
-        state[b + "modulation"] = t(1, 6, DIM)
-        for attn in ("self_attn", "cross_attn"):
-            for proj in "qkvo":
-                state[f"{b}{attn}.{proj}.weight"] = t(DIM, DIM)
-                state[f"{b}{attn}.{proj}.bias"] = t(DIM)
-            state[f"{b}{attn}.norm_q.weight"] = t(DIM)
-            state[f"{b}{attn}.norm_k.weight"] = t(DIM)
-        state[b + "norm3.weight"], state[b + "norm3.bias"] = t(DIM), t(DIM)
-        state[b + "ffn.0.weight"], state[b + "ffn.0.bias"] = t(FFN, DIM), t(FFN)
-        state[b + "ffn.2.weight"], state[b + "ffn.2.bias"] = t(DIM, FFN), t(DIM)
-    return state

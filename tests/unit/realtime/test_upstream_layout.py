@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tests.unit.realtime.helpers import upstream_wan_state
-from worldserve.models.causal_dit.upstream import load_upstream_transformer
+from tests.unit.realtime.helpers import lingbot_world_state, upstream_wan_state
+from worldserve.models.causal_dit.upstream import load_upstream, load_upstream_transformer
 from worldserve.models.types import ModelLoadError
 
 DIM, LAYERS, FFN, TEXT, FREQ, CHANNELS, PATCH = 16, 2, 32, 8, 16, 4, (1, 2, 2)
@@ -53,15 +53,26 @@ def test_original_wan_directory_with_declared_heads(tmp_path):
     assert model.config.num_attention_heads == 2 and model.config.attention_head_dim == 8
 
 
-def test_lingbot_world_camera_weights_are_refused_by_name(tmp_path):
-    state = upstream_wan_state(3)
-    state["patch_embedding_wancamctrl.weight"] = torch.zeros(DIM, 6 * 4 * 4)
-    state["blocks.0.cam_scale_layer.weight"] = torch.zeros(DIM, DIM)
+def test_lingbot_world_camera_weights_load_into_the_camera_branch(tmp_path):
+    state = lingbot_world_state(3, dim=DIM, latent=CHANNELS, text=TEXT)
     path = tmp_path / "lingbot.pt"
     torch.save(state, path)
-    with pytest.raises(ModelLoadError, match="LingBot-World-style camera-controlled") as info:
+    model, camera = load_upstream(path)
+    cams = {k: v for k, v in state.items() if "cam" in k or "c2ws" in k}
+    assert set(camera.state_dict()) == set(cams)
+    for key, value in cams.items():
+        assert torch.equal(camera.state_dict()[key], value), key
+    assert model.config.in_channels == 2 * CHANNELS + 4 and model.config.out_channels == CHANNELS
+    with pytest.raises(ModelLoadError, match="load_upstream"):
         load_upstream_transformer(path)
-    assert "patch_embedding_wancamctrl.weight" in str(info.value)
+
+
+def test_partial_camera_weights_are_refused_naming_the_missing(tmp_path):
+    state = lingbot_world_state(3, dim=DIM, latent=CHANNELS, text=TEXT)
+    del state["blocks.1.cam_shift_layer.weight"]
+    torch.save(state, tmp_path / "partial.pt")
+    with pytest.raises(ModelLoadError, match="blocks.1.cam_shift_layer.weight"):
+        load_upstream(tmp_path / "partial.pt")
 
 
 def test_unknown_keys_are_named(tmp_path):

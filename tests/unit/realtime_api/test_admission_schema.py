@@ -117,6 +117,7 @@ CAUSAL_CAPS = {"pipeline": "CausalWan", "realtime_supported": True, "frames_per_
     ({"realtime_causal_kv_cache_num_frames": 65}, "exceeds 64"),
     ({"num_inference_steps": 17}, "num_inference_steps"),
     ({"guidance_scale": 3.0}, "guidance-distilled"),
+    ({"guidance_scale": 0.5}, "guidance_scale must be >= 1.0"),
 ])
 def test_engine_limits(extra, field):
     from worldserve.api.realtime.service import _check_model_limits

@@ -231,3 +231,19 @@ def test_frames_arriving_together_share_one_prefill_step(make_engine):
     assert [job.phase.value for job in drv.engine.scheduler] == ["decode", "decode"]
     drv.run()
     assert {r.request_id for r in drv.replies[-2:]} == {"a-1", "b-1"}
+
+
+def test_sequences_in_another_order_reuse_the_batch_and_report_their_rows(runner):
+    """The scheduler rotates jobs: the same sequences in another order run on the resident
+    batch; `last_batch_rows` says which forward row each one was (DFlash's hidden-state taps
+    read by it) and the logits come back in the caller's order."""
+    kvs = _prefilled(runner, [[1, 2, 3], [4, 5, 6, 7], [8, 9]])
+    solo = _prefilled(runner, [[1, 2, 3], [4, 5, 6, 7], [8, 9]])
+    runner.forward_decode_batch(kvs, [[10], [11], [12]])
+    for kv, token in zip(solo, (10, 11, 12)):
+        runner.forward(kv, [token])
+    packs = runner.num_packs
+    got = runner.forward_decode_batch(kvs[::-1], [[15], [14], [13]])
+    assert runner.num_packs == packs and runner.last_batch_rows == [2, 1, 0]
+    for row, kv, token in zip(got, solo[::-1], (15, 14, 13)):
+        torch.testing.assert_close(row, runner.forward(kv, [token]), atol=1e-5, rtol=1e-5)

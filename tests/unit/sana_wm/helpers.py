@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from worldserve.models.sana_wm.camera import action_string
+from worldserve.models.camera_keys import action_string
 from worldserve.models.types import WorldSessionSettings
 
 SIZE = 64

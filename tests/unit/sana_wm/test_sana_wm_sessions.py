@@ -16,7 +16,7 @@ from tests.unit.sana_wm.helpers import (
     settings,
 )
 from worldserve.errors import InvalidRequest
-from worldserve.models.sana_wm.camera import action_string, check_camera
+from worldserve.models.camera_keys import action_string, check_camera
 from worldserve.models.sana_wm.refiner_stream import RefinerStream
 
 CAMERAS = [None, [["w"]] * 10 + [["j", "w"]] * 14, [["l"]] * NEW_FRAMES]

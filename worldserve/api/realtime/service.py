@@ -166,6 +166,9 @@ def _check_model_limits(init: InitRequest, facts: RealtimeCapabilities) -> None:
     if steps is not None and facts.max_inference_steps and steps > facts.max_inference_steps:
         raise InvalidRequest(f"num_inference_steps: {steps} exceeds {facts.max_inference_steps}",
                              param="num_inference_steps")
+    if init.guidance_scale < 1.0:
+        raise InvalidRequest(f"guidance_scale must be >= 1.0 (1.0: no guidance), got "
+                             f"{init.guidance_scale:g}", param="guidance_scale")
     if not facts.supports_guidance and init.guidance_scale != 1.0:
         raise InvalidRequest(f"guidance_scale: pipeline {facts.pipeline} is guidance-distilled; "
                              f"use 1.0 (got {init.guidance_scale:g})", param="guidance_scale")

@@ -154,7 +154,10 @@ async def metrics(request: Request) -> Response:
     runtime = _runtime(request)
     stats = await stage_stats(runtime, STATS_TIMEOUT_S)
     for stage, client in runtime.clients.items():
-        runtime.metrics.stage_up.labels(stage).set(1 if client.state == "ready" else 0)
+        runtime.metrics.stage_up.labels(stage).set(
+            1 if client.state in ("ready", "released") else 0)
+        runtime.metrics.weights_released.labels(stage).set(
+            1 if client.state == "released" else 0)
         if "queue_depth" in stats[stage]:
             runtime.metrics.queue_depth.labels(stage).set(stats[stage]["queue_depth"])
             runtime.metrics.running.labels(stage).set(stats[stage]["running"])

@@ -43,6 +43,8 @@ class ReasonerRunner(Protocol):
     max_position_embeddings: int  # 0 when the config does not say
     num_params: int
     num_forwards: int  # forwards run so far (stats)
+    # batch row of each sequence in the last batched forward (hidden-state taps read by row)
+    last_batch_rows: list[int]
 
     def new_kv(self) -> SequenceKV: ...
 

@@ -1,14 +1,16 @@
-"""Per-reply decoding: logits processing, sampling, grammar, stop conditions, n-gram drafts.
+"""Per-reply decoding: logits processing, sampling, grammar, stop conditions, speculation.
 
 One `ReplyDecoder` per reply. `decode_step` feeds the last sampled token (plus speculative
 drafts) and samples the next token(s). Speculation is lossless: each position's token is sampled
 from the verified logits in order with the same generator, exactly as without speculation; a
 draft is kept only when it equals that token, and the KV of rejected drafts is rolled back.
+A `Proposer` drafts: n-gram prompt lookup here, DFlash in dflash.py.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -190,6 +192,17 @@ def _per_row(values: list[float]) -> float | torch.Tensor:
     return torch.tensor(values, dtype=torch.float32).view(-1, 1)
 
 
+class Proposer(Protocol):
+    """A speculation method: drafts for one sequence; engine-wide counters for stats()."""
+
+    num_drafted: int
+    num_accepted: int
+    num_steps: int  # decode steps that drafted (accepted tokens per step = accepted / steps)
+
+    def draft(self, kv: SequenceKV, pending: int, limit: int) -> list[int]:
+        """At most `limit` tokens expected to follow `pending` (not fed yet) after `kv`."""
+
+
 class NgramProposer:
     """Prompt-lookup drafting: the tokens that followed the latest earlier occurrence of the
     context's last n tokens (n from `max_n` down to `min_n`)."""
@@ -198,6 +211,10 @@ class NgramProposer:
         self.num_tokens, self.max_n, self.min_n = num_tokens, max_n, min_n
         self.num_drafted = 0  # engine-wide counters, reported in stats()
         self.num_accepted = 0
+        self.num_steps = 0
+
+    def draft(self, kv: SequenceKV, pending: int, limit: int) -> list[int]:
+        return self.propose(kv.ids + [pending], limit)
 
     def propose(self, context: list[int], limit: int) -> list[int]:
         k = min(self.num_tokens, limit)
@@ -214,16 +231,17 @@ class NgramProposer:
 
 
 def propose(kv: SequenceKV, decoder: ReplyDecoder, pending: int,
-            proposer: NgramProposer | None) -> list[int]:
-    """The tokens to feed this step: the last sampled token, then any n-gram drafts."""
-    drafts = proposer.propose(kv.ids + [pending], decoder.remaining - 1) if proposer else []
-    if proposer:
+            proposer: Proposer | None) -> list[int]:
+    """The tokens to feed this step: the last sampled token, then any drafts."""
+    drafts = proposer.draft(kv, pending, decoder.remaining - 1) if proposer else []
+    if proposer and drafts:
         proposer.num_drafted += len(drafts)
+        proposer.num_steps += 1
     return [pending] + drafts
 
 
 def verify(kv: SequenceKV, decoder: ReplyDecoder, fed: list[int], logits: torch.Tensor,
-           proposer: NgramProposer | None = None, first: int | None = None) -> int:
+           proposer: Proposer | None = None, first: int | None = None) -> int:
     """Sample position by position from the logits of `fed` (already appended to `kv`); keep a
     draft only when it equals the sampled token; crop the K/V of the rest. Returns the new
     pending token (sampled, not fed). `first`: position 0's token, already sampled from
@@ -243,7 +261,7 @@ def verify(kv: SequenceKV, decoder: ReplyDecoder, fed: list[int], logits: torch.
 
 
 def decode_step(runner: ReasonerRunner, kv: SequenceKV, decoder: ReplyDecoder, pending: int,
-                proposer: NgramProposer | None) -> int:
+                proposer: Proposer | None) -> int:
     """Feed `pending` (+ drafts), sample until a draft is rejected or the reply ends.
     Returns the new pending token (sampled, not fed)."""
     fed = propose(kv, decoder, pending, proposer)

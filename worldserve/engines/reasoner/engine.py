@@ -16,9 +16,9 @@ import torch
 
 from worldserve.config import ReasonerStageConfig, ServerConfig
 from worldserve.engines.common import ModelLoadError, model_dir, served_model_name, unsupported
-from worldserve.engines.reasoner import admission
+from worldserve.engines.reasoner import admission, dflash
 from worldserve.engines.reasoner.contract import ReasonerRunner
-from worldserve.engines.reasoner.decoding import NgramProposer, sample_rows
+from worldserve.engines.reasoner.decoding import NgramProposer, Proposer, sample_rows
 from worldserve.engines.reasoner.guided import GrammarFactory
 from worldserve.engines.reasoner.jobs import ChatJob, EngineContext, FrameJob
 from worldserve.engines.reasoner.prompt import PromptBuilder
@@ -50,6 +50,11 @@ class ReasonerEngine:
         path = model_dir(stage_config)
         runner: ReasonerRunner = registry.load_runner(
             "reasoner", path, dtype=stage_config.dtype, device=stage_config.device)
+        proposer: Proposer | None = None
+        if stage_config.streaming.spec_method == "dflash":
+            runner, proposer = dflash.attach(runner, stage_config)
+        elif stage_config.streaming.spec_method == "ngram":
+            proposer = NgramProposer(stage_config.streaming.spec_num_tokens)
         self.config = stage_config
         self.runner = runner
         self.model = runner.model
@@ -72,9 +77,6 @@ class ReasonerEngine:
             raise ModelLoadError(
                 f"stages.reasoner.streaming: the server retention policy can never be admitted "
                 f"for this model: {exc.message}") from None
-        streaming = stage_config.streaming
-        proposer = (NgramProposer(streaming.spec_num_tokens)
-                    if streaming.spec_method == "ngram" else None)
         self.ctx = EngineContext(
             runner=self.runner, tokenizer=runner.tokenizer, stop_ids=self._stop_ids(runner),
             grammars=GrammarFactory(runner.tokenizer, self.runner.vocab_size), proposer=proposer,
@@ -148,6 +150,7 @@ class ReasonerEngine:
         if self.ctx.proposer is not None:
             extra["spec_drafted"] = self.ctx.proposer.num_drafted
             extra["spec_accepted"] = self.ctx.proposer.num_accepted
+            extra["spec_steps"] = self.ctx.proposer.num_steps
         return {"queue_depth": len(self.scheduler) - running, "running": running, "sessions": live,
                 "extra": extra}
 

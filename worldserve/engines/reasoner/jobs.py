@@ -14,7 +14,7 @@ import torch
 
 from worldserve.engines.reasoner.contract import ReasonerRunner, SequenceKV
 from worldserve.engines.reasoner.decoding import (
-    NgramProposer,
+    Proposer,
     ReplyDecoder,
     decode_step,
     propose,
@@ -44,7 +44,7 @@ class EngineContext:
     tokenizer: Any
     stop_ids: set[int]
     grammars: GrammarFactory
-    proposer: NgramProposer | None
+    proposer: Proposer | None
     max_model_len: int
     max_position_embeddings: int
     max_prefill_tokens: int

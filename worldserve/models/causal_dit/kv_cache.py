@@ -33,8 +33,10 @@ class SelfAttnCache:
         self.sink_frames = sink_frames
         self.window_frames = window_frames
         self.kv: list[KV] | None = None  # per layer, (B, H, num_frames * tpf, Dh)
-        self.latents: torch.Tensor | None = None  # (B, C, num_frames, h, w), clean
-        self.camera: torch.Tensor | None = None  # (B, num_frames, num_keys)
+        # (B, C, num_frames, h, w), clean; C includes an image condition when the DiT takes one
+        self.latents: torch.Tensor | None = None
+        # (B, num_frames, ...): key-hold fractions, or a camera branch's ray tokens per frame
+        self.camera: torch.Tensor | None = None
         self.frames: list[FrameRecord] = []
 
     @property

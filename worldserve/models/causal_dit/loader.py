@@ -84,24 +84,48 @@ class RealtimeModel:
     def dtype(self) -> torch.dtype:
         return next(self.dit.parameters()).dtype
 
-    @torch.inference_mode()
-    def encode_image(self, image: Any, width: int, height: int) -> torch.Tensor:
-        """An RGB PIL image -> its model-space first latent frame (1, C, 1, h, w): resized to
-        cover width x height, centre-cropped, encoded by the VAE (posterior mode) and
-        normalised like the Wan pipelines (`(z - mean) / std`)."""
+    @staticmethod
+    def resized_size(image: Any, width: int, height: int) -> tuple[int, int]:
+        """The size `image` is resized to before the centre crop to width x height."""
         scale = max(width / image.width, height / image.height)
-        size = (max(width, round(image.width * scale)), max(height, round(image.height * scale)))
+        return (max(width, round(image.width * scale)), max(height, round(image.height * scale)))
+
+    def _pixels(self, image: Any, width: int, height: int) -> torch.Tensor:
+        """(1, 3, 1, height, width) in [-1, 1]: resized to cover, centre-cropped."""
+        size = self.resized_size(image, width, height)
         image = image.resize(size, resample=3)  # bicubic
         left, top = (size[0] - width) // 2, (size[1] - height) // 2
         image = image.crop((left, top, left + width, top + height))
         pixels = torch.tensor(list(image.getdata()), dtype=torch.float32)
         pixels = pixels.view(height, width, 3).permute(2, 0, 1) / 127.5 - 1.0
-        x = pixels[None, :, None].to(self.device, self.vae.dtype)
+        return pixels[None, :, None].to(self.device, self.vae.dtype)
+
+    def _encode(self, x: torch.Tensor) -> torch.Tensor:
+        """VAE posterior mode, normalised like the Wan pipelines (`(z - mean) / std`)."""
         z = self.vae.encode(x).latent_dist.mode()
         dim = self.vae.config.z_dim
         mean = torch.tensor(self.vae.config.latents_mean).view(1, dim, 1, 1, 1).to(z)
         std = torch.tensor(self.vae.config.latents_std).view(1, dim, 1, 1, 1).to(z)
         return ((z - mean) / std).to(self.dtype)
+
+    @torch.inference_mode()
+    def encode_image(self, image: Any, width: int, height: int) -> torch.Tensor:
+        """An RGB PIL image -> its model-space first latent frame (1, C, 1, h, w)."""
+        return self._encode(self._pixels(image, width, height))
+
+    @torch.inference_mode()
+    def encode_condition(self, image: Any, width: int, height: int,
+                         num_latent_frames: int) -> torch.Tensor:
+        """LingBot / Wan I2V condition (1, u + C, n, h, w): a u-channel mask (1 on the first
+        latent frame) and the latent of the image followed by zero frames (upstream
+        image2video.py :302-309, :367-376)."""
+        pixels = self._pixels(image, width, height)
+        u = int(self.vae.config.scale_factor_temporal)
+        zeros = pixels.new_zeros(1, 3, (num_latent_frames - 1) * u, height, width)
+        z = self._encode(torch.cat([pixels, zeros], dim=2))
+        mask = torch.zeros(1, u, *z.shape[2:], dtype=z.dtype, device=z.device)
+        mask[:, :, 0] = 1.0
+        return torch.cat([mask, z], dim=1)
 
     @torch.inference_mode()
     def encode_prompt(self, prompt: str) -> list[KV]:
@@ -141,11 +165,11 @@ def load_dit(directory: Path) -> Any:
     config = directory / "config.json"
     declared = json.loads(config.read_text()).get("_class_name") if config.is_file() else None
     if declared != "WorldserveCausalDiT":
-        from worldserve.models.causal_dit.upstream import load_upstream_transformer
+        from worldserve.models.causal_dit.upstream import load_upstream
         from worldserve.models.causal_dit.wan_causal import CausalWanDiT
 
         pickles = sorted(directory.glob("*.pt"))
-        return CausalWanDiT(load_upstream_transformer(pickles[0] if pickles else directory))
+        return CausalWanDiT(*load_upstream(pickles[0] if pickles else directory))
     dit = CausalDiT(CausalDiTConfig.load(directory))
     state = load_file(str(directory / WEIGHTS_NAME))
     missing, unexpected = dit.load_state_dict(state, strict=False)
@@ -175,4 +199,19 @@ def load_realtime_model(path: Path, device: str = "cpu",
         raise
     except Exception as exc:
         raise ModelLoadError(f"cannot load a realtime checkpoint from {path}: {exc}") from exc
+    _check_conditioning(path, dit, vae)
     return RealtimeModel(config, dit, vae, text_encoder, tokenizer, device)
+
+
+def _check_conditioning(path: Path, dit: Any, vae: Any) -> None:
+    """A LingBot-style DiT's camera rays and image condition must fit the VAE beside it."""
+    stride = getattr(dit, "ray_stride", 0)
+    if stride and stride != int(vae.config.scale_factor_spatial):
+        raise ModelLoadError(f"{path}: the camera branch folds {stride}x{stride} pixels per "
+                             "latent cell; the VAE's spatial factor is "
+                             f"{vae.config.scale_factor_spatial}")
+    cond = getattr(dit.cfg, "cond_channels", 0)
+    want = int(vae.config.scale_factor_temporal) + int(vae.config.z_dim)
+    if cond and cond != want:
+        raise ModelLoadError(f"{path}: the DiT takes {cond} condition channels; an image "
+                             f"condition here has {want} (mask + VAE latent)")

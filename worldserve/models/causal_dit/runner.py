@@ -17,8 +17,14 @@ from typing import Any
 import torch
 
 from worldserve.errors import InvalidRequest
+from worldserve.models.camera_keys import check_camera
 from worldserve.models.causal_dit.camera import camera_vectors, output_frames_per_latent
 from worldserve.models.causal_dit.kv_cache import FrameRecord
+from worldserve.models.causal_dit.lingbot import (
+    chunk_camera_tokens,
+    default_intrinsics,
+    transform_intrinsics,
+)
 from worldserve.models.causal_dit.loader import RealtimeModel, load_realtime_model
 from worldserve.models.causal_dit.state import CausalSession
 from worldserve.models.causal_dit.vae_stream import (
@@ -54,8 +60,25 @@ def model_facts(model: RealtimeModel) -> RealtimeModelFacts:
         min_pulse_items=mc.min_pulse_items,
         kv_bytes_per_token=2 * dit.num_layers * dit.dim * model.dtype.itemsize,
         camera_conditioning=getattr(dit, "num_camera_keys", 0) > 0,
-        first_frame="optional" if mc.image_conditioning else "unsupported",
+        first_frame=first_frame_mode(model),
         guidance=not mc.guidance_distilled)
+
+
+def first_frame_mode(model: RealtimeModel) -> str:
+    if getattr(model.dit.cfg, "cond_channels", 0):
+        return "required"  # the DiT's input has image-condition channels (LingBot-World)
+    return "optional" if model.config.image_conditioning else "unsupported"
+
+
+def session_intrinsics(settings: WorldSessionSettings, image: Any) -> tuple[float, ...]:
+    """LingBot camera intrinsics at session size: the init's (in first_frame pixels) through
+    the same resize + centre crop as the image, else upstream's example intrinsics rescaled."""
+    w, h = settings.width, settings.height
+    if settings.intrinsics is None or image is None:
+        return default_intrinsics(w, h)
+    resized = RealtimeModel.resized_size(image, w, h)
+    return transform_intrinsics(tuple(settings.intrinsics), (image.width, image.height),
+                                resized, (w, h))
 
 
 def pin_first_frame(x: torch.Tensor, image: torch.Tensor | None) -> torch.Tensor:
@@ -97,13 +120,31 @@ class CausalRunner:
                                 StreamingWanDecoder(self.model.vae), tpf)
         if settings.guidance_scale != 1.0:
             session.uncond_kv = self.model.encode_prompt(settings.negative_prompt)
+        image = None
         if settings.first_frame is not None:
             image = decode_image(settings.first_frame)
-            session.image_latent = self.model.encode_image(image, settings.width,
-                                                           settings.height)
+            self._condition_on_image(session, image)
             # The encoded image is not kept (up to the media limit per session): the latent is.
             session.settings = dataclasses.replace(settings, first_frame=None)
+        if getattr(self.model.dit, "camera_branch", None) is not None:
+            session.intrinsics = session_intrinsics(settings, image)
         return session
+
+    def _condition_on_image(self, session: CausalSession, image: Any) -> None:
+        s, fb = session.settings, session.settings.frames_per_block
+        if not getattr(self.model.dit.cfg, "cond_channels", 0):
+            session.image_latent = self.model.encode_image(image, s.width, s.height)
+            return
+        cond = self.model.encode_condition(image, s.width, s.height, 2 * fb)
+        # SGLang's LingBot adapter encodes one extra blank chunk and repeats it afterwards.
+        session.condition = (cond[:, :, :fb].clone(), cond[:, :, fb:].clone())
+
+    def _with_condition(self, session: CausalSession, x: torch.Tensor) -> torch.Tensor:
+        """The DiT input: `x`, with the chunk's image condition appended when it takes one."""
+        if session.condition is None:
+            return x
+        cond = session.condition[0 if session.next_frame == 0 else 1]
+        return torch.cat([x, cond.to(x)], dim=1)
 
     def chunk_frames(self, chunk_index: int, frames_per_block: int) -> int:
         """Output frames of chunk `chunk_index` (the first is shorter: causal VAE)."""
@@ -117,9 +158,7 @@ class CausalRunner:
         start = time.perf_counter()
         s = session.settings
         first = session.next_frame == 0
-        counts = output_frames_per_latent(first, s.frames_per_block, self.upsampling)
-        cam = camera_vectors(camera, counts, self.upsampling * s.frames_per_block)
-        cam = cam[None].to(self.model.device, self.model.dtype)  # (1, F, K)
+        cam = self._camera_input(session, camera, first)
         if prompt is not None and prompt != session.prompt:
             session.text_kv = self.model.encode_prompt(prompt)
             session.prompt = prompt
@@ -137,6 +176,22 @@ class CausalRunner:
         return ChunkRunOutput(frames, num_frames, (end - start) * 1000, refresh_ms, x0,
                            dit_ms=(decode_start - dit_start) * 1000,
                            decode_ms=(end - decode_start) * 1000)
+
+    def _camera_input(self, session: CausalSession, camera: list[list[str]] | None,
+                      first: bool) -> torch.Tensor:
+        """Key-hold fractions (1, F, K) for the project's DiT; for a LingBot camera branch the
+        Plücker-ray tokens of the chunk's latent frames (the rollout's pitch advances)."""
+        s, dit = session.settings, self.model.dit
+        max_entries = self.upsampling * s.frames_per_block
+        if getattr(dit, "camera_branch", None) is None:
+            counts = output_frames_per_latent(first, s.frames_per_block, self.upsampling)
+            cam = camera_vectors(camera, counts, max_entries)[None]  # (1, F, K)
+        else:
+            check_camera(camera, max_entries)
+            cam, session.pitch_steps = chunk_camera_tokens(
+                camera, first, s.frames_per_block, self.upsampling, session.pitch_steps,
+                session.intrinsics, s.height, s.width, dit.ray_stride, dit.cfg.patch_size)
+        return cam.to(self.model.device, self.model.dtype)
 
     def _denoise(self, session: CausalSession, cam: torch.Tensor,
                  positions: torch.Tensor) -> torch.Tensor:
@@ -166,6 +221,7 @@ class CausalRunner:
         """The DiT's velocity; with guidance_scale != 1 also the negative prompt's, combined as
         v_u + g (v_c - v_u) (two forwards over the same self-attention cache)."""
         past = session.cache.past()
+        x = self._with_condition(session, x)
         v, _ = self.model.dit(x, t, cam, positions, session.text_kv, past_kv=past)
         g = session.settings.guidance_scale
         if session.uncond_kv is None or g == 1.0:
@@ -178,6 +234,7 @@ class CausalRunner:
         """Context pass at t = 0 on the clean block: write its K/V, advance the frontier."""
         s = session.settings
         t = torch.zeros((1, s.frames_per_block), device=self.model.device)
+        x0 = self._with_condition(session, x0)  # retained with its condition (rebuilds)
         _, kv = self.model.dit(x0, t, cam, positions, session.text_kv, past_kv=session.cache.past())
         block_id = session.next_chunk
         records = [FrameRecord(session.next_frame + i, int(p), block_id)

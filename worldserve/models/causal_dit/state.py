@@ -26,6 +26,12 @@ class CausalSession:
         # Image-conditioned start: the first_frame's latent, pinned clean as the session's
         # first latent frame (dropped after chunk 0: from then on it lives in the cache).
         self.image_latent: torch.Tensor | None = None
+        # LingBot-style image condition (36-channel DiT input): the condition of the first
+        # chunk's latent frames and of every later chunk's (2 blocks of mask + latent).
+        self.condition: tuple[torch.Tensor, torch.Tensor] | None = None
+        # LingBot camera branch: intrinsics at session size and the rollout's pitch (steps).
+        self.intrinsics: tuple[float, ...] | None = None
+        self.pitch_steps = 0
         self.decoder = decoder
         self.cache = SelfAttnCache(tokens_per_frame, settings.sink_frames, settings.window_frames)
         # Noise is drawn on the CPU so a seed gives the same frames on every device.
@@ -40,7 +46,7 @@ class CausalSession:
             return
         self.cache.clear()
         self.decoder.release()
-        self.text_kv = self.uncond_kv = self.image_latent = None
+        self.text_kv = self.uncond_kv = self.image_latent = self.condition = None
         self.state = WorldSessionState.RELEASED
 
 

@@ -11,9 +11,9 @@ Layouts read from public sources:
   (`patch_embedding_wancamctrl`, `c2ws_hidden_states_layer1/2`, per block
   `cam_injector_layer1/2`, `cam_scale_layer`, `cam_shift_layer`), per SGLang's weight map.
 
-The Wan part maps one-to-one onto diffusers names (the table below); a causal forward over
-those weights (KV cache per block) is not implemented yet, so nothing serves them: loading one
-as the realtime model fails with a message saying so (see `describe_upstream`).
+The Wan part maps one-to-one onto diffusers names (the table below); the camera weights load
+into `lingbot.CameraBranch` under their own names. `wan_causal.CausalWanDiT` runs both
+block-causally.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from worldserve.models.causal_dit.lingbot import CameraBranch
 from worldserve.models.types import ModelLoadError
 
 # Original Wan key (regex) -> diffusers WanTransformer3DModel key.
@@ -55,7 +56,8 @@ WAN_TO_DIFFUSERS: tuple[tuple[str, str], ...] = (
     (r"^blocks\.(\d+)\.ffn\.2\.", r"blocks.\1.ffn.net.2."),
     (r"^patch_embedding\.", "patch_embedding."),
 )
-# LingBot-World's camera conditioning (SGLang LingBotWorldArchConfig): no diffusers twin.
+# LingBot-World's camera conditioning (SGLang LingBotWorldArchConfig): no diffusers twin,
+# loaded into `lingbot.CameraBranch`.
 CAMERA_KEY_PATTERNS = (
     r"^patch_embedding_wancamctrl\.", r"^c2ws_hidden_states_layer[12]\.",
     r"^blocks\.\d+\.cam_(injector_layer[12]|scale_layer|shift_layer)\.",
@@ -134,24 +136,48 @@ def infer_config(state: dict[str, torch.Tensor],
     }
 
 
-def load_upstream_transformer(path: Path, dtype: torch.dtype = torch.float32) -> Any:
-    """A diffusers WanTransformer3DModel holding an upstream-layout checkpoint's weights
-    (strict: every weight used, every parameter filled). LingBot-World's camera weights are
-    refused with a message: no forward here consumes them."""
+def build_camera_branch(cams: dict[str, torch.Tensor], num_layers: int,
+                        path: Path) -> CameraBranch:
+    """LingBot-World's camera branch holding `cams` (strict: every camera weight used, every
+    parameter filled; a partial set is refused naming what is missing)."""
+    embed = cams.get("patch_embedding_wancamctrl.weight")
+    if embed is None:
+        raise ModelLoadError(f"{path}: camera weights without patch_embedding_wancamctrl.weight")
+    branch = CameraBranch(embed.shape[0], embed.shape[1], num_layers)
+    try:
+        missing, unexpected = branch.load_state_dict(cams, strict=False)
+    except RuntimeError as exc:  # a shape mismatch
+        raise ModelLoadError(f"{path}: LingBot-World camera weights: {exc}") from None
+    if missing or unexpected:
+        raise ModelLoadError(f"{path}: LingBot-World camera weights do not match the camera "
+                             f"branch (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return branch.eval()
+
+
+def load_upstream(path: Path, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+    """(diffusers WanTransformer3DModel, LingBot-World `CameraBranch` or None) holding an
+    upstream-layout checkpoint's weights, strictly: every weight used, every parameter filled,
+    unknown keys named."""
     from diffusers import WanTransformer3DModel
 
     state = read_upstream_state_dict(path)
-    cams = camera_keys(state)
-    if cams:
-        raise ModelLoadError(
-            f"{path} is a LingBot-World-style camera-controlled Wan checkpoint ({len(cams)} "
-            "camera-conditioning weights, e.g. " + ", ".join(cams[:2]) + "); worldserve maps its "
-            "Wan weights but has no forward for its Plücker camera branch yet")
+    cams = {k: state.pop(k) for k in camera_keys(state)}
     config_file = Path(path) / "config.json"
     declared = json.loads(config_file.read_text()) if config_file.is_file() else None
-    model = WanTransformer3DModel(**infer_config(state, declared))
+    config = infer_config(state, declared)
+    model = WanTransformer3DModel(**config)
     missing, unexpected = model.load_state_dict(to_diffusers(state), strict=False)
     if missing or unexpected:
         raise ModelLoadError(f"{path}: weights do not match the inferred Wan config (missing "
                              f"{missing[:3]}, unexpected {unexpected[:3]})")
-    return model.to(dtype).eval()
+    camera = build_camera_branch(cams, config["num_layers"], path).to(dtype) if cams else None
+    return model.to(dtype).eval(), camera
+
+
+def load_upstream_transformer(path: Path, dtype: torch.dtype = torch.float32) -> Any:
+    """The Wan DiT of a checkpoint without camera weights (see `load_upstream`)."""
+    model, camera = load_upstream(path, dtype)
+    if camera is not None:
+        raise ModelLoadError(f"{path} has LingBot-World camera weights: load it with "
+                             "load_upstream(), which returns its camera branch too")
+    return model

@@ -5,9 +5,13 @@ Self-Forcing-style causal Wan checkpoint (mapped by `upstream.py`) runs chunk by
 engine drive it unchanged: `forward(x, timesteps, camera, frame_pos, text_kv, past_kv, mask)`
 returns the flow velocity of the block and its per-layer self-attention K/V (after RoPE,
 (B, H, N, Dh)). Per-frame timesteps go through Wan's per-token timestep path (as Wan 2.2 TI2V
-does); temporal RoPE is indexed by absolute latent-frame positions. The camera input is
-ignored (these checkpoints have no camera branch). Tests: a first block with no past equals
-the diffusers model's own forward; cached chunk by chunk equals one masked forward.
+does); temporal RoPE is indexed by absolute latent-frame positions. Without a camera branch
+the camera input is ignored (Self-Forcing checkpoints have none); with LingBot-World's
+(`lingbot.CameraBranch`) it is the Plücker-ray tokens (B, T, tokens per frame, features) and
+modulates every block after its self-attention residual. An image-conditioned checkpoint
+(more input than output channels) takes `x` with its condition channels already appended.
+Tests: a first block with no past equals the diffusers model's own forward; cached chunk by
+chunk equals one masked forward.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from worldserve.models.camera_keys import CAMERA_KEYS
+from worldserve.models.causal_dit.lingbot import CameraBranch, ray_stride
+
 KV = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -26,13 +33,15 @@ KV = tuple[torch.Tensor, torch.Tensor]
 class CausalWanConfig:
     """What the runner and engine read from a DiT (`CausalDiTConfig`'s names)."""
 
-    in_channels: int
+    in_channels: int  # latent channels (what the DiT predicts and the runner samples)
     patch_size: int  # spatial patch (Wan: 2); one latent frame per token in time
     dim: int
     num_heads: int
     num_layers: int
     text_dim: int
     max_rope_frames: int
+    cond_channels: int = 0  # image condition appended to the input (LingBot: 4 mask + 16)
+    num_camera_keys: int = 0  # > 0: a camera branch consumes held keys (LingBot-World)
 
 
 def rope_tables(wan: Any, frame_pos: torch.Tensor, pph: int,
@@ -64,17 +73,22 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class CausalWanDiT(nn.Module):
     """Wraps a loaded `WanTransformer3DModel` (text-to-video, no image branch)."""
 
-    def __init__(self, wan: Any) -> None:
+    def __init__(self, wan: Any, camera_branch: CameraBranch | None = None) -> None:
         super().__init__()
         self.wan = wan.eval()
         c = wan.config
         if c.image_dim is not None:
-            raise ValueError("image-to-video Wan DiTs (image_dim set) are not supported here")
+            raise ValueError("image-to-video Wan DiTs with a CLIP image branch (image_dim set) "
+                             "are not supported here")
         self.cfg = CausalWanConfig(
-            in_channels=c.in_channels, patch_size=c.patch_size[1], dim=wan.inner_dim
+            in_channels=c.out_channels, patch_size=c.patch_size[1], dim=wan.inner_dim
             if hasattr(wan, "inner_dim") else c.num_attention_heads * c.attention_head_dim,
             num_heads=c.num_attention_heads, num_layers=c.num_layers, text_dim=c.text_dim,
-            max_rope_frames=c.rope_max_seq_len)
+            max_rope_frames=c.rope_max_seq_len, cond_channels=c.in_channels - c.out_channels,
+            num_camera_keys=len(CAMERA_KEYS) if camera_branch is not None else 0)
+        self.camera_branch = camera_branch
+        self.ray_stride = (ray_stride(camera_branch.in_features, self.cfg.patch_size)
+                           if camera_branch is not None else 0)
 
     def tokens_per_frame(self, h: int, w: int) -> int:
         return (h // self.cfg.patch_size) * (w // self.cfg.patch_size)
@@ -109,10 +123,14 @@ class CausalWanDiT(nn.Module):
         temb = temb.type_as(tokens)
         proj = ce.time_proj(ce.act_fn(temb)).unflatten(2, (6, -1))  # (B, N, 6, D)
         cos, sin = rope_tables(wan, frame_pos.to(x.device), pph, ppw)
+        cam = None
+        if self.camera_branch is not None:
+            cam = self.camera_branch.embed(camera.flatten(1, 2).to(tokens.dtype))
         new_kv = []
         for i, block in enumerate(wan.blocks):
+            inject = self.camera_branch.blocks[i] if cam is not None else None
             tokens, kv = self._block(block, tokens, proj, (cos, sin), text_kv[i],
-                                     past_kv[i] if past_kv else None, mask)
+                                     past_kv[i] if past_kv else None, mask, (inject, cam))
             new_kv.append(kv)
         shift, scale = (wan.scale_shift_table.unsqueeze(0) + temb.unsqueeze(2)).chunk(2, dim=2)
         out = (wan.norm_out(tokens.float()) * (1 + scale.squeeze(2)) + shift.squeeze(2))
@@ -123,8 +141,10 @@ class CausalWanDiT(nn.Module):
 
     def _block(self, block: Any, x: torch.Tensor, proj: torch.Tensor,
                rope: tuple[torch.Tensor, torch.Tensor], text: KV, past: KV | None,
-               mask: torch.Tensor | None) -> tuple[torch.Tensor, KV]:
-        """WanTransformerBlock.forward with [past + current] keys in self-attention."""
+               mask: torch.Tensor | None, camera: tuple[Any, Any] = (None, None),
+               ) -> tuple[torch.Tensor, KV]:
+        """WanTransformerBlock.forward with [past + current] keys in self-attention and, with
+        a camera branch, LingBot's camera modulation after the self-attention residual."""
         mods = (block.scale_shift_table.unsqueeze(0) + proj.float()).chunk(6, dim=2)
         shift, scale, gate, c_shift, c_scale, c_gate = (m.squeeze(2) for m in mods)
         h = (block.norm1(x.float()) * (1 + scale) + shift).type_as(x)
@@ -138,6 +158,9 @@ class CausalWanDiT(nn.Module):
         a = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
         a = attn.to_out[0](a.transpose(1, 2).flatten(2))
         x = (x.float() + a * gate).type_as(x)
+        inject, cam = camera
+        if inject is not None:
+            x = inject(x, cam)
         cross = block.attn2
         cq = self._heads(cross.norm_q(cross.to_q(block.norm2(x.float()).type_as(x))))
         c = F.scaled_dot_product_attention(cq.transpose(1, 2), text[0], text[1])

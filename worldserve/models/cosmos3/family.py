@@ -1,4 +1,5 @@
-"""Cosmos3 (diffusers `Cosmos3OmniPipeline`): images, videos with sound, robot actions."""
+"""Cosmos3 (diffusers `Cosmos3OmniPipeline`): images, videos with sound, robot actions; on the
+realtime stage (when configured there), camera_pose forward-dynamics world sessions."""
 
 from __future__ import annotations
 
@@ -17,5 +18,7 @@ def detect(model_dir: Path) -> bool:
 FAMILY = ModelFamily(
     name="cosmos3",
     detect=detect,
-    loaders={"generation": "worldserve.models.cosmos3.runner:load_runner"},
+    loaders={"generation": "worldserve.models.cosmos3.runner:load_runner",
+             "realtime": "worldserve.models.cosmos3.world:load_runner"},
+    explicit_kinds=frozenset({"realtime"}),
 )

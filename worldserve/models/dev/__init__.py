@@ -76,6 +76,11 @@ BUILDERS: dict[str, DevModelBuilder] = {
     "cosmos3-reasoner": DevModelBuilder(
         "worldserve-dev-cosmos3-reasoner", "worldserve.models.cosmos3_reasoner.dev:build_omni"
     ),
+    # A DFlash drafter for the Cosmos3 dev reasoner: `--streaming-spec-method dflash
+    # --streaming-spec-model-path <root>/cosmos3-drafter`.
+    "cosmos3-drafter": DevModelBuilder(
+        "worldserve-dev-cosmos3-drafter", "worldserve.models.dflash.dev:build_drafter"
+    ),
 }
 
 

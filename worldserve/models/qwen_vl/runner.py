@@ -53,6 +53,7 @@ class QwenVLRunner:
         self.max_position_embeddings = int(getattr(text_config, "max_position_embeddings", 0) or 0)
         self.num_forwards = 0
         self.num_packs = 0  # batched-decode caches packed so far (stats, tests)
+        self.last_batch_rows: list[int] = []  # batch row of each sequence, last batched forward
         self._packed: PackedBatch | None = None
 
     def new_kv(self) -> KVState:
@@ -162,6 +163,7 @@ def _forward_rows(runner: QwenVLRunner, kvs: list[KVState], fed: list[list[int]]
     width = max(len(f) for f in fed)
     packed = _packed_for(runner, kvs, width)
     rows = [packed.rows[id(kv)] for kv in kvs]
+    runner.last_batch_rows = rows
     num_rows = len(packed.kvs)
     by_row: list[list[int]] = [[] for _ in range(num_rows)]
     images_by_row: list[list[ImageInput]] = [[] for _ in range(num_rows)]
@@ -229,6 +231,7 @@ def _forward_repacked(runner: QwenVLRunner, kvs: list[KVState],
     attention mask (padding masked out); shorter query rows are padded at the end (their
     outputs are ignored). Each sequence's new K/V is appended back to its own cache.
     """
+    runner.last_batch_rows = list(range(len(kvs)))
     lengths = [len(kv) for kv in kvs]
     longest, width = max(lengths), max(len(f) for f in fed)
     batch = new_cache(runner.model.config)

@@ -30,8 +30,8 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from worldserve.errors import InvalidRequest
+from worldserve.models.camera_keys import action_string, check_camera
 from worldserve.models.common import count_parameters, require_local_dir, resolve_dtype
-from worldserve.models.sana_wm.camera import action_string, check_camera
 from worldserve.models.sana_wm.family import PIPELINE_NAME, REFINER_DIR
 from worldserve.models.sana_wm.refiner_stream import RefinerStream
 from worldserve.models.sana_wm.vae_stream import StreamingLTX2Decoder, can_stream

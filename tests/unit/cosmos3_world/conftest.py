@@ -1,0 +1,37 @@
+"""Fixtures for the Cosmos3 world-session tests: the tiny Cosmos3 pipeline (action heads),
+loaded once from the session's dev directory."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from worldserve.models.cosmos3.world import Cosmos3World
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def world_runner(cosmos3_dir) -> Cosmos3World:
+    from worldserve.models import registry
+
+    return registry.load_runner("realtime", cosmos3_dir)
+
+
+@pytest.fixture(scope="session")
+def first_frame() -> bytes:
+    """An 80x48 PNG (not the session size: the runner fits it to the session)."""
+    pixels = (np.random.RandomState(0).rand(48, 80, 3) * 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
