@@ -464,6 +464,8 @@ def main() -> None:
                         help="0 = greedy (the dev model then emits no text: TTFT falls back to "
                              "latency)")
     args = parser.parse_args()
+    if args.batch_ab and args.spec == "dflash":
+        parser.error("--batch-ab compares the plain runner's batching: drop --spec dflash")
 
     import torch
 
@@ -498,8 +500,6 @@ def main() -> None:
         summary["fps_4_over_1"] = round(summary["fps_4"] / summary["fps_1"], 3)
         summary["cpu_fps_4_over_1"] = round(summary["cpu_fps_4"] / summary["cpu_fps_1"], 3)
     if args.batch_ab:
-        if args.spec == "dflash":
-            parser.error("--batch-ab compares the plain runner's batching: drop --spec dflash")
         ab = batch_ab(bench, frames, args.per_session, args.max_tokens, args.ab_repeats)
         print(json.dumps(ab), flush=True)
         summary["batch_ab_ratio_before"] = ab["before"]["ratio_4_over_1"]
