@@ -7,18 +7,10 @@ import io
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
+from tests.support.torch_threads import one_torch_thread  # noqa: F401
 from worldserve.models.cosmos3.world import Cosmos3World
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -5,19 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.support.torch_threads import one_torch_thread  # noqa: F401
 from worldserve.config import RealtimeStageConfig, ServerConfig
 from worldserve.engines.realtime.engine import RealtimeEngine
 from worldserve.models.causal_dit.dev import build_realtime_model
 from worldserve.models.causal_dit.runner import CausalRunner
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """CI machines have 2 busy cores: one intra-op thread is faster and steadier here."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

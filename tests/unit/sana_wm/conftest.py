@@ -6,19 +6,11 @@ import io
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
+from tests.support.torch_threads import one_torch_thread  # noqa: F401
 from worldserve.models.sana_wm.dev import build_pipeline, build_refiner
 from worldserve.models.sana_wm.runner import SanaWMRunner
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

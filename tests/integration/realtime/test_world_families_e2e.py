@@ -1,15 +1,18 @@
-"""The realtime WebSocket against a real server whose realtime model is a SANA-WM directory
-(tiny random weights, with a refiner/): first_frame start, camera actions, warm-up."""
+"""The realtime WebSocket against a real server whose realtime model is a world-model directory
+that starts from an image (tiny random weights): SANA-WM (with a refiner/) and Cosmos3 with action
+heads. first_frame is required, camera keys steer, warm-up runs before the first session."""
 
 from __future__ import annotations
 
 import io
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from tests.integration.realtime.helpers import Session, connect
-from worldserve.models.sana_wm.dev import build_sana_wm
 
 
 def png(width: int = 80, height: int = 48) -> bytes:
@@ -19,10 +22,31 @@ def png(width: int = 80, height: int = 48) -> bytes:
     return buffer.getvalue()
 
 
-async def test_sana_wm_directory_serves_realtime_sessions(server_factory, tmp_path):
-    model = tmp_path / "sana-wm"
+def _sana_wm(target: Path) -> None:
+    from worldserve.models.sana_wm.dev import build_sana_wm
+
+    build_sana_wm(target, 0)
+
+
+def _cosmos3(target: Path) -> None:
+    from worldserve.models.cosmos3.dev import Cosmos3DevConfig, build_cosmos3
+
+    build_cosmos3(target, 0, Cosmos3DevConfig(sound=False))
+
+
+# family: (builder, held keys of the session, frames of chunk 0 and chunk 1)
+FAMILIES: dict[str, tuple[Callable[[Path], None], str, list[int]]] = {
+    "sana_wm": (_sana_wm, "w-8,jw-16", [25, 24]),
+    "cosmos3": (_cosmos3, "w-4,jw-8", [9, 8]),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+async def test_world_directory_serves_image_started_sessions(server_factory, tmp_path, family):
+    build, keys, frames = FAMILIES[family]
+    model = tmp_path / family
     model.mkdir()
-    build_sana_wm(model, 0)
+    build(model)
     server = server_factory({"stages": {
         "generation": {"enabled": False}, "reasoner": {"enabled": False},
         "realtime": {"enabled": True, "backend": "causal", "model_path": str(model),
@@ -37,8 +61,8 @@ async def test_sana_wm_directory_serves_realtime_sessions(server_factory, tmp_pa
         session = Session(ws)
         await session.send({"type": "init", "prompt": "a road", "size": "64x64", "seed": 5,
                             "max_chunks": 2, "first_frame": png(),
-                            "condition_inputs": {"action": "w-8,jw-16"}})
+                            "condition_inputs": {"action": keys}})
         chunks, code, _ = await session.read_until_close(timeout_s=120)
     assert not session.errors, session.errors
-    assert code == 1000 and [len(c.frames) for c in chunks] == [25, 24]
+    assert code == 1000 and [len(c.frames) for c in chunks] == frames
     assert chunks[0].frames.shape[1:] == (64, 64, 3)
