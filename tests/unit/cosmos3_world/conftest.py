@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from tests.support.torch_threads import one_torch_thread  # noqa: F401
+from tests.unit.realtime.inprocess_ws import clients  # noqa: F401
 from worldserve.models.cosmos3.world import Cosmos3World
 
 

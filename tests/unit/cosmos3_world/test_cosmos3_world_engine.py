@@ -3,7 +3,6 @@ WebSocket route in-process (the app around an InProcessStageClient of the real e
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 
@@ -15,8 +14,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from tests.unit.cosmos3_world.helpers import NEW_FRAMES, SIZE, reference_chunks, start_image
 from tests.unit.realtime.helpers import Replies, chunk, run_session
-from worldserve.api.app import create_app
-from worldserve.api.runtime import ServerRuntime
+from tests.unit.realtime.inprocess_ws import app_for, read_chunk
 from worldserve.config import RealtimeStageConfig, ServerConfig
 from worldserve.engines.realtime.engine import RealtimeEngine
 from worldserve.errors import InvalidRequest
@@ -24,7 +22,6 @@ from worldserve.ipc.messages import ErrorReply, RealtimeChunkResult
 from worldserve.models import registry
 from worldserve.models.cosmos3.world import pose_deltas
 from worldserve.models.types import ModelLoadError
-from worldserve.runtime.inprocess import InProcessStageClient
 
 STAGE = {"num_inference_steps": 2, "max_width": 256, "max_height": 256}
 
@@ -114,37 +111,14 @@ def test_engine_reports_an_undecodable_first_frame_as_invalid(world_runner):
     assert "first_frame" in reply.message and engine.stats()["sessions"] == 0
 
 
-@pytest.fixture
-def clients():
-    made: list[InProcessStageClient] = []
-    yield made
-    for client in made:
-        asyncio.run(client.close())
-
-
-def read_chunk(ws) -> np.ndarray:
-    """One whole chunk (its frame batches up to its chunk_stats), raw RGB24."""
-    parts = []
-    while True:
-        header = msgpack.unpackb(ws.receive_bytes())
-        if header["type"] == "chunk_stats":
-            return np.concatenate(parts)
-        assert header["type"] in ("frame_batch", "frame_batch_header"), header
-        payload = header.get("payload") or ws.receive_bytes()
-        parts.append(np.frombuffer(payload, np.uint8).reshape(-1, SIZE, SIZE, 3))
-
-
 def test_websocket_session_streams_the_pipeline_frames(world_runner, first_frame, clients):
-    config = ServerConfig.model_validate({"stages": {"realtime": {"enabled": True, **STAGE}}})
-    client = InProcessStageClient("realtime", make_engine(world_runner))
-    clients.append(client)
-    app = create_app(ServerRuntime(config=config, clients={"realtime": client}))
+    app = app_for(world_runner, clients, STAGE)
     with TestClient(app) as http:
         with http.websocket_connect("/v1/realtime_video/generate") as ws:
             ws.send_bytes(msgpack.packb({"type": "init", "prompt": "a road", "size": "64x64",
                                          "seed": 3, "max_chunks": 2,
                                          "first_frame": first_frame}))
-            got = [read_chunk(ws), read_chunk(ws)]
+            got = [read_chunk(ws, SIZE), read_chunk(ws, SIZE)]
             with pytest.raises(WebSocketDisconnect) as closed:
                 ws.receive_bytes()
         with http.websocket_connect("/v1/realtime_video/generate") as ws:

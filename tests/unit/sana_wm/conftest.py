@@ -9,6 +9,7 @@ import pytest
 from PIL import Image
 
 from tests.support.torch_threads import one_torch_thread  # noqa: F401
+from tests.unit.realtime.inprocess_ws import clients  # noqa: F401
 from worldserve.models.sana_wm.dev import build_pipeline, build_refiner
 from worldserve.models.sana_wm.runner import SanaWMRunner
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import io
 
 import msgpack
@@ -14,14 +13,12 @@ from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 from tests.unit.realtime.helpers import Replies, chunk, run_session
+from tests.unit.realtime.inprocess_ws import app_for, read_chunk
 from tests.unit.sana_wm.helpers import NEW_FRAMES, SIZE, reference_chunks
-from worldserve.api.app import create_app
-from worldserve.api.runtime import ServerRuntime
 from worldserve.config import RealtimeStageConfig, ServerConfig
 from worldserve.engines.realtime.engine import RealtimeEngine
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import ErrorReply, RealtimeChunkResult
-from worldserve.runtime.inprocess import InProcessStageClient
 
 STAGE = {"num_inference_steps": 2, "max_width": 256, "max_height": 256}
 
@@ -69,41 +66,14 @@ def test_engine_reports_an_undecodable_first_frame_as_invalid(runner):
     assert "first_frame" in reply.message and engine.stats()["sessions"] == 0
 
 
-@pytest.fixture
-def clients():
-    made: list[InProcessStageClient] = []
-    yield made
-    for client in made:
-        asyncio.run(client.close())
-
-
-def app_for(runner, clients):
-    config = ServerConfig.model_validate({"stages": {"realtime": {"enabled": True, **STAGE}}})
-    client = InProcessStageClient("realtime", make_engine(runner))
-    clients.append(client)
-    return create_app(ServerRuntime(config=config, clients={"realtime": client}))
-
-
-def read_chunk(ws) -> np.ndarray:
-    """One whole chunk (its frame batches up to its chunk_stats), raw RGB24."""
-    parts = []
-    while True:
-        header = msgpack.unpackb(ws.receive_bytes())
-        if header["type"] == "chunk_stats":
-            return np.concatenate(parts)
-        assert header["type"] in ("frame_batch", "frame_batch_header"), header
-        payload = header.get("payload") or ws.receive_bytes()
-        parts.append(np.frombuffer(payload, np.uint8).reshape(-1, SIZE, SIZE, 3))
-
-
 def test_websocket_session_streams_the_pipeline_frames(runner, sana_pipe, first_frame, clients):
-    app = app_for(runner, clients)
+    app = app_for(runner, clients, STAGE)
     with TestClient(app) as http:
         with http.websocket_connect("/v1/realtime_video/generate") as ws:
             ws.send_bytes(msgpack.packb({"type": "init", "prompt": "a road", "size": "64x64",
                                          "seed": 3, "max_chunks": 2,
                                          "first_frame": first_frame}))
-            got = [read_chunk(ws), read_chunk(ws)]
+            got = [read_chunk(ws, SIZE), read_chunk(ws, SIZE)]
             with pytest.raises(WebSocketDisconnect) as closed:
                 ws.receive_bytes()
     assert closed.value.code == 1000
@@ -114,7 +84,7 @@ def test_websocket_session_streams_the_pipeline_frames(runner, sana_pipe, first_
 
 
 def test_websocket_init_without_first_frame_is_invalid(runner, clients):
-    app = app_for(runner, clients)
+    app = app_for(runner, clients, STAGE)
     with TestClient(app) as http:
         with http.websocket_connect("/v1/realtime_video/generate") as ws:
             ws.send_bytes(msgpack.packb({"type": "init", "prompt": "a road", "size": "64x64"}))
@@ -154,14 +124,14 @@ def test_intrinsics_from_the_init_reach_the_pipeline(runner, sana_pipe, first_fr
     ([40, 40, 32], False), ([0, 40, 32, 32], False), (["a", 1, 2, 3], False),
 ])
 def test_websocket_checks_intrinsics(runner, first_frame, clients, intrinsics, ok):
-    app = app_for(runner, clients)
+    app = app_for(runner, clients, STAGE)
     with TestClient(app) as http:
         with http.websocket_connect("/v1/realtime_video/generate") as ws:
             ws.send_bytes(msgpack.packb({"type": "init", "prompt": "a road", "size": "64x64",
                                          "max_chunks": 1, "first_frame": first_frame,
                                          "condition_inputs": {"intrinsics": intrinsics}}))
             if ok:
-                assert len(read_chunk(ws)) == NEW_FRAMES + 1
+                assert len(read_chunk(ws, SIZE)) == NEW_FRAMES + 1
             else:
                 error = msgpack.unpackb(ws.receive_bytes())
                 assert error["code"] == "invalid_init"
