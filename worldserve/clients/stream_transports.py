@@ -55,6 +55,7 @@ class WebSocketTransport:
         self.url = websocket_url(base_url)
         self.frame_format = frame_format
         self.ws: ClientConnection | None = None
+        self.frames_answered = 0  # the local count `closed after` falls back on (spec §14.6)
 
     def open(self, body: dict) -> dict:
         try:
@@ -81,10 +82,13 @@ class WebSocketTransport:
         if reply.get("op") == "error":
             return FrameError(reply.get("code"), str(reply.get("message")),
                               bool(reply.get("fatal", True)))
+        self.frames_answered += 1
         return reply
 
     def close(self) -> int | None:
-        """Send delete and wait for `closed`; a connection the server already closed is done."""
+        """Send delete and wait for `closed`: its `frames`, else the local count. A connection
+        the server already closed (e.g. a Ctrl+C that cut a message in half) is done: the
+        server released the session with it."""
         if self.ws is None:
             return None
         try:
@@ -93,9 +97,10 @@ class WebSocketTransport:
             while True:  # a reply to a frame in flight at Ctrl+C may come first
                 reply = json.loads(self.ws.recv(timeout=max(0.0, deadline - time.monotonic())))
                 if reply.get("op") == "closed":
-                    return reply.get("frames")
+                    frames = reply.get("frames")
+                    return frames if isinstance(frames, int) else self.frames_answered
         except ConnectionClosed:
-            return None  # the server released the session when it closed the connection
+            return self.frames_answered
         except (OSError, WebSocketException, TimeoutError, ValueError) as exc:
             raise CleanupError(f"no 'closed' reply: {exc}") from exc
         finally:
