@@ -9,14 +9,12 @@ on the clean block that writes its K/V -> decode the block's frames.
 from __future__ import annotations
 
 import dataclasses
-import io
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from worldserve.errors import InvalidRequest
 from worldserve.models.camera_keys import check_camera
 from worldserve.models.causal_dit.camera import camera_vectors, output_frames_per_latent
 from worldserve.models.causal_dit.kv_cache import FrameRecord
@@ -33,6 +31,7 @@ from worldserve.models.causal_dit.vae_stream import (
     to_rgb24,
 )
 from worldserve.models.common import count_parameters, resolve_dtype
+from worldserve.models.frames import decode_first_frame
 from worldserve.models.types import ChunkRunOutput, RealtimeModelFacts, WorldSessionSettings
 
 
@@ -90,16 +89,6 @@ def pin_first_frame(x: torch.Tensor, image: torch.Tensor | None) -> torch.Tensor
     return x
 
 
-def decode_image(data: bytes) -> Any:
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            return img.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise InvalidRequest(f"first_frame is not a decodable image: {exc}") from None
-
-
 class CausalRunner:
     """Stateless over sessions: every tensor of a session lives in its `CausalSession`."""
 
@@ -122,7 +111,7 @@ class CausalRunner:
             session.uncond_kv = self.model.encode_prompt(settings.negative_prompt)
         image = None
         if settings.first_frame is not None:
-            image = decode_image(settings.first_frame)
+            image = decode_first_frame(settings.first_frame)
             self._condition_on_image(session, image)
             # The encoded image is not kept (up to the media limit per session): the latent is.
             session.settings = dataclasses.replace(settings, first_frame=None)

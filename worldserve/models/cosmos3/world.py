@@ -42,6 +42,7 @@ from worldserve.models.camera_keys import action_string, check_camera
 from worldserve.models.common import count_parameters, require_local_dir
 from worldserve.models.cosmos3.family import PIPELINE_CLASS
 from worldserve.models.detect import read_json
+from worldserve.models.frames import to_uint8
 from worldserve.models.types import (
     ChunkRunOutput,
     ModelLoadError,
@@ -131,11 +132,6 @@ def fit_image(image: Image.Image, width: int, height: int) -> Image.Image:
     if image.size == (width, height):
         return image
     return ImageOps.fit(image, (width, height), Image.Resampling.BICUBIC)
-
-
-def to_uint8(frames: np.ndarray) -> np.ndarray:
-    """diffusers' float [0, 1] frames -> uint8, rounded as `numpy_to_pil` does."""
-    return (frames * 255).round().clip(0, 255).astype(np.uint8)
 
 
 # ---------------------------------------------------------------------------- sessions

@@ -19,7 +19,6 @@ each chunk. The refiner's KV is bounded by `kv_max_frames` (the session's window
 from __future__ import annotations
 
 import dataclasses
-import io
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,11 +26,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from worldserve.errors import InvalidRequest
 from worldserve.models.camera_keys import action_string, check_camera
 from worldserve.models.common import count_parameters, require_local_dir, resolve_dtype
+from worldserve.models.frames import decode_first_frame, to_uint8
 from worldserve.models.sana_wm.family import PIPELINE_NAME, REFINER_DIR
 from worldserve.models.sana_wm.refiner_stream import RefinerStream
 from worldserve.models.sana_wm.vae_stream import StreamingLTX2Decoder, can_stream
@@ -141,19 +141,6 @@ class SanaWMSession:
         self.state = WorldSessionState.RELEASED
 
 
-def decode_image(data: bytes) -> Image.Image:
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            return img.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise InvalidRequest(f"first_frame is not a decodable image: {exc}") from None
-
-
-def to_uint8(frames: np.ndarray) -> np.ndarray:
-    """diffusers' float [0, 1] frames -> uint8, rounded as `numpy_to_pil` does."""
-    return (frames * 255).round().clip(0, 255).astype(np.uint8)
-
-
 class SanaWMRunner:
     """Stateless over sessions: each session's tensors live in its `SanaWMSession`."""
 
@@ -196,7 +183,7 @@ class SanaWMRunner:
         if self.refiner is not None and settings.frames_per_block % block:
             raise InvalidRequest(f"frames_per_block {settings.frames_per_block} must be a "
                                  f"multiple of the refiner's block ({block})")
-        image = decode_image(settings.first_frame)
+        image = decode_first_frame(settings.first_frame)
         focal = self.defaults.focal_fraction * max(image.size)
         intrinsics = (list(settings.intrinsics) if settings.intrinsics
                       else [focal, focal, image.width / 2, image.height / 2])
