@@ -13,6 +13,7 @@ import torch
 from transformers import AutoProcessor
 
 from tests.unit.reasoner.conftest import GREEDY
+from tests.unit.reasoner.drive import windowed_greedy_replies
 from tests.unit.reasoner.reference import MaskedReference, full_recompute_check, reply_tokens
 from tests.unit.reasoner.tiny_vlm import frame_bytes
 from worldserve.models import registry
@@ -72,16 +73,8 @@ def test_greedy_session_reply_equals_model_generate(make_engine, cosmos3_dir):
 
 
 def test_ngram_speculation_is_lossless(make_engine, cosmos3_dir):
-    def replies(drv):
-        drv.create(retention={"max_video_segments": 2}, sampling={"max_tokens": 16, **GREEDY})
-        out = []
-        for i in range(4):
-            drv.frame("s1", frame_bytes(i))
-            out.append(reply_tokens(drv.engine.sessions["s1"]))
-        return out
-
-    assert replies(make_engine(cosmos3_dir, spec_method="ngram", spec_num_tokens=3)) == \
-        replies(make_engine(cosmos3_dir))
+    spec = make_engine(cosmos3_dir, spec_method="ngram", spec_num_tokens=3)
+    assert windowed_greedy_replies(spec) == windowed_greedy_replies(make_engine(cosmos3_dir))
 
 
 def test_loader_builds_an_image_processor_where_autoprocessor_gives_a_tokenizer(cosmos3_dir):

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from tests.unit.reasoner.conftest import GREEDY
+from tests.unit.reasoner.drive import concurrent_replies, windowed_greedy_replies
 from tests.unit.reasoner.reference import reply_tokens
 from tests.unit.reasoner.tiny_vlm import frame_bytes
 from worldserve.config import ConfigError, ReasonerStageConfig, ServerConfig, StreamingConfig
-from worldserve.ipc.messages import SessionFrame
 from worldserve.models.dflash.dev import (
     build_drafter,
     write_constant_drafter,
@@ -113,22 +113,14 @@ def test_guided_replies_equal_plain_decoding(make_engine, repeating_drafter_dir,
     assert drv.engine.stats()["extra"]["spec_drafted"] > 0
 
 
-def _concurrent(drv, sampling, num_sessions=3, num_frames=3):
-    sids = [f"s{k}" for k in range(num_sessions)]
-    for sid in sids:
-        drv.create(sid, sampling=sampling, retention={"max_video_segments": 1})
-    out: dict[str, list] = {sid: [] for sid in sids}
-    for i in range(num_frames):
-        for k, sid in enumerate(sids):
-            drv.submit(SessionFrame(request_id=f"{sid}-{i}", session_id=sid,
-                                    image=frame_bytes(i + 5 * k, size=56 + 28 * k),
-                                    received_at=time.time()))
-        drv.run()
-        for sid in sids:
-            out[sid].append(reply_tokens(drv.engine.sessions[sid]))
-            kv = drv.engine.sessions[sid].kv
-            assert kv is not None and len(getattr(kv, "drafter", kv)) == len(kv)
-    return out
+def _drafter_in_step(session) -> None:
+    kv = session.kv
+    assert kv is not None and len(getattr(kv, "drafter", kv)) == len(kv)
+
+
+def _concurrent(drv, sampling):
+    return concurrent_replies(drv, sampling, num_frames=3,
+                              retention={"max_video_segments": 1}, after_frame=_drafter_in_step)
 
 
 @pytest.mark.parametrize("sampling", [
@@ -153,16 +145,8 @@ def test_cosmos3_dev_drafter_is_lossless(make_engine, cosmos3_dir, tmp_path):
     build_drafter(tmp_path, 0)  # the dev builder (BUILDERS["cosmos3-drafter"])
     assert time.perf_counter() - start < 1.0
 
-    def replies(drv):
-        drv.create(retention={"max_video_segments": 2}, sampling={"max_tokens": 16, **GREEDY})
-        out = []
-        for i in range(4):
-            drv.frame("s1", frame_bytes(i))
-            out.append(reply_tokens(drv.engine.sessions["s1"]))
-        return out
-
     spec = make_engine(cosmos3_dir, spec_method="dflash", spec_model_path=tmp_path)
-    assert replies(spec) == replies(make_engine(cosmos3_dir))
+    assert windowed_greedy_replies(spec) == windowed_greedy_replies(make_engine(cosmos3_dir))
     assert spec.engine.capabilities().spec_method == "dflash"
 
 

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from tests.unit.reasoner.conftest import GREEDY
+from tests.unit.reasoner.drive import concurrent_replies
 from tests.unit.reasoner.tiny_vlm import frame_bytes
 from worldserve.engines.reasoner import admission
 from worldserve.errors import CapacityExceeded, Conflict, InvalidRequest, NotFound
@@ -214,24 +215,6 @@ def test_thousand_frame_session_stays_bounded(make_engine):
     assert reprefills >= 3 and evicted > 1000
 
 
-def _concurrent_replies(drv, num_sessions, sampling, num_frames=4):
-    from tests.unit.reasoner.reference import reply_tokens
-
-    sids = [f"s{k}" for k in range(num_sessions)]
-    for sid in sids:
-        drv.create(sid, sampling=sampling)
-    out = {sid: [] for sid in sids}
-    for i in range(num_frames):
-        for k, sid in enumerate(sids):
-            drv.submit(SessionFrame(request_id=f"{sid}-{i}", session_id=sid,
-                                    image=frame_bytes(i + 5 * k, size=56 + 28 * k),
-                                    received_at=time.time()))
-        drv.run()
-        for sid in sids:
-            out[sid].append(reply_tokens(drv.engine.sessions[sid]))
-    return out
-
-
 @pytest.mark.parametrize("spec", ["none", "ngram"])
 def test_batched_decode_equals_sequential(make_engine, spec):
     """Decode steps of concurrent sessions (with their n-gram drafts) share one forward and
@@ -240,8 +223,8 @@ def test_batched_decode_equals_sequential(make_engine, spec):
     batched = make_engine(max_sessions=3, spec_method=spec, spec_num_tokens=3)
     sequential = make_engine(max_sessions=3)
     sequential.engine.scheduler.batch_decode = False
-    got = _concurrent_replies(batched, 3, sampling)
-    expected = _concurrent_replies(sequential, 3, sampling)
+    got = concurrent_replies(batched, sampling)
+    expected = concurrent_replies(sequential, sampling)
     assert got == expected
     assert batched.engine.runner.num_forwards < sequential.engine.runner.num_forwards
 
