@@ -4,22 +4,13 @@ heads. first_frame is required, camera keys steer, warm-up runs before the first
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import pytest
-from PIL import Image
 
 from tests.integration.realtime.helpers import Session, connect
-
-
-def png(width: int = 80, height: int = 48) -> bytes:
-    pixels = (np.random.RandomState(0).rand(height, width, 3) * 255).astype(np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="PNG")
-    return buffer.getvalue()
+from tests.support.images import random_png
 
 
 def _sana_wm(target: Path) -> None:
@@ -60,7 +51,7 @@ async def test_world_directory_serves_image_started_sessions(server_factory, tmp
     async with connect(server) as ws:
         session = Session(ws)
         await session.send({"type": "init", "prompt": "a road", "size": "64x64", "seed": 5,
-                            "max_chunks": 2, "first_frame": png(),
+                            "max_chunks": 2, "first_frame": random_png(80, 48),
                             "condition_inputs": {"action": keys}})
         chunks, code, _ = await session.read_until_close(timeout_s=120)
     assert not session.errors, session.errors

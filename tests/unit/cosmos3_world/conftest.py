@@ -3,12 +3,9 @@ loaded once from the session's dev directory."""
 
 from __future__ import annotations
 
-import io
-
-import numpy as np
 import pytest
-from PIL import Image
 
+from tests.support.images import random_png
 from tests.support.torch_threads import one_torch_thread  # noqa: F401
 from tests.unit.realtime.inprocess_ws import clients  # noqa: F401
 from worldserve.models.cosmos3.world import Cosmos3World
@@ -24,7 +21,4 @@ def world_runner(cosmos3_dir) -> Cosmos3World:
 @pytest.fixture(scope="session")
 def first_frame() -> bytes:
     """An 80x48 PNG (not the session size: the runner fits it to the session)."""
-    pixels = (np.random.RandomState(0).rand(48, 80, 3) * 255).astype(np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="PNG")
-    return buffer.getvalue()
+    return random_png(80, 48)

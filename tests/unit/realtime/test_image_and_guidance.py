@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 import io
 
-import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from tests.support.images import random_png
 from tests.unit.realtime.helpers import Replies, chunk, run_session
 from worldserve.config import RealtimeStageConfig, ServerConfig
 from worldserve.engines.realtime.engine import RealtimeEngine
@@ -20,10 +20,7 @@ from worldserve.models.causal_dit.runner import CausalRunner
 
 
 def png(seed: int, width: int = 96, height: int = 64) -> bytes:
-    pixels = (np.random.RandomState(seed).rand(height, width, 3) * 255).astype(np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="PNG")
-    return buffer.getvalue()
+    return random_png(width, height, seed)
 
 
 @pytest.fixture(scope="module")

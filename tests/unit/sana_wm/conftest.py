@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import io
-
-import numpy as np
 import pytest
-from PIL import Image
 
+from tests.support.images import random_png
 from tests.support.torch_threads import one_torch_thread  # noqa: F401
 from tests.unit.realtime.inprocess_ws import clients  # noqa: F401
 from worldserve.models.sana_wm.dev import build_pipeline, build_refiner
@@ -27,10 +24,7 @@ def sana_refiner():
 @pytest.fixture(scope="session")
 def first_frame() -> bytes:
     """A 80x48 PNG (not the session size: the pipeline resizes and crops it)."""
-    pixels = (np.random.RandomState(0).rand(48, 80, 3) * 255).astype(np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="PNG")
-    return buffer.getvalue()
+    return random_png(80, 48)
 
 
 @pytest.fixture
