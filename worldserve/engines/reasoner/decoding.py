@@ -52,10 +52,6 @@ class ReplyDecoder:
         # positions (mm_token_type_ids) without an image.
         self._banned = _banned_index(tuple(t for t in banned_ids if 0 <= t < vocab_size))
 
-    def process(self, logits: torch.Tensor) -> torch.Tensor:
-        """(V,) raw logits -> penalised and grammar-masked logits."""
-        return process_rows([self], logits[None])[0]
-
     def sample(self, logits: torch.Tensor) -> int:
         return sample_rows([self], logits[None])[0]
 
