@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.unit.reasoner.scalar_sampler import ScalarRow
+from tests.unit.reasoner.scalar_sampler import ScalarRow, probabilities, process
 from worldserve.engines.reasoner.decoding import ReplyDecoder
 from worldserve.engines.reasoner.sampling import (
     NUCLEUS_PRECUT,
@@ -125,7 +125,8 @@ def test_top_p_past_the_precut_keeps_the_whole_nucleus():
     vocab = 4 * NUCLEUS_PRECUT
     logits = torch.linspace(0.0, -0.5, vocab)  # token 0 most likely, the last least
     engine, ref = _pair(vocab, 5, temperature=1.0, top_p=0.5, repetition_penalty=1.0)
-    nucleus = int((ref.probabilities(ref.process(logits)) > 0).sum())
+    probs = probabilities(process(logits, ref, ref.seen, ref.counts, (), None), ref)
+    nucleus = int((probs > 0).sum())
     assert NUCLEUS_PRECUT < nucleus < vocab
     tokens = {sample_rows([engine], logits[None])[0] for _ in range(3000)}
     assert max(tokens) == nucleus - 1 and len(tokens) > 0.9 * nucleus
