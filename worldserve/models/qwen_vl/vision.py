@@ -81,9 +81,9 @@ class QwenVLPrompting:
         unk = getattr(tokenizer, "unk_token_id", None)
         self.placeholder_ids = tuple(t for t in (self.image_token_id, self.video_token_id)
                                      if isinstance(t, int) and t != unk)
-        video_unit = (VISION_START + VIDEO_PAD + VISION_END if video_style == "framewise"
-                      else VIDEO_PAD)
-        self._units = {IMAGE_PAD: "image", video_unit: "video"}
+        # framewise: the whole wrapper the template puts around a video becomes the spans
+        units = [VISION_START + VIDEO_PAD + VISION_END] if video_style == "framewise" else []
+        self._units = {**{u: "video" for u in units}, IMAGE_PAD: "image", VIDEO_PAD: "video"}
         self._split = re.compile("(" + "|".join(re.escape(u) for u in self._units) + ")")
 
     # ------------------------------------------------------------------ images and clips
