@@ -48,6 +48,7 @@ class LayerWeights:
     mlp: tuple[Any, ...]  # gated: (gate, up, down); plain: (fc1 w, fc1 b, fc2 w, fc2 b)
     act: Any
     gated: bool
+    out_t: tuple[Any, Any]  # o_proj and down/fc2 weights transposed (views, made once)
 
 
 @dataclass(frozen=True)
@@ -116,15 +117,16 @@ class StaticDecoder:
         x = self.text.embed_tokens(tokens)  # (B, W, H)
         rotation = self._rotation(x, (start.view(-1, 1) + steps).to(device))
         views = _Views(self, members, packed, lengths, width, device)
+        x = x.view(len(members) * width, -1)  # (B * W, H)
         for i, weights in enumerate(self.layers):
             k_buf, v_buf = views.buffers(i)
             out = self.layer_fn(x, weights.norms, weights.qkvo, weights.mlp, weights.act,
-                                weights.gated, self.shapes, rotation, k_buf, v_buf,
-                                views.index, views.length, views.mask)
-            for hook in weights.module._forward_hooks.values():
-                hook(weights.module, (x,), out)
+                                weights.gated, weights.out_t, self.shapes, width, rotation,
+                                k_buf, v_buf, views.index, views.length, views.mask)
+            for hook in weights.module._forward_hooks.values():  # as the layer's own output
+                hook(weights.module, (x,), out.view(len(members), width, -1))
             x = out
-        logits = self.lm_head(self.text.norm(x)).float()  # (B, W, V)
+        logits = self.lm_head(self.text.norm(x)).float().view(len(members), width, -1)
         runner.num_forwards += 1
         for b, kv in enumerate(members):
             n = len(by_row[b])
@@ -197,10 +199,12 @@ def _weights(layer: Any) -> LayerWeights:
     qkvo = tuple(t for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
                  for t in (proj.weight, proj.bias))
     if hasattr(mlp, "gate_proj"):
-        return LayerWeights(layer, norms, qkvo, (mlp.gate_proj.weight, mlp.up_proj.weight,
-                                                 mlp.down_proj.weight), mlp.act_fn, True)
+        down = mlp.down_proj.weight
+        return LayerWeights(layer, norms, qkvo, (mlp.gate_proj.weight, mlp.up_proj.weight, down),
+                            mlp.act_fn, True, (attn.o_proj.weight.mT, down.mT))
     return LayerWeights(layer, norms, qkvo, (mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight,
-                                             mlp.fc2.bias), mlp.activation_fn, False)
+                                             mlp.fc2.bias), mlp.activation_fn, False,
+                        (attn.o_proj.weight.mT, mlp.fc2.weight.mT))
 
 
 def _norm(module: Any) -> tuple[Any, float] | None:
@@ -219,15 +223,16 @@ def _rms(x: torch.Tensor, norm: tuple[Any, float]) -> torch.Tensor:
 
 
 def _layer(x: torch.Tensor, norms: tuple, qkvo: tuple, mlp: tuple, act: Any, gated: bool,
-           shapes: Shapes, rotation: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
-           index: torch.Tensor, length: int, mask: torch.Tensor | None) -> torch.Tensor:
-    """One decoder layer over the new tokens x (B, W, H); writes their K/V at `index`."""
-    b, w, _ = x.shape
+           out_t: tuple, shapes: Shapes, width: int, rotation: torch.Tensor, k_buf: torch.Tensor,
+           v_buf: torch.Tensor, index: torch.Tensor, length: int,
+           mask: torch.Tensor | None) -> torch.Tensor:
+    """One decoder layer over the new tokens x (B * W, H), `width` W per sequence; writes
+    their K/V at `index`. A projection without bias adds its residual in the same op."""
     wq, bq, wk, bk, wv, bv, wo, bo = qkvo
     h = _rms(x, norms[0])
-    q = _heads(F.linear(h, wq, bq), shapes.num_heads, shapes.head_dim)  # (B, nh, W, D)
-    k = _heads(F.linear(h, wk, bk), shapes.num_kv_heads, shapes.head_dim)
-    v = _heads(F.linear(h, wv, bv), shapes.num_kv_heads, shapes.head_dim)
+    q = _heads(F.linear(h, wq, bq), width, shapes.num_heads, shapes.head_dim)  # (B, nh, W, D)
+    k = _heads(F.linear(h, wk, bk), width, shapes.num_kv_heads, shapes.head_dim)
+    v = _heads(F.linear(h, wv, bv), width, shapes.num_kv_heads, shapes.head_dim)
     if norms[2] is not None:
         q, k = _rms(q, norms[2]), _rms(k, norms[3])
     q, k = _rotate(q, rotation), _rotate(k, rotation)
@@ -236,20 +241,29 @@ def _layer(x: torch.Tensor, norms: tuple, qkvo: tuple, mlp: tuple, act: Any, gat
     attn = F.scaled_dot_product_attention(
         q, k_buf[:, :, :length], v_buf[:, :, :length], attn_mask=mask, scale=shapes.scaling,
         enable_gqa=shapes.num_heads != shapes.num_kv_heads)
-    attn = attn.view(b, 1, -1) if w == 1 else attn.transpose(1, 2).reshape(b, w, -1)
-    x = x + F.linear(attn, wo, bo)
+    attn = attn.view(x.shape[0], -1) if width == 1 else \
+        attn.transpose(1, 2).reshape(x.shape[0], -1)
+    x = _plus_linear(x, attn, wo, out_t[0], bo)
     h = _rms(x, norms[1])
     if gated:
-        return x + F.linear(act(F.linear(h, mlp[0])) * F.linear(h, mlp[1]), mlp[2])
-    return x + F.linear(act(F.linear(h, mlp[0], mlp[1])), mlp[2], mlp[3])
+        return _plus_linear(x, act(F.linear(h, mlp[0])) * F.linear(h, mlp[1]), mlp[2],
+                            out_t[1], None)
+    return _plus_linear(x, act(F.linear(h, mlp[0], mlp[1])), mlp[2], out_t[1], mlp[3])
 
 
-def _heads(t: torch.Tensor, num_heads: int, head_dim: int) -> torch.Tensor:
-    """(B, W, nh * D) -> (B, nh, W, D); for W = 1 the same memory, one view."""
-    b, w, _ = t.shape
-    if w == 1:
-        return t.view(b, num_heads, 1, head_dim)
-    return t.view(b, w, num_heads, head_dim).transpose(1, 2)
+def _plus_linear(x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor,
+                 weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x + a @ weight.T (+ bias): one addmm when there is no bias."""
+    if bias is None:
+        return torch.addmm(x, a, weight_t)
+    return x + F.linear(a, weight, bias)
+
+
+def _heads(t: torch.Tensor, width: int, num_heads: int, head_dim: int) -> torch.Tensor:
+    """(B * W, nh * D) -> (B, nh, W, D); for W = 1 the same memory, one view."""
+    if width == 1:
+        return t.view(-1, num_heads, 1, head_dim)
+    return t.view(-1, width, num_heads, head_dim).transpose(1, 2)
 
 
 def _rotate(t: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
