@@ -52,8 +52,6 @@ class ReasonerEngine:
         path = model_dir(stage_config)
         runner: ReasonerRunner = registry.load_runner(
             "reasoner", path, dtype=stage_config.dtype, device=stage_config.device)
-        self.decode_path = runner.configure_decode(stage_config.static_decode,
-                                                   stage_config.compile_decode)
         proposer: Proposer | None = None
         if stage_config.streaming.spec_method == "dflash":
             runner, proposer = dflash.attach(runner, stage_config)
@@ -62,6 +60,8 @@ class ReasonerEngine:
         self.config = stage_config
         self.runner = runner
         self.steps = StepRunner(runner, proposer)
+        self.decode_path = self.steps.configure_decode(stage_config.static_decode,
+                                                       stage_config.compile_decode)
         self.model = runner.model
         self.model_name = served_model_name(stage_config, path)
         self.model_path = str(path)

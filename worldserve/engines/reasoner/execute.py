@@ -55,6 +55,10 @@ class StepRunner:
         self.runner = runner
         self.proposer = proposer
 
+    def configure_decode(self, static: bool, compile_step: bool) -> str:
+        """The decode path the runner takes ("static" or "eager")."""
+        return self.runner.configure_decode(static, compile_step)
+
     def new_kv(self) -> SequenceKV:
         return self.runner.new_kv()
 
