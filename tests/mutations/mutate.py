@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +66,7 @@ def apply(plant: Plant, project: Path) -> None:
 
 def run_tests(project: Path, node_ids: list[str]) -> Outcome:
     """pytest over `node_ids` inside `project`, strict (`make test`'s mode), offline."""
-    report = project / f"report-{os.getpid()}-{len(list(project.glob('report-*')))}.xml"
+    report = project / f"report-{uuid.uuid4().hex}.xml"
     cache = project / ".cache"
     env = dict(os.environ)
     env.update({"WORLDSERVE_TEST_STRICT": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",

@@ -127,7 +127,8 @@ def test_guidance_doubles_the_batch_and_changes_frames(runner, sana_pipe, first_
     hook = sana_pipe.transformer.register_forward_pre_hook(record, with_kwargs=True)
     try:
         guided = run(runner, first_frame, [None], guidance_scale=3.0)
-        guided_batches, batch_sizes[:] = list(batch_sizes), []
+        guided_batches = list(batch_sizes)
+        batch_sizes.clear()
         plain = run(runner, first_frame, [None])
     finally:
         hook.remove()
