@@ -107,14 +107,27 @@ def probabilities(logits: torch.Tensor, samplings: list[ReasonerSampling]) -> to
 
 def _nucleus(probs: torch.Tensor, top_p: float | torch.Tensor) -> torch.Tensor:
     """Zero every probability outside each row's nucleus: the smallest set of the largest
-    probabilities whose sum reaches `top_p` (in sorted order, as a full sort keeps it)."""
+    probabilities whose sum reaches `top_p` (in sorted order, as a full sort keeps it). Rows
+    whose nucleus lies inside their NUCLEUS_PRECUT largest probabilities take it from there;
+    only the others are sorted in full."""
     k = min(NUCLEUS_PRECUT, probs.shape[1])
     values, order = torch.topk(probs, k, dim=-1)
-    cumulative = torch.cumsum(values, dim=-1)
-    if bool((cumulative[:, -1:] > top_p).all()):  # every nucleus lies inside the top k
-        values = values.masked_fill(cumulative - values > top_p, 0.0)
-        return torch.zeros_like(probs).scatter_(1, order, values)
-    values, order = torch.sort(probs, dim=-1, descending=True)
+    kept = _keep(probs, values, order, top_p)
+    inside = (torch.cumsum(values, dim=-1)[:, -1:] > top_p).view(-1)
+    if bool(inside.all()):
+        return kept
+    rest = torch.nonzero(~inside).view(-1)
+    rows = probs[rest]
+    values, order = torch.sort(rows, dim=-1, descending=True)
+    rest_p = top_p if isinstance(top_p, float) else top_p[rest]
+    kept[rest] = _keep(rows, values, order, rest_p)
+    return kept
+
+
+def _keep(probs: torch.Tensor, values: torch.Tensor, order: torch.Tensor,
+          top_p: float | torch.Tensor) -> torch.Tensor:
+    """`values` (the largest probabilities of each row, in `order`) kept while the sum before
+    them is at most `top_p`, scattered back over zeros."""
     cumulative = torch.cumsum(values, dim=-1)
     values = values.masked_fill(cumulative - values > top_p, 0.0)
     return torch.zeros_like(probs).scatter_(1, order, values)
