@@ -3,12 +3,13 @@ weights, with a fraction of the host ops transformers' modules dispatch.
 
 A decode step feeds a few text tokens (the last sampled token, plus drafts) per sequence. For
 that, transformers' forward dispatches about 75 aten ops per decoder layer (module calls, dtype
-round trips, rotate_half, mask building); this step does about 25 with the same arithmetic:
+round trips, rotate_half, mask building); this step does about 26 with the same arithmetic:
 RMSNorm by `F.rms_norm`, rotary embedding as one matmul with a per-position rotation matrix
 built once per step, K/V written in place into the sequence's cache buffers (`kv.GrowableLayer`
 of one sequence, the rows of a `kv.PackedBatch` for several), attention by SDPA over exactly
 the filled part (no mask for one sequence and one token; a boolean mask only for several
-sequences or several tokens). Forward hooks of the decoder layers still see every layer's
+sequences or several tokens), each residual add inside its projection's `addmm` (no bias).
+Forward hooks of the decoder layers still see every layer's
 output (DFlash reads hidden states through them). Logits equal transformers' to float rounding;
 the tests hold the decoded tokens equal to the eager path's.
 

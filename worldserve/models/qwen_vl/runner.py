@@ -136,7 +136,7 @@ class QwenVLRunner:
         """Append `ids` (with the placeholders of `media`, in order) to `kv`; returns
         (num_logits, V) float32 logits of the last `num_logits` positions, on the device."""
         media = media or []
-        if not media and self.static is not None and self.static.fits([kv]):
+        if not media and self.static is not None and self.static.fits([kv], len(ids)):
             return self.static.step(self, [kv], [ids])[0][-num_logits:]
         input_ids = torch.tensor([ids], dtype=torch.long)
         positions = self.chunk_positions(input_ids, media, kv.next_pos)
