@@ -373,11 +373,14 @@ class SessionClosed(Reply):
 
 
 class ChatPart(msgspec.Struct, kw_only=True):
-    """`type` is "text" (with `text`) or "image" (with encoded `image` bytes)."""
+    """`type` is "text" (with `text`), "image" (with encoded `image` bytes) or "video" (a clip:
+    `frames`, encoded PNG/JPEG frames sampled `fps` a second by the api)."""
 
     type: str
     text: str | None = None
     image: bytes | None = None
+    frames: list[bytes] = []
+    fps: float | None = None
 
 
 class ChatMessage(msgspec.Struct, kw_only=True):
@@ -386,23 +389,35 @@ class ChatMessage(msgspec.Struct, kw_only=True):
 
 
 class ChatCompletion(Request):
-    """One-shot chat completion. With `stream`, `ChatDelta` replies precede the `ChatResult`."""
+    """One-shot chat completion. With `stream`, `ChatDelta` replies precede the `ChatResult`.
+
+    `sampling.max_tokens` larger than the room the prompt leaves in the context is lowered to
+    that room (vLLM's rule). `template_kwargs` reach the chat template (`enable_thinking`);
+    `thinking_token_budget` closes a reasoning block after that many tokens."""
 
     messages: list[ChatMessage]
     sampling: ReasonerSampling
     stream: bool = False
+    template_kwargs: dict[str, Any] = {}
+    thinking_token_budget: int | None = None
 
 
 class ChatDelta(Reply):
+    """New reply text: `text` of the content, `reasoning` of the reasoning block."""
+
     terminal: ClassVar[bool] = False
     text: str
+    reasoning: str = ""
 
 
 class ChatResult(Reply):
+    """`text` is the content; `reasoning` the reasoning block (None: the reply had none)."""
+
     text: str
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    reasoning: str | None = None
 
 
 # --------------------------------------------------------------------------- realtime

@@ -100,5 +100,7 @@ def cosmos3_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     from worldserve.models.cosmos3_reasoner.dev import write_reasoner_files
 
     target = tmp_path_factory.mktemp(request.param)
-    write_reasoner_files(target, 0, request.param)
+    # A short trained range (the dev builders use the real one): re-prefill tests reach their
+    # trigger within a few dozen frames.
+    write_reasoner_files(target, 0, request.param, max_position_embeddings=4096)
     return target

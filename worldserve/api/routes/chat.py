@@ -29,10 +29,11 @@ async def chat_completions(request: Request,
     first = await anext(replies)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(sse_events(first, replies, body.model, include_usage),
+        return StreamingResponse(sse_events(first, replies, body.model, include_usage,
+                                            body.include_reasoning),
                                  media_type="text/event-stream")
     result = first
     async for result in replies:
         pass
     assert isinstance(result, ChatResult)  # a non-streaming request gets exactly one result
-    return completion_body(chat.request_id, body.model, result)
+    return completion_body(chat.request_id, body.model, result, body.include_reasoning)

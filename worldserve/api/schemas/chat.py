@@ -1,12 +1,19 @@
-"""`POST /v1/chat/completions` request schema (OpenAI shape, with vLLM's guided_* extras)."""
+"""`POST /v1/chat/completions` request schema (OpenAI shape, with vLLM's and the NIM's
+extensions: guided_*, video parts, media_io_kwargs, chat_template_kwargs, reasoning controls)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from worldserve.media.clips import MAX_CLIP_FRAMES
 from worldserve.media.policy import MAX_PROMPT_CHARS
+
+# The NIM's per-prompt media limits (reasoning.md: five images and one video).
+MAX_IMAGES_PER_PROMPT = 5
+MAX_VIDEOS_PER_PROMPT = 1
+MAX_CLIP_FPS = 60.0
 
 
 class _Strict(BaseModel):
@@ -28,7 +35,18 @@ class ImagePart(_Strict):
     image_url: ImageURL
 
 
-ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+class VideoURL(_Strict):
+    url: str = Field(min_length=1)
+
+
+class VideoPart(_Strict):
+    """vLLM's and the NIM's video content part (a data URL, an allowed URL or path)."""
+
+    type: Literal["video_url"]
+    video_url: VideoURL
+
+
+ContentPart = Annotated[TextPart | ImagePart | VideoPart, Field(discriminator="type")]
 
 
 class ChatMessageIn(_Strict):
@@ -61,6 +79,24 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class VideoIO(_Strict):
+    """How a `video_url` part is sampled (vLLM's `media_io_kwargs.video`)."""
+
+    fps: float | None = Field(default=None, gt=0, le=MAX_CLIP_FPS)
+    num_frames: int | None = Field(default=None, ge=1, le=MAX_CLIP_FRAMES)
+
+
+class MediaIO(_Strict):
+    video: VideoIO | None = None
+
+
+TemplateValue = str | int | float | bool | None
+# Arguments apply_chat_template sets itself: a request may not replace them.
+RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "documents", "chat_template",
+                                      "add_generation_prompt", "tokenize", "return_dict",
+                                      "continue_final_message"})
+
+
 class ChatCompletionRequest(_Strict):
     model: str
     messages: list[ChatMessageIn] = Field(min_length=1)
@@ -83,6 +119,30 @@ class ChatCompletionRequest(_Strict):
     guided_json: dict[str, Any] | str | None = None
     guided_choice: list[str] | None = Field(default=None, min_length=1)
     guided_regex: str | None = None
+    # vLLM / NIM extensions (the OpenAI SDK sends them through `extra_body`)
+    media_io_kwargs: MediaIO | None = None
+    chat_template_kwargs: dict[str, TemplateValue] | None = Field(default=None, max_length=16)
+    include_reasoning: bool = True
+    thinking_token_budget: int | None = Field(default=None, ge=1)
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value: dict[str, TemplateValue] | None) -> Any:
+        for key in value or {}:
+            if not key.isidentifier() or key in RESERVED_TEMPLATE_KWARGS:
+                raise ValueError(f"chat_template_kwargs may not set {key!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _media_limits(self) -> "ChatCompletionRequest":
+        parts = [p for m in self.messages if not isinstance(m.content, str) for p in m.content]
+        images = sum(p.type == "image_url" for p in parts)
+        videos = sum(p.type == "video_url" for p in parts)
+        if images > MAX_IMAGES_PER_PROMPT or videos > MAX_VIDEOS_PER_PROMPT:
+            raise ValueError(f"at most {MAX_IMAGES_PER_PROMPT} images and "
+                             f"{MAX_VIDEOS_PER_PROMPT} video per prompt (got {images} images, "
+                             f"{videos} videos)")
+        return self
 
     @model_validator(mode="after")
     def _one_constraint(self) -> "ChatCompletionRequest":

@@ -1,15 +1,15 @@
 """`ChatService`: one-shot OpenAI chat completions on the reasoner stage (stream and not).
 
-Images come inline as base64 data URLs and pass the frame policy (JPEG/PNG, 8 MiB, 4 MP).
-Remote http(s) image URLs are refused unless `allowed_media_domains` is configured; then they
-are fetched by `worldserve.media.fetch` under that policy with the same byte limit. Local paths
-and file:// URLs are read only inside `--allowed-local-media-path` (refused without it).
+Media parts (`image_url`, `video_url`) are read by `ChatMediaReader` (api/streaming/
+chat_media.py) under the media policy. Omitted sampling fields take the Cosmos3 Reasoner NIM's
+defaults (temperature 0.7, top_p 0.8, top_k 20); `max_tokens` beyond the room the prompt leaves
+is lowered by the stage (vLLM's rule). A reply's reasoning block comes back as
+`reasoning_content` (dropped with `include_reasoning: false`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import time
 import uuid
@@ -18,8 +18,8 @@ from typing import Any, AsyncIterator
 import msgspec
 
 from worldserve.api.runtime import ServerRuntime
-from worldserve.api.schemas.chat import ChatCompletionRequest, ChatMessageIn
-from worldserve.api.streaming.images import check_frame
+from worldserve.api.schemas.chat import ChatCompletionRequest, ChatMessageIn, MediaIO
+from worldserve.api.streaming.chat_media import ChatMediaReader
 from worldserve.api.streaming.params import schema_text
 from worldserve.api.streaming.service import reasoner_capabilities, reasoner_client
 from worldserve.errors import (
@@ -39,23 +39,25 @@ from worldserve.ipc.messages import (
     ReasonerSampling,
     Reply,
 )
-from worldserve.media.data_url import decode_data_url
-from worldserve.media.fetch import fetch_remote, load_media
-from worldserve.media.frame_limits import MAX_FRAME_BYTES
-from worldserve.media.policy import MediaPolicy
 
-# Chat defaults differ from the per-frame streaming defaults: OpenAI-style neutral sampling.
-CHAT_DEFAULTS = {"max_tokens": 256, "temperature": 1.0, "top_p": 1.0, "repetition_penalty": 1.0}
+# Chat defaults differ from the per-frame streaming defaults: the Reasoner NIM's (reasoning.md
+# "Advanced sampling"); max_tokens when omitted: 256.
+CHAT_DEFAULTS = {"max_tokens": 256, "temperature": 0.7, "top_p": 0.8, "top_k": 20,
+                 "repetition_penalty": 1.0}
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
+
+
+def unknown_model(name: str, served: str) -> NotFound:
+    """The one answer every route gives for a model this server does not serve."""
+    return NotFound(f"The model '{name}' does not exist; this server serves '{served}'",
+                    param="model")
 
 
 class ChatService:
     def __init__(self, runtime: ServerRuntime) -> None:
         self.runtime = runtime
         self.timeout_s = runtime.config.stages.reasoner.streaming.frame_timeout_s
-        # Remote images: only allowed hosts, each redirect re-checked, at most one frame's bytes.
-        self.media_policy = dataclasses.replace(MediaPolicy.from_config(runtime.config),
-                                                max_bytes=MAX_FRAME_BYTES)
+        self.media = ChatMediaReader(runtime)
 
     def client(self) -> StageClient:
         return reasoner_client(self.runtime, "chat")
@@ -64,11 +66,12 @@ class ChatService:
 
     async def build(self, body: ChatCompletionRequest, client: StageClient) -> ChatCompletion:
         if body.model != client.info.model:
-            raise NotFound(f"The model '{body.model}' does not exist; this server serves "
-                           f"'{client.info.model}'", param="model")
-        messages = [await self._message(m) for m in body.messages]
+            raise unknown_model(body.model, client.info.model)
+        messages = [await self._message(m, body.media_io_kwargs) for m in body.messages]
         return ChatCompletion(request_id=new_request_id("chatcmpl"), messages=messages,
-                              sampling=self._sampling(body, client), stream=body.stream)
+                              sampling=self._sampling(body, client), stream=body.stream,
+                              template_kwargs=dict(body.chat_template_kwargs or {}),
+                              thinking_token_budget=body.thinking_token_budget)
 
     def _sampling(self, body: ChatCompletionRequest, client: StageClient) -> ReasonerSampling:
         fields = {**msgspec.to_builtins(reasoner_capabilities(client).sampling), **CHAT_DEFAULTS}
@@ -97,7 +100,7 @@ class ChatService:
             return None
         return schema_text(body.guided_json, "guided_json", "guided_json")
 
-    async def _message(self, message: ChatMessageIn) -> ChatMessage:
+    async def _message(self, message: ChatMessageIn, media_io: MediaIO | None) -> ChatMessage:
         if isinstance(message.content, str):
             part = ChatPart(type="text", text=message.content)
             return ChatMessage(role=message.role, parts=[part])
@@ -105,33 +108,16 @@ class ChatService:
         for part in message.content:
             if part.type == "text":
                 parts.append(ChatPart(type="text", text=part.text))
+                continue
+            if message.role != "user":
+                raise InvalidRequest(f"images and videos are only allowed in user messages, "
+                                     f"not {message.role!r}", param="messages")
+            if part.type == "image_url":
+                parts.append(await self.media.image(part.image_url.url))
             else:
-                if message.role != "user":
-                    raise InvalidRequest(f"images are only allowed in user messages, not "
-                                         f"{message.role!r}", param="messages")
-                parts.append(ChatPart(type="image", image=await self._image(part.image_url.url)))
+                video_io = media_io.video if media_io is not None else None
+                parts.append(await self.media.video(part.video_url.url, video_io))
         return ChatMessage(role=message.role, parts=parts)
-
-    async def _image(self, url: str) -> bytes:
-        if url.startswith("data:"):
-            data = decode_data_url(url, field="image_url", base64_only=True)[1]
-        elif url.startswith(("http://", "https://")):
-            data = await self._fetch(url)
-        elif url[:5].lower() == "file:" or "://" not in url:
-            # a local path: only inside --allowed-local-media-path (refused without it)
-            data = await load_media(url, self.media_policy, "image_url")
-        else:
-            raise InvalidRequest(f"unsupported image URL scheme in {url[:40]!r}; send a data URL "
-                                 "(data:image/jpeg;base64,...)", param="image_url")
-        check_frame(data)
-        return data
-
-    async def _fetch(self, url: str) -> bytes:
-        if not self.media_policy.allowed_domains:
-            raise InvalidRequest("remote image URLs are not supported by this server; send the "
-                                 "image inline as a data URL (data:image/jpeg;base64,...) or "
-                                 "configure allowed_media_domains", param="image_url")
-        return await fetch_remote(url, self.media_policy)
 
     # ------------------------------------------------------------------ running
 
@@ -153,11 +139,15 @@ class ChatService:
             stream.cancel()
 
 
-def completion_body(request_id: str, model: str, result: ChatResult) -> dict[str, Any]:
+def completion_body(request_id: str, model: str, result: ChatResult,
+                    include_reasoning: bool = True) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": result.text}
+    if include_reasoning and result.reasoning is not None:
+        message["reasoning_content"] = result.reasoning
     return {
         "id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                     "finish_reason": result.finish_reason, "logprobs": None}],
+        "choices": [{"index": 0, "message": message, "finish_reason": result.finish_reason,
+                     "logprobs": None}],
         "usage": usage(result),
     }
 
@@ -182,16 +172,29 @@ class ChunkWriter:
                             "logprobs": None}])
 
 
-async def sse_events(first: Reply, rest: AsyncIterator[Reply],
-                     model: str, include_usage: bool) -> AsyncIterator[str]:
-    """SSE body: role chunk, content deltas, finish chunk, optional usage chunk, `[DONE]`."""
+def delta_fields(reply: ChatDelta, include_reasoning: bool) -> dict[str, str]:
+    """The delta object of one `ChatDelta`: `content` and/or `reasoning_content`."""
+    out = {}
+    if reply.reasoning and include_reasoning:
+        out["reasoning_content"] = reply.reasoning
+    if reply.text:
+        out["content"] = reply.text
+    return out
+
+
+async def sse_events(first: Reply, rest: AsyncIterator[Reply], model: str, include_usage: bool,
+                     include_reasoning: bool = True) -> AsyncIterator[str]:
+    """SSE body: role chunk, content (and reasoning) deltas, finish chunk, optional usage
+    chunk, `[DONE]`."""
     writer = ChunkWriter(f"chatcmpl-{uuid.uuid4().hex}", model)
     yield writer.delta({"role": "assistant", "content": ""})
     reply: Reply | None = first
     try:
         while reply is not None:
             if isinstance(reply, ChatDelta):
-                yield writer.delta({"content": reply.text})
+                fields = delta_fields(reply, include_reasoning)
+                if fields:
+                    yield writer.delta(fields)
             elif isinstance(reply, ChatResult):
                 yield writer.delta({}, reply.finish_reason)
                 if include_usage:

@@ -9,9 +9,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import msgspec
+
 from worldserve.config import StreamingConfig
 from worldserve.errors import CapacityExceeded, InvalidRequest
-from worldserve.ipc.messages import ReasonerRetention, ReasonerSampling
+from worldserve.ipc.messages import ChatCompletion, ReasonerRetention, ReasonerSampling
 
 LIBRARY_MAX_SESSION_TOKENS = 7000
 MIN_SESSION_TOKENS = 1024
@@ -106,3 +108,17 @@ def check_capacity(live_windows: list[int], new_window: int, limits: StreamingLi
     if used + need > limits.encoder_capacity:  # C2
         raise CapacityExceeded(
             f"shared encoder capacity exhausted ({used}+{need} > {limits.encoder_capacity})")
+
+
+def fit_max_tokens(request: ChatCompletion, prompt_tokens: int,
+                   max_model_len: int) -> ChatCompletion:
+    """vLLM's rule: `max_tokens` beyond the room the prompt leaves is lowered to that room; a
+    prompt that fills the context is a 400."""
+    room = max_model_len - prompt_tokens
+    if room < 1:
+        raise InvalidRequest(f"Input length ({prompt_tokens}) exceeds the model's maximum "
+                             f"context length ({max_model_len}).")
+    if request.sampling.max_tokens <= room:
+        return request
+    sampling = msgspec.structs.replace(request.sampling, max_tokens=room)
+    return msgspec.structs.replace(request, sampling=sampling)

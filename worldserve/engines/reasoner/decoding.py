@@ -17,6 +17,7 @@ import torch
 
 from worldserve.engines.reasoner.contract import SequenceKV
 from worldserve.engines.reasoner.guided import Guide
+from worldserve.engines.reasoner.thinking import ThinkingState
 from worldserve.ipc.messages import ReasonerSampling
 
 
@@ -32,8 +33,10 @@ class ReplyDecoder:
     def __init__(self, sampling: ReasonerSampling, context_ids: list[int], stop_ids: set[int],
                  tokenizer, vocab_size: int, generator: torch.Generator,
                  guide: Guide | None = None, banned_ids: tuple[int, ...] = (),
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu",
+                 thinking: ThinkingState | None = None) -> None:
         self.sampling = sampling
+        self.thinking = thinking
         self.stop_ids = stop_ids
         self.tokenizer = tokenizer
         self.generator = generator
@@ -56,7 +59,17 @@ class ReplyDecoder:
                                     str(device))
 
     def allowed(self) -> torch.Tensor | None:
-        """(V,) bool the grammar allows next; end of turn only once it accepts. None: free."""
+        """(V,) bool the grammar allows next; end of turn only once it accepts. None: free.
+        A reasoning block is free of the grammar; a spent thinking budget forces `</think>`."""
+        thinking = self.thinking
+        if thinking is not None:
+            forced = thinking.forced()
+            if forced is not None:
+                only = torch.zeros_like(self._stop_mask)
+                only[forced] = True
+                return only
+            if thinking.inside:
+                return None
         if self.guide is None:
             return None
         allowed = self.guide.allowed() & ~self._stop_mask
@@ -67,15 +80,19 @@ class ReplyDecoder:
     def accept(self, token: int) -> str | None:
         """Record a sampled token; returns the finish reason when the reply ends with it."""
         self.tokens.append(token)
+        thinking = self.thinking
+        reasoning = thinking is not None and (thinking.inside or thinking.forced() is not None)
         if token in self.stop_ids:
             self.finish_reason = "stop"
         else:
             self.seen[token] = True
             self.counts[token] += 1
-            if self.guide is not None:
+            if self.guide is not None and not reasoning:
                 self.guide.consume(token)
                 if self.guide.is_complete():
                     self.finish_reason = "stop"
+        if thinking is not None:
+            thinking.update(token, self.text, thinking.inside)
         if self.finish_reason is None and self.sampling.stop:
             text = self.text
             cut = min((i for i in (text.find(x) for x in self.sampling.stop) if i >= 0),

@@ -244,14 +244,14 @@ class ReasonerEngine:
                 if part.type == "image" and part.image is not None:
                     content.append({"type": "image"})
                     media.append(self.prompts.prompting.read_image(part.image))
+                elif part.type == "video" and part.frames:
+                    content.append({"type": "video"})
+                    media.append(self.prompts.prompting.read_video(part.frames, part.fps or 1.0))
                 elif part.type == "text":
                     content.append({"type": "text", "text": part.text or ""})
             messages.append({"role": message.role, "content": content})
-        prompt = self.prompts.chat_prompt(messages, media)
-        if len(prompt.input_ids) + req.sampling.max_tokens > self.model_limits.max_model_len:
-            raise InvalidRequest(
-                f"prompt ({len(prompt.input_ids)} tokens) + max_tokens ({req.sampling.max_tokens})"
-                f" exceeds the model context length ({self.model_limits.max_model_len})")
+        prompt = self.prompts.chat_prompt(messages, media, req.template_kwargs)
+        req = admission.fit_max_tokens(req, len(prompt.input_ids), self.model_limits.max_model_len)
         self.scheduler.add(ChatJob(req, prompt, grammar, reply, self.ctx, self.steps.new_kv()))
 
     def cancel(self, request_id: str) -> None:

@@ -45,6 +45,7 @@ from worldserve.runtime.engine import EngineState, ReplyFn
 
 FAKE_MAX_MODEL_LEN = 16384
 FAKE_POSITIONS = 32768
+FAKE_REASONING_WORDS = 6  # words of the fake reasoning block (enable_thinking)
 FAKE_TOKENS_PER_FRAME = 64
 IDLE_SLEEP_S = 0.005
 WORDS = ("a", "person", "walks", "through", "the", "doorway", "car", "moves", "left", "right",
@@ -232,21 +233,20 @@ class FakeReasonerEngine:
     def _chat(self, req: ChatCompletion) -> list[Message]:
         check_grammar(req.sampling)
         parts = [msgspec.msgpack.encode(m) for m in req.messages]
-        text, finish, count = compose_reply(_digest(*parts), req.sampling)
         prompt_tokens = sum(len((p.text or "").split()) + (FAKE_TOKENS_PER_FRAME if p.image else 0)
+                            + FAKE_TOKENS_PER_FRAME * len(p.frames)
                             for m in req.messages for p in m.parts)
-        max_model_len = self.model_limits.max_model_len
-        if prompt_tokens + req.sampling.max_tokens > max_model_len:
-            raise InvalidRequest(f"prompt ({prompt_tokens} tokens) + max_tokens "
-                                 f"({req.sampling.max_tokens}) exceed the context length "
-                                 f"({max_model_len})")
+        req = admission.fit_max_tokens(req, prompt_tokens, self.model_limits.max_model_len)
+        text, finish, count = compose_reply(_digest(*parts), req.sampling)
+        reasoning = _fake_reasoning(req)
         out: list[Message] = []
         if req.stream:
-            words = text.split(" ")
-            out = [ChatDelta(request_id=req.request_id, text=w if i == 0 else " " + w)
-                   for i, w in enumerate(words) if w]
-        out.append(ChatResult(request_id=req.request_id, text=text, finish_reason=finish,
-                              prompt_tokens=prompt_tokens, completion_tokens=count))
+            out = [ChatDelta(request_id=req.request_id, text="", reasoning=w)
+                   for w in _word_deltas(reasoning or "")]
+            out += [ChatDelta(request_id=req.request_id, text=w) for w in _word_deltas(text)]
+        out.append(ChatResult(request_id=req.request_id, text=text, reasoning=reasoning,
+                              finish_reason=finish, prompt_tokens=prompt_tokens,
+                              completion_tokens=count + len((reasoning or "").split())))
         return out
 
     # ------------------------------------------------------------------ loop
@@ -281,3 +281,16 @@ class FakeReasonerEngine:
         self._pending.clear()
         self._hung.clear()
 
+
+def _fake_reasoning(req: ChatCompletion) -> str | None:
+    """With `enable_thinking`: a reasoning block of at most `thinking_token_budget` words."""
+    if not req.template_kwargs.get("enable_thinking"):
+        return None
+    budget = req.thinking_token_budget or FAKE_REASONING_WORDS
+    return " ".join(["considering"] * min(budget, FAKE_REASONING_WORDS))
+
+
+def _word_deltas(text: str) -> list[str]:
+    """`text` as streamed deltas, one word each (the joined deltas equal `text`)."""
+    words = text.split(" ")
+    return [w if i == 0 else " " + w for i, w in enumerate(words) if w]

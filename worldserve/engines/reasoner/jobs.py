@@ -21,6 +21,7 @@ from worldserve.engines.reasoner.guided import GrammarFactory
 from worldserve.engines.reasoner.prompt import ChatPrompt, FrameChunk
 from worldserve.engines.reasoner.scheduler import JobPhase
 from worldserve.engines.reasoner.session import CacheOps, KVSession, PrefillGroup
+from worldserve.engines.reasoner.thinking import MARKERS, THINK_END, ThinkingState, split_reasoning
 from worldserve.errors import InvalidRequest, WorldserveError
 from worldserve.ipc.messages import (
     ChatCompletion,
@@ -49,10 +50,21 @@ class EngineContext:
     banned_ids: tuple[int, ...] = ()
 
     def decoder(self, sampling: ReasonerSampling, context_ids: list[int],
-                generator: torch.Generator, grammar: str | None) -> ReplyDecoder:
+                generator: torch.Generator, grammar: str | None,
+                thinking: ThinkingState | None = None) -> ReplyDecoder:
         guide = self.grammars.matcher(grammar) if grammar else None
         return ReplyDecoder(sampling, context_ids, self.stop_ids, self.tokenizer, self.vocab_size,
-                            generator, guide, self.banned_ids, self.device)
+                            generator, guide, self.banned_ids, self.device, thinking)
+
+    def thinking(self, request: ChatCompletion, prompt: ChatPrompt) -> ThinkingState | None:
+        """The reply's reasoning-block state when thinking is on (the template opened a block,
+        the request enabled it or set a budget); None: no block is tracked."""
+        enabled = bool(request.template_kwargs.get("enable_thinking"))
+        budget = request.thinking_token_budget
+        if not (prompt.thinking_open or enabled or budget is not None):
+            return None
+        close_ids = self.tokenizer.encode(THINK_END, add_special_tokens=False)
+        return ThinkingState(prompt.thinking_open, budget, close_ids)
 
 
 class FrameJob:
@@ -210,14 +222,15 @@ class ChatJob:
             self.generator.seed()
         self.decoder: ReplyDecoder | None = None
         self.pending = 0
-        self.sent_chars = 0
+        self.sent = ("", "")  # (reasoning, content) streamed so far
 
     def prefill_row(self) -> PrefillRow:
         return PrefillRow(self.kv, self.prompt.input_ids, self.prompt.media)
 
     def prefilled(self, row: PrefillRow) -> bool:
         self.decoder = self.ctx.decoder(self.request.sampling, self.prompt.input_ids,
-                                        self.generator, self.grammar)
+                                        self.generator, self.grammar,
+                                        self.ctx.thinking(self.request, self.prompt))
         return True
 
     def decode_row(self) -> DecodeRow:
@@ -237,18 +250,26 @@ class ChatJob:
         assert decoder is not None
         done = decoder.finish_reason is not None
         if self.request.stream:
-            stop = self.request.sampling.stop
-            text = decoder.text if done else _stable_prefix(decoder.text, stop)
-            if len(text) > self.sent_chars:
-                self.reply(ChatDelta(request_id=self.request_id, text=text[self.sent_chars:]))
-                self.sent_chars = len(text)
+            self._stream(decoder.text if done else _stable_prefix(
+                decoder.text, [*(self.request.sampling.stop or []), *MARKERS]))
         if done:
             self.phase = JobPhase.DONE
             self.kv.reset()
-            self.reply(ChatResult(request_id=self.request_id, text=decoder.text,
+            reasoning, content = split_reasoning(decoder.text, self.prompt.thinking_open)
+            self.reply(ChatResult(request_id=self.request_id, text=content, reasoning=reasoning,
                                   finish_reason=decoder.finish_reason or "stop",
                                   prompt_tokens=len(self.prompt.input_ids),
                                   completion_tokens=len(decoder.tokens)))
+
+    def _stream(self, text: str) -> None:
+        """A delta with what `text` adds to the reasoning and content streamed so far."""
+        reasoning, content = split_reasoning(text, self.prompt.thinking_open)
+        parts = (reasoning or "", content)
+        new = [part[len(sent):] if part.startswith(sent) else "" for part, sent in
+               zip(parts, self.sent)]
+        if any(new):
+            self.reply(ChatDelta(request_id=self.request_id, reasoning=new[0], text=new[1]))
+            self.sent = parts
 
     def fail(self, exc: BaseException) -> None:
         self.phase = JobPhase.DONE

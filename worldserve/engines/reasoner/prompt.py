@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worldserve.engines.reasoner.contract import VisionPrompting
+from worldserve.engines.reasoner.thinking import opens_thinking
 from worldserve.models.types import VisionInput
 
 _MARK = "\u2063worldserve\u2063"  # a marker no real prompt contains
@@ -36,6 +37,7 @@ class FrameChunk:
 class ChatPrompt:
     input_ids: list[int]
     media: list[VisionInput]
+    thinking_open: bool = False  # the template opened a reasoning block for the reply
 
 
 class PromptBuilder:
@@ -51,10 +53,11 @@ class PromptBuilder:
 
     # ------------------------------------------------------------------ templates
 
-    def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+    def render(self, messages: list[dict], add_generation_prompt: bool,
+               template_kwargs: dict[str, Any] | None = None) -> str:
         return self.tokenizer.apply_chat_template(
             messages, chat_template=self.chat_template, tokenize=False,
-            add_generation_prompt=add_generation_prompt,
+            add_generation_prompt=add_generation_prompt, **(template_kwargs or {}),
         )
 
     def _later_turn_text(self) -> str:
@@ -99,8 +102,10 @@ class PromptBuilder:
         done = time.perf_counter()
         return FrameChunk(turn_ids, image, closing, (read - start) * 1000, (done - read) * 1000)
 
-    def chat_prompt(self, messages: list[dict], media: list[VisionInput]) -> ChatPrompt:
+    def chat_prompt(self, messages: list[dict], media: list[VisionInput],
+                    template_kwargs: dict[str, Any] | None = None) -> ChatPrompt:
         """`messages` in chat-template form ({"type": "image"} / {"type": "video"} parts);
-        `media` the inputs of those parts, in order."""
-        text = self.render(messages, add_generation_prompt=True)
-        return ChatPrompt(self.prompting.tokenize(text, media), media)
+        `media` the inputs of those parts, in order; `template_kwargs` the request's
+        `chat_template_kwargs` (e.g. enable_thinking)."""
+        text = self.render(messages, add_generation_prompt=True, template_kwargs=template_kwargs)
+        return ChatPrompt(self.prompting.tokenize(text, media), media, opens_thinking(text))

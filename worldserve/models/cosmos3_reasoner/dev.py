@@ -13,6 +13,7 @@ Like a real Cosmos3-Nano directory, the Omni build has no `processor_config.json
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,11 @@ from worldserve.models.dev.tokenizer import (
 )
 
 GENERATOR_TRANSFORMER = "transformer"
+
+# `max_position_embeddings` of the real text configs: transformers' defaults for the classes
+# the published Cosmos3 checkpoints use (Omni: the Qwen3-VL text config its docstring names for
+# nvidia/Cosmos3-Nano; Edge: Cosmos3EdgeTextConfig). Not read from a published config.json.
+REAL_CONTEXT = {OMNI: 128_000, EDGE: 131_072}
 
 # Edge renders its own template: ChatML turns, a thinking block the generation prompt closes
 # unless `enable_thinking`, and video parts the processor expands into one timestamped span
@@ -78,7 +84,9 @@ class ReasonerDevConfig:
     # Interleaved M-RoPE split of head_dim / 2 (the generator's `rope_axes_dim`).
     mrope_section: tuple[int, int, int] = (4, 2, 2)
     rope_theta: float = 5e6
-    max_position_embeddings: int = 4096
+    # The trained position range; None: the real architecture's (`REAL_CONTEXT`), so that a
+    # client's `max_tokens: 4096` fits as it does on the published checkpoints.
+    max_position_embeddings: int | None = None
     vision_depth: int = 2
     vision_hidden_size: int = 32
     vision_num_heads: int = 2
@@ -92,10 +100,16 @@ class ReasonerDevConfig:
     def temporal_patch_size(self) -> int:
         return 1 if self.model_type == EDGE else 2  # Edge: one span per frame
 
+    @property
+    def context_length(self) -> int:
+        return self.max_position_embeddings or REAL_CONTEXT[self.model_type]
 
-def write_reasoner_files(target: Path, seed: int = 0, model_type: str | None = None) -> None:
+
+def write_reasoner_files(target: Path, seed: int = 0, model_type: str | None = None,
+                         max_position_embeddings: int | None = None) -> None:
     """Write a tiny seeded Cosmos3 reasoner into `target` (see module doc). `model_type`
-    None: Edge beside a squared-ReLU generator, else Omni."""
+    None: Edge beside a squared-ReLU generator, else Omni. `max_position_embeddings` None: the
+    real architecture's context (tests that need a re-prefill soon pass a small one)."""
     target = Path(target)
     generator = _read_generator(target)
     if model_type is None:
@@ -103,7 +117,8 @@ def write_reasoner_files(target: Path, seed: int = 0, model_type: str | None = N
         model_type = EDGE if relu2 else OMNI
     cfg = _dims_from_generator(generator[0], model_type) if generator else ReasonerDevConfig(
         model_type=model_type)
-    tokenizer = build_tokenizer(cfg.vocab_size, model_max_length=cfg.max_position_embeddings)
+    cfg = dataclasses.replace(cfg, max_position_embeddings=max_position_embeddings)
+    tokenizer = build_tokenizer(cfg.vocab_size, model_max_length=cfg.context_length)
     with seeded(seed, f"reasoner-{model_type}"):
         model = _model_class(model_type)(build_config(tokenizer, cfg)).eval()
     if generator:
@@ -163,7 +178,7 @@ def build_config(tokenizer: PreTrainedTokenizerFast, cfg: ReasonerDevConfig) -> 
         intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
         num_attention_heads=cfg.num_attention_heads,
         num_key_value_heads=cfg.num_key_value_heads,
-        max_position_embeddings=cfg.max_position_embeddings,
+        max_position_embeddings=cfg.context_length,
         rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta,
                          "mrope_section": list(cfg.mrope_section), "mrope_interleaved": True},
         bos_token_id=None, eos_token_id=tokenizer.eos_token_id,

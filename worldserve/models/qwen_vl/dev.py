@@ -41,7 +41,8 @@ class ReasonerConfig:
     num_key_value_heads: int = 2  # grouped-query attention, like the real model
     # Temporal/height/width split of the rotary half-dim: must sum to head_dim / 2 = 16.
     mrope_section: tuple[int, int, int] = (4, 6, 6)
-    max_position_embeddings: int = 4096
+    # Qwen2.5-VL-3B-Instruct's trained range, so that a client's `max_tokens: 4096` fits.
+    max_position_embeddings: int = 128_000
     vision_depth: int = 2
     vision_hidden_size: int = 64
     vision_num_heads: int = 4
