@@ -170,6 +170,10 @@ def serve(
         "llguidance ($NIM_GUIDED_DECODING_BACKEND; llguidance)."),
     reasoner_model_name: Optional[str] = _nim(
         "Name reported as `model` (default: the model id or path)."),
+    nim_runtime: Optional[str] = _nim(
+        "generator | reasoner: the runtime the root /v1/metadata describes ($NIM_MODEL_TYPE; "
+        "default: the reasoner when enabled). /nim/generator and /nim/reasoner always serve "
+        "their own."),
     # --- scale-out (issue 15): docs/scale-out.md
     cluster: Optional[str] = typer.Option(
         None, rich_help_panel=CLUSTER_PANEL,
@@ -202,6 +206,7 @@ def serve(
         f"{streaming}.spec_model_path": streaming_spec_model_path,
         "stages.reasoner.guided_decoding_backend": guided_decoding_backend,
         "stages.reasoner.served_model_name": reasoner_model_name,
+        "nim_runtime": nim_runtime,
     }
     overrides: dict[str, Any] = {
         "host": host,

@@ -352,6 +352,10 @@ class ServerConfig(_Frozen):
     public_url: str | None = None
     # Proxies whose X-Forwarded-Proto/For/Host are believed (comma-separated IPs/CIDRs, "*").
     forwarded_allow_ips: str = "127.0.0.1"
+    # Which runtime the root /v1/metadata (and /v1/health/ready, /v1/manifest) describes to NIM
+    # clients; None: the reasoner when it is enabled, else the generator. The NIM-compatible
+    # mounts /nim/generator and /nim/reasoner always describe their own (docs/nim.md).
+    nim_runtime: Literal["generator", "reasoner"] | None = None
     stages: StagesConfig = Field(default_factory=StagesConfig)
 
     @model_validator(mode="after")
@@ -365,6 +369,13 @@ class ServerConfig(_Frozen):
         if reasoner.device != generation.device:
             raise ValueError(f"stages.reasoner.colocate_with_generation needs one device; got "
                              f"reasoner {reasoner.device!r}, generation {generation.device!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _nim_runtime_is_served(self) -> ServerConfig:
+        stage = {"generator": "generation", "reasoner": "reasoner"}.get(self.nim_runtime or "")
+        if stage is not None and not getattr(self.stages, stage).enabled:
+            raise ValueError(f"nim_runtime {self.nim_runtime!r} needs the {stage} stage enabled")
         return self
 
     @field_validator("public_url")

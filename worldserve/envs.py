@@ -130,6 +130,7 @@ ENV_SETTINGS: tuple[EnvSetting, ...] = (
                _parse_spec_num_tokens),
     EnvSetting("NIM_GUIDED_DECODING_BACKEND", "stages.reasoner.guided_decoding_backend",
                _parse_word),
+    EnvSetting("NIM_MODEL_TYPE", "nim_runtime", _parse_word),
     EnvSetting("WORLDSERVE_ENABLE_STREAMING", f"{_STREAMING}.enabled", _parse_bool),
 )
 

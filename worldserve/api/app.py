@@ -34,7 +34,9 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
         setup = getattr(module, "setup", None)
         if setup is not None and setup(services) is False:
             continue  # the module declined (feature disabled): its routes stay unregistered
-        app.include_router(module.router)
+        build = getattr(module, "routers", None)  # routers that depend on the surfaces on
+        for router in build(services) if build is not None else [module.router]:
+            app.include_router(router)
     app.add_middleware(BodyLimitMiddleware,
                        max_bytes=max_request_body_bytes(runtime.config.max_upload_bytes))
     app.add_middleware(MetricsMiddleware, metrics=runtime.metrics)

@@ -8,6 +8,8 @@ renders them, in the envelope each surface's clients read:
 - `NimRoute` (live reasoning, streaming-reasoning §9): `{"error": {"message", "code": <status>}}`,
   validation errors 400;
 - `OpenAIRoute` (chat completions): the OpenAI shape, validation errors 400;
+- `NimInferRoute` (the Generator NIM's `/v1/infer`, cookbook api-reference.md):
+  `{"error": {"message", "type": "<NIM error class>", "code": <status>}}`, bad input 422;
 - `ws_error` (streaming-reasoning §8.4): `{"op": "error", "message", "code", "fatal"}`.
 """
 
@@ -151,6 +153,43 @@ class NativeRoute(APIRoute):
                 return native_validation_response(list(exc.errors()))
 
         return handler
+
+
+# --------------------------------------------------------------------------- NIM generator
+
+# The NIM's error classes by status (cookbook operations.md: `{"error": {"message", "type",
+# "code"}}`, e.g. NotFoundError / 404).
+_NIM_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 408: "RequestTimeoutError",
+                    409: "ConflictError", 413: "RequestEntityTooLargeError",
+                    415: "UnsupportedMediaTypeError", 422: "UnprocessableEntityError",
+                    500: "InternalServerError", 501: "NotImplementedError",
+                    503: "ServiceUnavailableError", 504: "GatewayTimeoutError"}
+
+
+def nim_envelope(status: int, message: str) -> dict[str, Any]:
+    return {"error": {"message": message,
+                      "type": _NIM_ERROR_TYPES.get(status, "InternalServerError"),
+                      "code": status}}
+
+
+def nim_error_response(status: int, message: str) -> JSONResponse:
+    return JSONResponse(status_code=status, content=nim_envelope(status, message))
+
+
+def nim_infer_response(request: Request, exc: WorldserveError) -> JSONResponse:
+    """`/v1/infer`: request problems are 422 (the NIM's validation status), others keep theirs."""
+    status = http_status(exc)
+    if status == 400:
+        status = 422
+    _log_server_error(request, status, exc)
+    return nim_error_response(status, exc.message)
+
+
+class NimInferRoute(APIRoute):
+    """Route class of `POST /v1/infer`: NIM envelope; validation and bad input 422."""
+
+    def get_route_handler(self) -> Handler:
+        return _enveloped(super().get_route_handler(), nim_infer_response)
 
 
 # --------------------------------------------------------------------------- live reasoning

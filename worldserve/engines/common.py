@@ -8,9 +8,9 @@ from pathlib import Path
 from worldserve.config import StageConfig
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import Request
-from worldserve.models.types import ModelLoadError
+from worldserve.models.types import ModelLoadError, ModelProfile
 
-__all__ = ["ModelLoadError", "model_dir", "served_model_name", "unsupported"]
+__all__ = ["ModelLoadError", "model_dir", "model_profile", "served_model_name", "unsupported"]
 
 DEV_MARKER = "worldserve_dev.json"
 
@@ -40,6 +40,17 @@ def served_model_name(stage_config: StageConfig, path: Path) -> str:
         if isinstance(name, str) and name:
             return name
     return path.name
+
+
+def model_profile(stage_kind: str, path: Path, dtype: str) -> ModelProfile:
+    """The checkpoint's NIM profile (variant, precision), as its family reads it; a directory
+    no family serves for `stage_kind` (an injected test runner) has none."""
+    from worldserve.models import registry
+
+    try:
+        return registry.profile(stage_kind, path, dtype)
+    except ModelLoadError:
+        return ModelProfile.plain(dtype)
 
 
 def unsupported(request: Request, stage: str) -> InvalidRequest:

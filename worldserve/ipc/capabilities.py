@@ -112,6 +112,11 @@ class GenerationCapabilities(StageCapabilities, tag="generation"):
     video_conditioning: bool = False  # video_path / video_url / video_reference accepted
     # Cosmos3 checkpoints with action heads (action_gen); None: no such actions.
     action_generation: ActionGenerationCapabilities | None = None
+    # The checkpoint's NIM profile (models/cosmos3/profile.py): variant None when it has none;
+    # `model_modes` None: every mode the pipeline supports (else a specialist's only modes).
+    variant: str | None = None
+    precision: str = ""
+    model_modes: tuple[str, ...] | None = None
 
 
 # --------------------------------------------------------------------------- reasoner
@@ -136,6 +141,8 @@ class ReasonerCapabilities(StageCapabilities, tag="reasoner"):
     spec_method: str | None = None
     spec_num_tokens: int | None = None
     guided_decoding_backend: str | None = None
+    variant: str | None = None  # the checkpoint's NIM profile (nano, super, edge)
+    precision: str = ""
 
 
 # --------------------------------------------------------------------------- realtime

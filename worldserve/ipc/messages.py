@@ -418,6 +418,7 @@ class ChatResult(Reply):
     prompt_tokens: int
     completion_tokens: int
     reasoning: str | None = None
+    reasoning_tokens: int = 0  # of completion_tokens, those inside the reasoning block
 
 
 # --------------------------------------------------------------------------- realtime

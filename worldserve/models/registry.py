@@ -20,11 +20,11 @@ from worldserve.models.cosmos3_reasoner.family import FAMILY as COSMOS3_REASONER
 from worldserve.models.detect import describe
 from worldserve.models.qwen_vl.family import FAMILY as QWEN_VL
 from worldserve.models.sana_wm.family import FAMILY as SANA_WM
-from worldserve.models.types import ModelFamily, ModelLoadError
+from worldserve.models.types import ModelFamily, ModelLoadError, ModelProfile
 from worldserve.models.wan.family import FAMILY as WAN
 
-__all__ = ["FAMILIES", "ModelFamily", "load_drafter", "load_runner", "resolve", "stage_kinds",
-           "supported"]
+__all__ = ["FAMILIES", "ModelFamily", "load_drafter", "load_runner", "profile", "resolve",
+           "stage_kinds", "supported"]
 
 # Order matters: the first family whose `detect` matches (and that serves the stage kind) wins.
 FAMILIES: tuple[ModelFamily, ...] = (
@@ -74,6 +74,16 @@ def load_runner(stage_kind: str, model_dir: Path, **kwargs: Any) -> Any:
     module_name, function_name = family.loaders[stage_kind].split(":")
     loader = getattr(importlib.import_module(module_name), function_name)
     return loader(Path(model_dir), **kwargs)
+
+
+def profile(stage_kind: str, model_dir: Path, dtype: str) -> ModelProfile:
+    """The checkpoint's NIM profile as its family reads it (file reads only)."""
+    family = resolve(stage_kind, model_dir)
+    target = family.profiles.get(stage_kind)
+    if target is None:
+        return ModelProfile.plain(dtype)
+    module_name, function_name = target.split(":")
+    return getattr(importlib.import_module(module_name), function_name)(Path(model_dir), dtype)
 
 
 def load_drafter(drafter_dir: Path, target: Any, **kwargs: Any) -> Any:

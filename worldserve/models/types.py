@@ -3,6 +3,7 @@ the registry and the engines' contracts import this module."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -92,6 +93,27 @@ class ModelFamily:
     # Stage kinds served only when that stage's model_path names the directory (never chosen by
     # `--model-path DIR` detection): a Cosmos3 directory is a realtime model only on request.
     explicit_kinds: frozenset[str] = frozenset()
+    # stage kind -> "module:function" `(model_dir, dtype) -> ModelProfile` (file reads only);
+    # a kind without one has no NIM profile (variant None, precision = the serving dtype).
+    profiles: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+DTYPE_PRECISION = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """A checkpoint in the NIM's terms (cookbook support-matrix.md): `variant` (nano, super,
+    edge, nano-droid, super-t2i, super-i2v-4step, ...; None: no NIM variant), `precision` (fp8,
+    nvfp4, bf16, fp16, fp32) and, for a specialist, the only `model_modes` it serves."""
+
+    variant: str | None
+    precision: str
+    model_modes: tuple[str, ...] | None = None
+
+    @classmethod
+    def plain(cls, dtype: str) -> "ModelProfile":
+        return cls(variant=None, precision=DTYPE_PRECISION.get(dtype, dtype))
 
 
 @dataclass

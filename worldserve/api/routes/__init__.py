@@ -1,4 +1,5 @@
-"""Route modules. Each exposes `router` (an APIRouter) and optionally
+"""Route modules. Each exposes `router` (an APIRouter), or `routers(services) -> list of
+APIRouter` when what it mounts depends on the surfaces that are on, and optionally
 `setup(services: ApiServices) -> bool` (False: the surface is off, its routes stay out).
 
 `ROUTE_MODULES` is the order in which create_app includes them.
@@ -15,6 +16,9 @@ ROUTE_MODULES: tuple[str, ...] = (
     "worldserve.api.routes.metadata",
     "worldserve.api.routes.streaming",
     "worldserve.api.routes.chat",
+    "worldserve.api.routes.responses",
     "worldserve.api.routes.realtime",
     "worldserve.api.routes.web",
+    # last: each /nim/<runtime> mount ends in a catch-all 404 of its prefix
+    "worldserve.api.routes.nim",
 )

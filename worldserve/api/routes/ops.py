@@ -8,11 +8,12 @@ from typing import Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from worldserve.api.model_names import model_entries, served_model
+from worldserve.api.nim.profile import STAGES, root_runtime
 from worldserve.api.runtime import ServerRuntime
 from worldserve.ipc import messages
-from worldserve.ipc.capabilities import GenerationCapabilities, ReasonerCapabilities
 from worldserve.ipc.client import new_request_id
-from worldserve.ipc.messages import Reply, StageInfo, StageStats, StatsRequest
+from worldserve.ipc.messages import Reply, StageStats, StatsRequest
 
 router = APIRouter(tags=["operations"])
 
@@ -56,18 +57,21 @@ async def live() -> dict:
 PROBE_STAGE = "reasoner"
 
 
-def probe_status(states: dict[str, str]) -> str:
-    """`ok` once the reasoner stage is ready, whatever the other stages do; without a reasoner
-    stage, every stage counts (as in /health)."""
-    if PROBE_STAGE in states:
-        return overall_status({PROBE_STAGE: states[PROBE_STAGE]})
+def probe_status(states: dict[str, str], probe: str | None = None) -> str:
+    """`ok` once the probed stage is ready (`probe`: --nim-runtime's stage, else the reasoner),
+    whatever the other stages do; without that stage, every stage counts (as in /health)."""
+    probe = probe or PROBE_STAGE
+    if probe in states:
+        return overall_status({probe: states[probe]})
     return overall_status(states)
 
 
 @router.get("/v1/health/ready")
 async def ready(request: Request) -> JSONResponse:
-    states = _runtime(request).stage_states()
-    status = probe_status(states)
+    runtime = _runtime(request)
+    states = runtime.stage_states()
+    nim = runtime.config.nim_runtime
+    status = probe_status(states, "generation" if nim == "generator" else None)
     if status == "ok":
         body = {"object": "health.response", "status": "ready", "message": "Service is ready."}
         return JSONResponse(status_code=200, content=body)
@@ -76,46 +80,16 @@ async def ready(request: Request) -> JSONResponse:
     return JSONResponse(status_code=503, content=body)
 
 
-# What each stage's model serves, for /v1/models (spec streaming-reasoning.md section 3.3).
-STAGE_CAPABILITIES = {"generation": ["images", "videos"], "reasoner": ["chat_completions"],
-                      "realtime": ["realtime_video"]}
-
-
-def model_capabilities(runtime: ServerRuntime, stage: str) -> list[str]:
-    info = runtime.clients[stage].info
-    caps = info.capabilities if info is not None else None
-    out = list(STAGE_CAPABILITIES.get(stage, []))
-    if isinstance(caps, GenerationCapabilities) and caps.actions is not None:
-        out.append("actions")
-    enabled = runtime.config.stages.reasoner.streaming.enabled
-    if isinstance(caps, ReasonerCapabilities) and caps.streaming and enabled:
-        out.insert(0, "streaming_reasoning")
-    return out
-
-
-def max_model_len(info: StageInfo) -> int | None:
-    caps = info.capabilities
-    return caps.max_model_len if isinstance(caps, ReasonerCapabilities) else None
-
-
 @router.get("/v1/models")
 async def models(request: Request) -> dict:
     runtime = _runtime(request)
-    data = []
-    for stage, client in runtime.clients.items():
-        if client.info is None:
-            continue
-        data.append({
-            "id": client.info.model,
-            "object": "model",
-            "created": int(runtime.started_at),
-            "owned_by": "worldserve",
-            "root": client.info.model_path,
-            "stage": stage,
-            "max_model_len": max_model_len(client.info),
-            "capabilities": model_capabilities(runtime, stage),
-        })
-    return {"object": "list", "data": data}
+    first = STAGES[root_runtime(runtime)]
+    return {"object": "list", "data": model_entries(runtime, first=first)}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model(request: Request, model_id: str) -> dict:
+    return served_model(_runtime(request), model_id)
 
 
 async def query_stages(runtime: ServerRuntime, make_request: Callable[[], messages.Request],

@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator
 
 import msgspec
 
+from worldserve.api.model_names import served_model
 from worldserve.api.runtime import ServerRuntime
 from worldserve.api.schemas.chat import ChatCompletionRequest, ChatMessageIn, MediaIO
 from worldserve.api.streaming.chat_media import ChatMediaReader
@@ -24,7 +25,6 @@ from worldserve.api.streaming.params import schema_text
 from worldserve.api.streaming.service import reasoner_capabilities, reasoner_client
 from worldserve.errors import (
     InvalidRequest,
-    NotFound,
     RequestTimeout,
     WorldserveError,
     error_body,
@@ -47,12 +47,6 @@ CHAT_DEFAULTS = {"max_tokens": 256, "temperature": 0.7, "top_p": 0.8, "top_k": 2
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 
 
-def unknown_model(name: str, served: str) -> NotFound:
-    """The one answer every route gives for a model this server does not serve."""
-    return NotFound(f"The model '{name}' does not exist; this server serves '{served}'",
-                    param="model")
-
-
 class ChatService:
     def __init__(self, runtime: ServerRuntime) -> None:
         self.runtime = runtime
@@ -65,8 +59,7 @@ class ChatService:
     # ------------------------------------------------------------------ request building
 
     async def build(self, body: ChatCompletionRequest, client: StageClient) -> ChatCompletion:
-        if body.model != client.info.model:
-            raise unknown_model(body.model, client.info.model)
+        served_model(self.runtime, body.model, ("reasoner",))
         messages = [await self._message(m, body.media_io_kwargs) for m in body.messages]
         return ChatCompletion(request_id=new_request_id("chatcmpl"), messages=messages,
                               sampling=self._sampling(body, client), stream=body.stream,

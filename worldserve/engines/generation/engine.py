@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from worldserve.config import GenerationStageConfig, ServerConfig
-from worldserve.engines.common import model_dir, served_model_name
+from worldserve.engines.common import model_dir, model_profile, served_model_name
 from worldserve.engines.generation.admin import GenerationAdmin
 from worldserve.engines.generation.batch import (
     MediaJob,
@@ -87,6 +87,7 @@ class GenerationEngine:
         self.defaults = sampling_defaults(path, self.runner.features.family)
         self.model_name = served_model_name(stage_config, path)
         self.model_path = str(path)
+        self.profile = model_profile("generation", path, stage_config.dtype)
         self.num_params = self.runner.num_params
         self.scheduler = Scheduler(_rows_per_batch(stage_config, self.runner),
                                    stage_config.batch_wait_ms / 1000)
@@ -114,6 +115,8 @@ class GenerationEngine:
             max_input_images=4,
             output_dir=str(self.output_dir),
             actions=ActionHeadCapabilities(**self.actions.metadata()) if self.actions else None,
+            variant=self.profile.variant, precision=self.profile.precision,
+            model_modes=self.profile.model_modes,
             **_feature_capabilities(self.runner.features),
         )
 

@@ -16,7 +16,13 @@ from collections import OrderedDict
 from typing import Any
 
 from worldserve.config import ReasonerStageConfig, ServerConfig
-from worldserve.engines.common import ModelLoadError, model_dir, served_model_name, unsupported
+from worldserve.engines.common import (
+    ModelLoadError,
+    model_dir,
+    model_profile,
+    served_model_name,
+    unsupported,
+)
 from worldserve.engines.reasoner import admission, dflash
 from worldserve.engines.reasoner.contract import ReasonerRunner
 from worldserve.engines.reasoner.decoding import NgramProposer, Proposer
@@ -65,6 +71,7 @@ class ReasonerEngine:
         self.model = runner.model
         self.model_name = served_model_name(stage_config, path)
         self.model_path = str(path)
+        self.profile = model_profile("reasoner", path, stage_config.dtype)
         self.num_params = runner.num_params
         self.prompts = PromptBuilder(runner.tokenizer, runner.chat_template, runner.prompting)
         p = runner.max_position_embeddings
@@ -141,6 +148,7 @@ class ReasonerEngine:
             max_position_embeddings=self.model_limits.max_position_embeddings,
             spec_method=s.spec_method, spec_num_tokens=s.spec_num_tokens,
             guided_decoding_backend="llguidance",
+            variant=self.profile.variant, precision=self.profile.precision,
         )
 
     def state(self) -> EngineState:

@@ -244,9 +244,10 @@ class FakeReasonerEngine:
             out = [ChatDelta(request_id=req.request_id, text="", reasoning=w)
                    for w in _word_deltas(reasoning or "")]
             out += [ChatDelta(request_id=req.request_id, text=w) for w in _word_deltas(text)]
+        thought = len((reasoning or "").split())
         out.append(ChatResult(request_id=req.request_id, text=text, reasoning=reasoning,
                               finish_reason=finish, prompt_tokens=prompt_tokens,
-                              completion_tokens=count + len((reasoning or "").split())))
+                              completion_tokens=count + thought, reasoning_tokens=thought))
         return out
 
     # ------------------------------------------------------------------ loop

@@ -256,10 +256,12 @@ class ChatJob:
             self.phase = JobPhase.DONE
             self.kv.reset()
             reasoning, content = split_reasoning(decoder.text, self.prompt.thinking_open)
+            thinking = decoder.thinking
             self.reply(ChatResult(request_id=self.request_id, text=content, reasoning=reasoning,
                                   finish_reason=decoder.finish_reason or "stop",
                                   prompt_tokens=len(self.prompt.input_ids),
-                                  completion_tokens=len(decoder.tokens)))
+                                  completion_tokens=len(decoder.tokens),
+                                  reasoning_tokens=thinking.num_tokens if thinking else 0))
 
     def _stream(self, text: str) -> None:
         """A delta with what `text` adds to the reasoning and content streamed so far."""

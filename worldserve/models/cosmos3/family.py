@@ -21,4 +21,5 @@ FAMILY = ModelFamily(
     loaders={"generation": "worldserve.models.cosmos3.runner:load_runner",
              "realtime": "worldserve.models.cosmos3.world:load_runner"},
     explicit_kinds=frozenset({"realtime"}),
+    profiles={"generation": "worldserve.models.cosmos3.profile:generator_profile"},
 )

@@ -23,4 +23,5 @@ FAMILY = ModelFamily(
     name="cosmos3_reasoner",
     detect=detect,
     loaders={"reasoner": "worldserve.models.cosmos3_reasoner.loader:load_runner"},
+    profiles={"reasoner": "worldserve.models.cosmos3.profile:reasoner_profile"},
 )
