@@ -38,7 +38,8 @@ def test_one_directory_serves_generation_and_reasoning(tmp_path: Path, dev_model
             meta = http.get("/v1/metadata").json()
             assert meta["model_type"] == "reasoner"
             assert meta["inference_endpoint"] == "/v1/chat/completions"
-            assert meta["selectedModelProfileId"] == "worldserve:cosmos3-both:hf:float32"
+            assert meta["selectedModelProfileId"] == "worldserve:cosmos3-both:hf:float32:nano"
+            assert meta["model_variant"] == "nano"  # the dev checkpoint's size class
             assert meta["modelInfo"][0]["shortName"] == "cosmos3-both"
             assert http.get("/v1/streaming/config").json()["model"] == "cosmos3-both"
             assert "cosmos3-both" in {m["id"] for m in http.get("/v1/models").json()["data"]}

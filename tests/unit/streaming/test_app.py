@@ -100,7 +100,7 @@ async def test_backend_without_streaming_is_501(tmp_path: Path, config: ServerCo
                 }
             }
         models = (await http.get("/v1/models")).json()["data"]
-        assert models[0]["capabilities"] == ["chat_completions"]
+        assert models[0]["capabilities"] == ["chat_completions", "responses"]
 
 
 @pytest.mark.parametrize("state", ["loading", "warming", "starting"])
