@@ -1,0 +1,338 @@
+"""The generation runner the engine sees when its stage is a rank group: each phase it is
+asked to run is sent to every peer rank first (ipc/ranks.py), then run by rank 0's own
+runner (whose collectives pair with the peers'), then confirmed by every peer. The engine's
+stepping, interleaving, progress, cancellation, LoRA and admin code stays as it is.
+
+State kept so that a restarted group can catch up: the LoRA adapters loaded and the
+weights updated since start (replayed to new peers in order), the active LoRA selection and
+whether the weights are released.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from worldserve.config import GenerationStageConfig, ServerConfig
+from worldserve.errors import NotSupported
+from worldserve.ipc.ranks import (
+    ActivateLora,
+    DecodeRow,
+    DenoiseStep,
+    KeepRows,
+    LoadLora,
+    PrepareBatch,
+    RankCommand,
+    ReleaseMemory,
+    ResumeMemory,
+    UnloadLora,
+    UpdateWeights,
+)
+from worldserve.models import registry
+from worldserve.runtime.ranks import (
+    RANKS_KIND,
+    GroupSpec,
+    RankGroup,
+    RankGroupError,
+    layout_fields,
+    rank_devices,
+)
+
+log = logging.getLogger("worldserve.ranks")
+T = TypeVar("T")
+
+
+class GroupBatch:
+    """A running batch of the group: rank 0's runner state plus the id the peers know it by.
+    When the engine lets go of it, the peers drop their copy with the next command."""
+
+    def __init__(self, runner: RankGroupRunner, batch_id: int, epoch: int, local: Any) -> None:
+        self.runner = runner
+        self.batch_id = batch_id
+        self.epoch = epoch
+        self.local = local
+        weakref.finalize(self, runner.dropped.append, batch_id)
+
+    @property
+    def row_owner(self) -> list[str]:
+        return self.local.row_owner
+
+    @property
+    def step_index(self) -> int:
+        return self.local.step_index
+
+    @property
+    def num_steps(self) -> int:
+        return self.local.num_steps
+
+    @property
+    def done_denoising(self) -> bool:
+        return self.local.done_denoising
+
+    def keep_rows(self, keep: list[int]) -> None:
+        self.runner.keep_rows(self, keep)
+
+
+class RankGroupRunner:
+    """Rank 0's runner facade over the group (the generation runner contract and its optional
+    LoRA / weights / memory capabilities)."""
+
+    def __init__(self, local: Any, group: RankGroup) -> None:
+        self.local = local
+        self.group = group
+        self.pipe = local.pipe
+        self.max_batch_size = local.max_batch_size
+        self.size_multiple = local.size_multiple
+        self.temporal_stride = local.temporal_stride
+        self.num_params = local.num_params
+        self.features = local.features
+        self.dropped: list[int] = []
+        self._next_batch = 0
+        self._selection: tuple[tuple[str, float], ...] = ()
+        self._replay: list[RankCommand] = []
+        self._released = False
+
+    # ------------------------------------------------------------------ contract
+
+    def snap_frames(self, num_frames: int) -> int:
+        return self.local.snap_frames(num_frames)
+
+    def check(self, params: Any) -> None:
+        self.local.check(params)
+
+    def describe(self) -> dict[str, Any]:
+        info = dict(self.local.describe()) if hasattr(self.local, "describe") else {}
+        info["rank_group"] = {"epoch": self.group.epoch, "ready": self.group.ready,
+                              "world_size": self.group.spec.world_size,
+                              "backend": self.group.spec.backend,
+                              "devices": self.group.spec.devices,
+                              "pids": {str(r): p for r, p in self.group.pids().items()}}
+        return info
+
+    def prepare(self, row_owner: list[str], rows: list[Any], seeds: list[int]) -> GroupBatch:
+        self._ensure_ready()
+        self._next_batch += 1
+        batch_id = self._next_batch
+        command = PrepareBatch(seq=0, batch_id=batch_id, row_owner=row_owner, rows=rows,
+                               seeds=seeds)
+        try:  # no collective in prepare: rank 0 may refuse a request the peers accepted
+            local = self._run(command, lambda: self.local.prepare(row_owner, rows, seeds),
+                              "preparing a batch", collective=False)
+        except Exception:
+            self.dropped.append(batch_id)
+            raise
+        return GroupBatch(self, batch_id, self.group.epoch, local)
+
+    def denoise_step(self, state: GroupBatch) -> None:
+        self._check_batch(state)
+        what = f"denoising step {state.step_index + 1}"
+        self._run(DenoiseStep(seq=0, batch_id=state.batch_id),
+                  lambda: self.local.denoise_step(state.local), what)
+
+    def decode(self, state: GroupBatch, row: int) -> Any:
+        self._check_batch(state)
+        in_group = getattr(self.local, "decode_in_group", None)
+        if in_group is None or not in_group(state.local, row):
+            return self.local.decode(state.local, row)
+        return self._run(DecodeRow(seq=0, batch_id=state.batch_id, row=row),
+                         lambda: self.local.decode(state.local, row), "decoding")
+
+    def extras(self, state: GroupBatch, row: int) -> Any:
+        return self.local.extras(state.local, row)  # sound and actions: rank 0 alone
+
+    def keep_rows(self, state: GroupBatch, keep: list[int]) -> None:
+        state.local.keep_rows(keep)
+        if state.epoch == self.group.epoch and self.group.ready:
+            self._run(KeepRows(seq=0, batch_id=state.batch_id, keep=keep), lambda: None,
+                      "dropping rows", collective=False)
+
+    # ------------------------------------------------------------------ admin
+
+    def load_lora(self, name: str, path: str, scale: float,
+                  path_2: str | None = None) -> dict[str, Any]:
+        self._ensure_ready()
+        result = self.local.load_lora(name, path, scale, path_2)  # refuses bad input alone
+        self._change(LoadLora(seq=0, name=name, path=path, scale=scale, path_2=path_2),
+                     "loading a LoRA adapter")
+        return result
+
+    def unload_lora(self, name: str) -> None:
+        self.local.unload_lora(name)
+        self._change(UnloadLora(seq=0, name=name), "unloading a LoRA adapter")
+
+    def list_lora(self) -> list[dict[str, Any]]:
+        return self.local.list_lora()
+
+    def resolve_lora(self, refs: list[tuple[str, float | None]]) -> Any:
+        return self.local.resolve_lora(refs)
+
+    def activate_lora(self, selection: Any) -> None:
+        self.local.activate_lora(selection)
+        selection = tuple((name, float(scale)) for name, scale in selection)
+        if selection != self._selection and self.group.ready:
+            self._run(ActivateLora(seq=0, selection=list(selection)), lambda: None,
+                      "activating LoRA adapters", collective=False)
+        self._selection = selection
+
+    def update_weights(self, path: str) -> dict[str, Any]:
+        if not hasattr(self.local, "update_weights"):
+            raise NotSupported("this model's runner cannot update weights in place")
+        result = self.local.update_weights(path)
+        self._change(UpdateWeights(seq=0, path=path), "updating weights")
+        return result
+
+    def release_memory(self) -> dict[str, Any]:
+        result = self.local.release_memory()
+        self._released = True
+        self._run(ReleaseMemory(seq=0), lambda: None, "releasing memory", collective=False)
+        return result
+
+    def resume_memory(self) -> dict[str, Any]:
+        result = self.local.resume_memory()
+        self._released = False
+        self._run(ResumeMemory(seq=0), lambda: None, "resuming memory", collective=False)
+        return result
+
+    def _change(self, command: RankCommand, what: str) -> None:
+        """A state change every rank must make; remembered for peers of a later epoch."""
+        self._replay.append(command)
+        self._run(command, lambda: None, what, collective=False)
+
+    # ------------------------------------------------------------------ group
+
+    def _run(self, command: RankCommand, local: Callable[[], T], what: str, *,
+             collective: bool = True) -> T:
+        """Peers first, rank 0 second, then every peer's answer. A local failure in a phase
+        with collectives leaves the peers mid-collective: the group restarts at once."""
+        if not self.group.ready:
+            self._ensure_ready()
+        command.drop_batches, self.dropped[:] = list(self.dropped), []
+        seq = self._send(command, what)
+        try:
+            result = local()
+        except Exception as exc:
+            if collective:
+                self._broken(f"rank 0 failed: {_first_line(exc)}", what, cause=exc)
+            self._wait(seq, what)
+            raise
+        errors = {rank: err for rank, err in self._wait(seq, what).items() if err}
+        if errors:
+            rank, error = min(errors.items())
+            self._broken(f"rank {rank} failed: {error}", what)
+        return result
+
+    def _send(self, command: RankCommand, what: str) -> int:
+        try:
+            return self.group.send(command)
+        except RankGroupError as exc:
+            self._broken(str(exc), what)
+            raise  # unreachable: _broken raises
+
+    def _wait(self, seq: int, what: str) -> dict[int, str | None]:
+        try:
+            return self.group.wait_done(seq)
+        except RankGroupError as exc:
+            self._broken(str(exc), what)
+            raise  # unreachable
+
+    def _broken(self, reason: str, what: str, cause: Exception | None = None) -> None:
+        """Restart the group and fail the current request (its peers' state is gone)."""
+        self.group.restart(reason)
+        if cause is not None and not _is_collective_error(cause):
+            raise cause
+        raise RankGroupError(f"the generation rank group failed while {what}: {reason}; the "
+                             f"group is restarting, submit the request again")
+
+    def _check_batch(self, state: GroupBatch) -> None:
+        dead = self.group.dead_peer() if self.group.ready else None
+        if dead is not None:
+            self.group.restart(f"{dead} between steps")
+        if state.epoch != self.group.epoch:
+            raise RankGroupError(f"the generation rank group restarted after "
+                                 f"{dead or 'a rank failed'}; this request's progress was lost, "
+                                 f"submit it again")
+
+    def _ensure_ready(self) -> None:
+        """Join a (re)started group and bring its peers to rank 0's state."""
+        if self.group.ready:
+            dead = self.group.dead_peer()
+            if dead is None:
+                return
+            self.group.restart(f"{dead} while idle")
+        try:
+            self.group.join()
+            self.local.connect_ranks()
+        except Exception as exc:  # a group that cannot come back takes the stage down
+            log.critical("the generation rank group cannot start again: %s; stopping the "
+                         "stage", exc)
+            os._exit(1)
+        for command in self._replay:
+            self._run(command, lambda: None, "catching up", collective=False)
+        if self._selection:
+            self._run(ActivateLora(seq=0, selection=list(self._selection)), lambda: None,
+                      "catching up", collective=False)
+        if self._released:
+            self._run(ReleaseMemory(seq=0), lambda: None, "catching up", collective=False)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _is_collective_error(exc: Exception) -> bool:
+    from worldserve.models.parallel.comm import CollectiveError
+
+    return isinstance(exc, CollectiveError)
+
+
+# ---------------------------------------------------------------------- start
+
+
+def create_generation_engine(stage_config: GenerationStageConfig,
+                             server_config: ServerConfig) -> Any:
+    """The generation stage's engine (runtime/engine.py factory table): on one process as
+    always, or over a rank group when `stages.generation.parallel` asks for several ranks."""
+    from worldserve.engines.common import model_dir
+    from worldserve.engines.generation.engine import GenerationEngine
+
+    runner = None
+    if stage_config.parallel.world_size > 1:
+        runner = start_rank_runner(stage_config, model_dir(stage_config))
+    return GenerationEngine(stage_config, server_config, runner=runner)
+
+
+def start_rank_runner(config: GenerationStageConfig, model_dir: Path) -> RankGroupRunner:
+    """Start the peers, load rank 0's runner meanwhile, join the group."""
+    from worldserve import envs
+    from worldserve.models.parallel.mesh import ParallelLayout
+
+    parallel = config.parallel
+    family = registry.resolve("generation", model_dir)
+    if RANKS_KIND not in family.loaders:
+        raise ValueError(f"stages.generation.parallel asks for {parallel.world_size} ranks but "
+                         f"{model_dir} is a {family.name} model; rank groups run "
+                         f"{', '.join(registry.supported(RANKS_KIND))} models")
+    layout = layout_fields(parallel)
+    world = ParallelLayout(**layout).world_size  # type: ignore[arg-type]
+    import torch
+
+    spec = GroupSpec(model_dir=model_dir, dtype=config.dtype,
+                     devices=rank_devices(config.device, world), layout=layout,
+                     world_size=world, timeout_s=parallel.timeout_s,
+                     start_timeout_s=config.start_timeout_s,
+                     torch_threads=envs.torch_num_threads() or torch.get_num_threads())
+    group = RankGroup(spec)
+    atexit.register(group.close)
+    group.spawn()
+    local = registry.load_runner(RANKS_KIND, model_dir, rank=0,
+                                 layout=ParallelLayout(**layout),  # type: ignore[arg-type]
+                                 dtype=config.dtype, device=spec.devices[0],
+                                 safety_checker=config.safety_checker)
+    group.join()
+    local.connect_ranks()
+    return RankGroupRunner(local, group)
