@@ -45,6 +45,9 @@ from worldserve.runtime.ranks import (
 
 log = logging.getLogger("worldserve.ranks")
 T = TypeVar("T")
+# A collective fails the moment a peer's socket closes; its process may take a moment more to
+# be reaped. This long the failure waits to name the dead rank instead of the socket error.
+DEATH_GRACE_S = 1.0
 
 
 class GroupBatch:
@@ -241,7 +244,11 @@ class RankGroupRunner:
             raise  # unreachable
 
     def _broken(self, reason: str, what: str, cause: Exception | None = None) -> None:
-        """Restart the group and fail the current request (its peers' state is gone)."""
+        """Restart the group and fail the current request (its peers' state is gone). A
+        collective that failed because a peer died names the peer and how it ended."""
+        dead = self.group.wait_for_dead_peer(DEATH_GRACE_S)
+        if dead is not None:
+            reason = dead
         self.group.restart(reason)
         if cause is not None and not _is_collective_error(cause):
             raise cause

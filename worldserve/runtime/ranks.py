@@ -95,6 +95,7 @@ class RankGroup:
         self.epoch = 0
         self.seq = 0
         self.ready = False
+        self._closed = False
         self.peers: dict[int, subprocess.Popen[bytes]] = {}
         self._store: Any = None
         self._codec = RankCodec()
@@ -168,7 +169,11 @@ class RankGroup:
         self.spawn()
 
     def close(self) -> None:
-        """Stop the peers (a Shutdown command, then signals) and remove the private folder."""
+        """Stop the peers (a Shutdown command, then signals) and remove the private folder.
+        Idempotent (also registered with atexit)."""
+        if self._closed:
+            return
+        self._closed = True
         if self.ready:
             try:
                 self.send(Shutdown(seq=0))
@@ -233,6 +238,15 @@ class RankGroup:
             if proc.poll() is not None:
                 return f"rank {rank} (pid {proc.pid}) {describe_exit(proc.returncode)}"
         return None
+
+    def wait_for_dead_peer(self, grace_s: float) -> str | None:
+        """`dead_peer()`, polled for up to `grace_s`."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            dead = self.dead_peer()
+            if dead is not None or time.monotonic() >= deadline:
+                return dead
+            time.sleep(0.02)
 
     def pids(self) -> dict[int, int]:
         return {rank: proc.pid for rank, proc in self.peers.items()}

@@ -65,14 +65,15 @@ class ShardedBlock:
         pieces: dict[torch.dtype, list[torch.Tensor]] = {}
         for name, param in list(block.named_parameters()):
             kind = dtype or param.dtype
-            shape = tuple(param.shape) or (1,)
+            logical = tuple(param.shape)
+            shape = logical or (1,)
             first, end, per = row_range(shape[0], handle)
             rows = torch.zeros((per, *shape[1:]), dtype=kind, device=device or param.device)
             rows[: end - first] = read_rows(name, first, end).reshape(end - first, *shape[1:])
             slots = self.slots.setdefault(kind, [])
             offset = sum(s.numel for s in slots)
             holder = _hold(block, name, param, rows)
-            slots.append(_Slot(holder, tuple(param.shape), per, math.prod(shape[1:]), offset))
+            slots.append(_Slot(holder, logical, per, math.prod(shape[1:]), offset))
             pieces.setdefault(kind, []).append(rows.flatten())
         for dtype, parts in pieces.items():
             block.register_buffer(_buffer_name(dtype), torch.cat(parts), persistent=False)
