@@ -10,7 +10,6 @@ frames then differ by at most FRAME_TOLERANCE (floats in [0, 1]), one uint8 leve
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tests.support.images import random_png as png
 from worldserve.config import GenerationStageConfig
 from worldserve.ipc.messages import ActionCondition, GenerationParams
 from worldserve.models.types import RowExtras
@@ -35,15 +35,6 @@ def params(**overrides: Any) -> GenerationParams:
                                 num_inference_steps=2, guidance_scale=4.0, seeds=[3], fps=24.0)
     base.update(overrides)
     return GenerationParams(**base)
-
-
-def png(width: int, height: int, seed: int = 0) -> bytes:
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)).save(buf, "PNG")
-    return buf.getvalue()
 
 
 def action_params(mode: str = "policy", **overrides: Any) -> GenerationParams:

@@ -54,17 +54,19 @@ class RankGroupError(StageUnavailable):
 
 
 def rank_devices(device: str, world_size: int) -> list[str]:
-    """One device per rank: `cpu` for all on CPU; on CUDA the stage's visible devices in order
-    (the placement plan sets CUDA_VISIBLE_DEVICES for the stage process)."""
+    """One device per rank: `cpu` for all on CPU; on CUDA consecutive visible devices from the
+    configured one (`cuda` = `cuda:0`; the placement plan sets the stage process's
+    CUDA_VISIBLE_DEVICES, so these are the stage's own devices)."""
     if not device.startswith("cuda"):
         return [device] * world_size
     import torch
 
+    first = int(device.partition(":")[2] or 0)
     count = torch.cuda.device_count()
-    if count < world_size:
-        raise ValueError(f"stages.generation.parallel needs {world_size} GPUs (one per rank); "
-                         f"this stage sees {count}")
-    return [f"cuda:{i}" for i in range(world_size)]
+    if count < first + world_size:
+        raise ValueError(f"stages.generation.parallel needs {world_size} GPUs from {device} "
+                         f"on (one per rank); this stage sees {count}")
+    return [f"cuda:{first + i}" for i in range(world_size)]
 
 
 @dataclass

@@ -13,12 +13,12 @@ import pytest
 import torch
 from PIL import Image
 
+from tests.support.images import random_png as png
 from tests.support.rank_groups import (
     action_params,
     assert_extras_close,
     build_lora,
     params,
-    png,
     rank_group,
     run_to_end,
 )

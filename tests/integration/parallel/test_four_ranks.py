@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.support.images import random_png as png
 from tests.support.rank_groups import (
     FRAME_TOLERANCE,
     RING_TOLERANCE,
@@ -14,7 +15,6 @@ from tests.support.rank_groups import (
     assert_extras_close,
     assert_frames_close,
     params,
-    png,
     rank_group,
     run_to_end,
 )

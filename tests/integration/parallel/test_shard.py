@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from tests.support.images import random_png as png
 from tests.support.rank_groups import (
     FRAME_TOLERANCE,
     action_params,
     assert_extras_close,
     assert_frames_close,
     params,
-    png,
     rank_group,
     run_to_end,
 )
