@@ -48,6 +48,8 @@ T = TypeVar("T")
 # A collective fails the moment a peer's socket closes; its process may take a moment more to
 # be reaped. This long the failure waits to name the dead rank instead of the socket error.
 DEATH_GRACE_S = 1.0
+# When rank 0 fails a phase on its own, this long its peers may take to finish theirs.
+PEER_GRACE_S = 2.0
 
 
 class GroupBatch:
@@ -210,8 +212,9 @@ class RankGroupRunner:
 
     def _run(self, command: RankCommand, local: Callable[[], T], what: str, *,
              collective: bool = True) -> T:
-        """Peers first, rank 0 second, then every peer's answer. A local failure in a phase
-        with collectives leaves the peers mid-collective: the group restarts at once."""
+        """Peers first, rank 0 second, then every peer's answer. When rank 0 fails a phase
+        with collectives, its peers either finished it (they answer within PEER_GRACE_S: rank
+        0 failed after the last collective) or wait in a collective: the group restarts."""
         if not self.group.ready:
             self._ensure_ready()
         command.drop_batches, self.dropped[:] = list(self.dropped), []
@@ -219,15 +222,28 @@ class RankGroupRunner:
         try:
             result = local()
         except Exception as exc:
-            if collective:
+            if not collective:
+                self._wait(seq, what)
+            elif not self._peers_finish(seq, exc):
                 self._broken(f"rank 0 failed: {_first_line(exc)}", what, cause=exc)
-            self._wait(seq, what)
             raise
         errors = {rank: err for rank, err in self._wait(seq, what).items() if err}
         if errors:
             rank, error = min(errors.items())
             self._broken(f"rank {rank} failed: {error}", what)
         return result
+
+    def _peers_finish(self, seq: int, exc: Exception) -> bool:
+        """After rank 0 failed a phase with collectives: did every peer finish it anyway (rank 0
+        failed after the last collective, e.g. in post-processing)? A peer left waiting in a
+        collective does not answer within the grace: the group has to restart."""
+        if _is_collective_error(exc):
+            return False
+        try:
+            self.group.wait_done(seq, timeout_s=PEER_GRACE_S)
+        except RankGroupError:
+            return False
+        return True
 
     def _send(self, command: RankCommand, what: str) -> int:
         try:

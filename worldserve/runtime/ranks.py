@@ -217,17 +217,18 @@ class RankGroup:
                 raise RankGroupError(f"rank {rank} is not reachable ({exc})") from None
         return self.seq
 
-    def wait_done(self, seq: int) -> dict[int, str | None]:
+    def wait_done(self, seq: int, timeout_s: float | None = None) -> dict[int, str | None]:
         """Every peer's outcome of command `seq` (rank -> error or None); RankGroupError when a
-        peer exits or does not answer within `timeout_s`."""
+        peer exits or does not answer within `timeout_s` (default: parallel.timeout_s)."""
         pending = set(self.peers)
         errors: dict[int, str | None] = {}
-        deadline = time.monotonic() + self.spec.timeout_s
+        limit_s = self.spec.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + limit_s
         while pending:
             self._check_alive("while running a step")
             if time.monotonic() > deadline:
                 raise RankGroupError(f"ranks {sorted(pending)} did not finish within "
-                                     f"{self.spec.timeout_s:g} s (parallel.timeout_s)")
+                                     f"{limit_s:g} s (parallel.timeout_s)")
             for reply in self._receive(POLL_MS):
                 if isinstance(reply, RankDone) and reply.seq == seq:
                     pending.discard(reply.rank)
