@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PROMPT = "a robot arm picks up the blue cup"
 # Widened from the dev config (hidden 32 x 2 layers) until one step takes >= 2 s here.
-WIDE = dict(hidden_size=512, head_dim=64, num_attention_heads=8, num_key_value_heads=2,
-            intermediate_size=1536, num_hidden_layers=8, rope_axes_dim=(16, 8, 8))
-CPU_REQUEST = dict(prompt=PROMPT, width=256, height=256, num_frames=33, num_inference_steps=50,
+WIDE = dict(hidden_size=768, head_dim=64, num_attention_heads=12, num_key_value_heads=4,
+            intermediate_size=2304, num_hidden_layers=8, rope_axes_dim=(16, 8, 8))
+CPU_REQUEST = dict(prompt=PROMPT, width=320, height=320, num_frames=33, num_inference_steps=50,
                    guidance_scale=6.0, seeds=[7], fps=24.0)
 CPU_CONTESTANTS = {"one_process": "", "cfg2": "cfg=2", "ulysses2": "ulysses=2"}
 GPU_LAYOUTS = {1: "", 2: "cfg=2", 4: "cfg=2,ulysses=2", 8: "cfg=2,ulysses=4"}
@@ -66,10 +66,11 @@ def _contestant(conn: Any, model_dir: str, parallel: str) -> None:
     else:
         runner = registry.load_runner("generation", path)
     conn.send("ready")
+    pids = [os.getpid(), *(runner.group.pids().values() if parallel else [])]
     state = None
     while True:
         verb, arg = conn.recv()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), [_cpu_s(pid) for pid in pids]
         if verb == "prepare":
             params = GenerationParams(**arg)
             state = runner.prepare(["bench"], [params], params.seeds)
@@ -80,9 +81,46 @@ def _contestant(conn: Any, model_dir: str, parallel: str) -> None:
             continue
         else:
             break
-        conn.send(time.perf_counter() - start)
+        busiest = max(_cpu_s(pid) - before for pid, before in zip(pids, cpu))
+        conn.send((time.perf_counter() - start, busiest))
     if parallel:
         runner.group.close()
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _spin(queue: Any = None) -> float:
+    """Wall seconds of a fixed pure-Python loop (one core's worth of work)."""
+    start = time.perf_counter()
+    total = 0
+    for i in range(5_000_000):
+        total += i
+    elapsed = time.perf_counter() - start
+    if queue is not None:
+        queue.put(elapsed)
+    return elapsed
+
+
+def machine_capacity() -> float:
+    """How many cores this machine gives two busy processes right now: 2 x (the loop alone) /
+    (the same loop in two processes at once, mean). 2.0: two free cores; 1.0: other work
+    leaves one core's worth, and no group of two ranks can beat one process on the wall."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    alone = _spin()
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_spin, args=(queue,)) for _ in range(2)]
+    for proc in procs:
+        proc.start()
+    pair = [queue.get(timeout=120) for _ in procs]
+    for proc in procs:
+        proc.join()
+    return round(2 * alone / statistics.mean(pair), 2)
 
 
 def build_wide(target: Path) -> Path:
@@ -109,8 +147,9 @@ def cpu_bench(args: argparse.Namespace) -> dict[str, Any]:
             pipes[name], procs = parent, procs + [proc]
         for conn in pipes.values():
             assert conn.recv() == "ready"
-        load_before = os.getloadavg()
+        load_before, capacity_before = os.getloadavg(), machine_capacity()
         times: dict[str, list[float]] = {name: [] for name in pipes}
+        cpu: dict[str, list[float]] = {name: [] for name in pipes}
         request = dict(CPU_REQUEST, num_inference_steps=args.steps + 1)
         for name, conn in pipes.items():
             conn.send(("prepare", request))
@@ -120,7 +159,9 @@ def cpu_bench(args: argparse.Namespace) -> dict[str, Any]:
         for _ in range(args.steps):
             for name, conn in pipes.items():  # interleaved: noise hits all alike
                 conn.send(("step", None))
-                times[name].append(conn.recv())
+                wall_s, busiest_cpu_s = conn.recv()
+                times[name].append(wall_s)
+                cpu[name].append(busiest_cpu_s)
         frames = {}
         for name, conn in pipes.items():
             conn.send(("decode", None))
@@ -129,6 +170,7 @@ def cpu_bench(args: argparse.Namespace) -> dict[str, Any]:
         for proc in procs:
             proc.join(timeout=60)
     base = statistics.median(times["one_process"])
+    base_cpu = statistics.median(cpu["one_process"])
     return {
         "benchmark": "parallel", "mode": "cpu", "threads_per_rank": 1,
         "model": WIDE, "request": {k: CPU_REQUEST[k] for k in ("width", "height", "num_frames")},
@@ -137,9 +179,15 @@ def cpu_bench(args: argparse.Namespace) -> dict[str, Any]:
         "step_s_range": {name: [round(min(t), 3), round(max(t), 3)] for name, t in times.items()},
         "speedup": {name: round(base / statistics.median(t), 3)
                     for name, t in times.items() if name != "one_process"},
+        # CPU seconds of the busiest rank per step, and the speedup they allow with one free
+        # core per rank: what the wall-clock ratio approaches on an unloaded machine.
+        "busiest_rank_cpu_s": {name: round(statistics.median(c), 3) for name, c in cpu.items()},
+        "cpu_critical_path_speedup": {name: round(base_cpu / statistics.median(c), 3)
+                                      for name, c in cpu.items() if name != "one_process"},
         "max_abs_frame_diff": {name: float(np.abs(f - frames["one_process"]).max())
                                for name, f in frames.items() if name != "one_process"},
         "load_avg_1m": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+        "machine_parallel_capacity": [capacity_before, machine_capacity()],
     }
 
 
