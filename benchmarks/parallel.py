@@ -258,7 +258,7 @@ def _gpu_rank(rank: int, world: int, port: int, args: Any, queue: Any) -> None:
                             world_size=world, timeout=datetime.timedelta(seconds=600))
     runner = ParallelCosmos3Runner(_random_pipeline(device, dtype, args.dry_run), None,
                                    RankMesh(layout, rank))
-    runner.connect_ranks()
+    runner.connect_ranks(600)
     height, width = (64, 96) if args.dry_run else (720, 1280)
     params = GenerationParams(prompt=PROMPT, width=width, height=height,
                               num_frames=args.frames, num_inference_steps=args.steps + 1,

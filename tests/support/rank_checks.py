@@ -121,7 +121,7 @@ def entry(rank: int, port: int, results: Any) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=30))
     mesh = RankMesh(ParallelLayout(ulysses=WORLD), rank)
-    mesh.build()
+    mesh.build(30)
     out = {"ulysses": check_ulysses(mesh), "ring": check_ring(mesh),
            "shard": check_shard(mesh), "halo": check_halo(mesh)}
     if rank == 0:

@@ -98,7 +98,10 @@ class RankGroupRunner:
         self.features = local.features
         self.dropped: list[int] = []
         self._next_batch = 0
-        self._selection: tuple[tuple[str, float], ...] = ()
+        # The LoRA selection active on rank 0, and the one the peers hold (None: unknown, as
+        # loading an adapter activates it: the next activation is sent whatever it is).
+        self._active: tuple[tuple[str, float], ...] = ()
+        self._selection: tuple[tuple[str, float], ...] | None = ()
         self._replay: list[RankCommand] = []
         self._released = False
 
@@ -169,6 +172,9 @@ class RankGroupRunner:
     def unload_lora(self, name: str) -> None:
         self.local.unload_lora(name)
         self._change(UnloadLora(seq=0, name=name), "unloading a LoRA adapter")
+        # what a later epoch replays: the adapters still loaded (the load order kept)
+        self._replay = [c for c in self._replay
+                        if not (isinstance(c, (LoadLora, UnloadLora)) and c.name == name)]
 
     def list_lora(self) -> list[dict[str, Any]]:
         return self.local.list_lora()
@@ -178,17 +184,22 @@ class RankGroupRunner:
 
     def activate_lora(self, selection: Any) -> None:
         self.local.activate_lora(selection)
-        selection = tuple((name, float(scale)) for name, scale in selection)
-        if selection != self._selection and self.group.ready:
-            self._run(ActivateLora(seq=0, selection=list(selection)), lambda: None,
-                      "activating LoRA adapters", collective=False)
-        self._selection = selection
+        self._active = tuple((name, float(scale)) for name, scale in selection)
+        if self.group.ready:  # else a new group's peers get it as they join
+            self._sync_selection("activating LoRA adapters")
+
+    def _sync_selection(self, what: str) -> None:
+        if self._active != self._selection:
+            self._run(ActivateLora(seq=0, selection=list(self._active)), lambda: None, what,
+                      collective=False)
+            self._selection = self._active
 
     def update_weights(self, path: str) -> dict[str, Any]:
         if not hasattr(self.local, "update_weights"):
             raise NotSupported("this model's runner cannot update weights in place")
         result = self.local.update_weights(path)
-        self._change(UpdateWeights(seq=0, path=path), "updating weights")
+        self._replay = [c for c in self._replay if not isinstance(c, UpdateWeights)]
+        self._change(UpdateWeights(seq=0, path=path), "updating weights")  # the latest wins
         return result
 
     def release_memory(self) -> dict[str, Any]:
@@ -206,6 +217,7 @@ class RankGroupRunner:
     def _change(self, command: RankCommand, what: str) -> None:
         """A state change every rank must make; remembered for peers of a later epoch."""
         self._replay.append(command)
+        self._selection = None
         self._run(command, lambda: None, what, collective=False)
 
     # ------------------------------------------------------------------ group
@@ -289,16 +301,16 @@ class RankGroupRunner:
             self.group.restart(f"{dead} while idle")
         try:
             self.group.join()
-            self.local.connect_ranks()
+            self.local.connect_ranks(self.group.spec.timeout_s)
         except Exception as exc:  # a group that cannot come back takes the stage down
             log.critical("the generation rank group cannot start again: %s; stopping the "
                          "stage", exc)
             os._exit(1)
+        self._selection = ()  # fresh peers: no adapter
         for command in self._replay:
             self._run(command, lambda: None, "catching up", collective=False)
-        if self._selection:
-            self._run(ActivateLora(seq=0, selection=list(self._selection)), lambda: None,
-                      "catching up", collective=False)
+            self._selection = None  # loading activates the new adapter
+        self._sync_selection("catching up")
         if self._released:
             self._run(ReleaseMemory(seq=0), lambda: None, "catching up", collective=False)
 
@@ -325,30 +337,19 @@ def create_generation_engine(stage_config: GenerationStageConfig,
 
     runner = None
     if stage_config.parallel.world_size > 1:
-        runner = start_rank_runner(stage_config, model_dir(stage_config))
+        runner = start_rank_runner(stage_config, model_dir(stage_config),
+                                   log_level=server_config.log_level)
     return GenerationEngine(stage_config, server_config, runner=runner)
 
 
-def start_rank_runner(config: GenerationStageConfig, model_dir: Path) -> RankGroupRunner:
+def start_rank_runner(config: GenerationStageConfig, model_dir: Path,
+                      log_level: str = "info") -> RankGroupRunner:
     """Start the peers, load rank 0's runner meanwhile, join the group."""
-    from worldserve import envs
     from worldserve.models.parallel.mesh import ParallelLayout
 
-    parallel = config.parallel
-    family = registry.resolve("generation", model_dir)
-    if RANKS_KIND not in family.loaders:
-        raise ValueError(f"stages.generation.parallel asks for {parallel.world_size} ranks but "
-                         f"{model_dir} is a {family.name} model; rank groups run "
-                         f"{', '.join(registry.supported(RANKS_KIND))} models")
-    layout = layout_fields(parallel)
-    world = ParallelLayout(**layout).world_size  # type: ignore[arg-type]
-    import torch
-
-    spec = GroupSpec(model_dir=model_dir, dtype=config.dtype,
-                     devices=rank_devices(config.device, world), layout=layout,
-                     world_size=world, timeout_s=parallel.timeout_s,
-                     start_timeout_s=config.start_timeout_s,
-                     torch_threads=envs.torch_num_threads() or torch.get_num_threads())
+    _check_family(config, model_dir)
+    layout = layout_fields(config.parallel)
+    spec = _group_spec(config, model_dir, layout, log_level)
     group = RankGroup(spec)
     atexit.register(group.close)
     group.spawn()
@@ -357,5 +358,27 @@ def start_rank_runner(config: GenerationStageConfig, model_dir: Path) -> RankGro
                                  dtype=config.dtype, device=spec.devices[0],
                                  safety_checker=config.safety_checker)
     group.join()
-    local.connect_ranks()
+    local.connect_ranks(spec.timeout_s)
     return RankGroupRunner(local, group)
+
+
+def _check_family(config: GenerationStageConfig, model_dir: Path) -> None:
+    family = registry.resolve("generation", model_dir)
+    if RANKS_KIND not in family.loaders:
+        raise ValueError(f"stages.generation.parallel asks for {config.parallel.world_size} "
+                         f"ranks but {model_dir} is a {family.name} model; rank groups run "
+                         f"{', '.join(registry.supported(RANKS_KIND))} models")
+
+
+def _group_spec(config: GenerationStageConfig, model_dir: Path,
+                layout: dict[str, int | bool], log_level: str) -> GroupSpec:
+    import torch
+
+    from worldserve import envs
+
+    world = config.parallel.world_size
+    return GroupSpec(model_dir=model_dir, dtype=config.dtype,
+                     devices=rank_devices(config.device, world), layout=layout,
+                     world_size=world, timeout_s=config.parallel.timeout_s,
+                     start_timeout_s=config.start_timeout_s, log_level=log_level,
+                     torch_threads=envs.torch_num_threads() or torch.get_num_threads())

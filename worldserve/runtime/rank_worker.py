@@ -140,7 +140,7 @@ def serve(launch: RankLaunch) -> None:
     sock.connect(launch.command_address)
     sock.send(codec.encode(RankReady(rank=launch.rank, pid=os.getpid())))
     _join(launch)
-    runner.connect_ranks()
+    runner.connect_ranks(launch.timeout_s)
     peer = PeerRank(runner)
     while peer.running:
         command = codec.decode_command(sock.recv())

@@ -1,11 +1,15 @@
 """The generation engine over a CFG-parallel group of two ranks (cond on rank 0, uncond on
 rank 1, `vae=false`: rank 0 decodes alone) gives byte-identical outputs to the one-process
 engine: interleaved image, video with sound and image-to-video requests; a cancel at a step
-boundary; per-request LoRA after an admin load; a policy action run."""
+boundary; per-request LoRA after an admin load; a policy action run. A hung peer fails the
+step after `parallel.timeout_s` (no hang) and the group comes back."""
 
 from __future__ import annotations
 
 import io
+import os
+import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +28,7 @@ from tests.support.rank_groups import (
 )
 from worldserve.config import GenerationStageConfig, ServerConfig
 from worldserve.engines.generation.engine import GenerationEngine
+from worldserve.errors import StageUnavailable
 from worldserve.ipc.messages import (
     AdminResult,
     GenerateMedia,
@@ -37,7 +42,7 @@ from worldserve.models import registry
 
 pytest.importorskip("peft")
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
-LAYOUT = "cfg=2,vae=false"
+LAYOUT = "cfg=2,vae=false,timeout_s=10"  # the last test waits for that timeout
 
 
 @pytest.fixture(scope="module")
@@ -132,9 +137,10 @@ def test_cancel_at_a_step_boundary_then_the_group_runs_on(group, solo_runner, co
 def test_lora_loaded_through_admin_applies_on_every_rank(group, cosmos3_dir, lora_dir,
                                                          tmp_path):
     load = LoraLoad(request_id="l", name="style", path=str(lora_dir), scale=0.8)
-    msgs = [media("with", fmt="png", num_frames=1, width=32, height=32,
-                  lora=[LoraRef(name="style")]),
-            media("base", fmt="png", num_frames=1, width=32, height=32)]
+    # the base request first and alone: the load left the adapter active on every rank
+    msgs = [media("base", fmt="png", num_frames=1, width=32, height=32),
+            media("with", fmt="png", num_frames=1, width=32, height=32,
+                  lora=[LoraRef(name="style")])]
     outputs = {}
     for name, runner, parallel in (("par", group, LAYOUT), ("solo", None, "")):
         solo = runner or registry.load_runner("generation", cosmos3_dir)
@@ -142,8 +148,10 @@ def test_lora_loaded_through_admin_applies_on_every_rank(group, cosmos3_dir, lor
         loaded: list = []
         eng.submit(load, loaded.append)
         assert isinstance(loaded[-1], AdminResult), loaded
-        replies, _ = run(eng, msgs)
-        outputs[name] = {rid: output(eng, r[-1]) for rid, r in replies.items()}
+        outputs[name] = {}
+        for msg in msgs:  # one at a time: nothing else re-selects in between
+            replies, _ = run(eng, [msg])
+            outputs[name][msg.request_id] = output(eng, replies[msg.request_id][-1])
     assert outputs["par"] == outputs["solo"]
     assert outputs["par"]["with"] != outputs["par"]["base"]
 
@@ -156,3 +164,18 @@ def test_policy_actions_with_guidance_equal_one_process(group, solo_runner):
     assert np.array_equal(frames, ref_frames)
     assert extras is not None and extras.action.shape == (4, 29)
     assert_extras_close(extras, ref_extras, 0.0)
+
+
+def test_a_hung_rank_fails_the_step_after_the_timeout_and_the_group_comes_back(group,
+                                                                                solo_runner):
+    p = params(num_frames=1, width=32, height=32)
+    state = group.prepare(["hung"], [p], p.seeds)
+    peer = group.group.pids()[1]
+    os.kill(peer, signal.SIGSTOP)
+    start = time.monotonic()
+    with pytest.raises(StageUnavailable, match="denoising step 1: .*restarting"):
+        group.denoise_step(state)
+    assert 9 <= time.monotonic() - start < 60  # parallel.timeout_s = 10, then the restart
+    assert group.group.epoch == 1 and group.group.pids()[1] != peer
+    frames, _ = run_to_end(group, p)  # joins the new group
+    assert np.array_equal(frames, run_to_end(solo_runner, p)[0])

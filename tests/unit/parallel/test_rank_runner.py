@@ -26,7 +26,8 @@ class Group:
         self.sent: list[RankCommand] = []
         self.restarts: list[str] = []
         self.answers: dict[int, str | None] | None = {1: None}  # None: peers never answer
-        self.spec = SimpleNamespace(world_size=2, backend="gloo", devices=["cpu", "cpu"])
+        self.spec = SimpleNamespace(world_size=2, backend="gloo", devices=["cpu", "cpu"],
+                                    timeout_s=300.0)
 
     def send(self, command: RankCommand) -> int:
         self.seq += 1
@@ -78,7 +79,7 @@ class Local:
     def denoise_step(self, state: Any) -> None:
         self._phase()
 
-    def connect_ranks(self) -> None:
+    def connect_ranks(self, timeout_s: float) -> None:
         pass
 
 

@@ -67,10 +67,11 @@ class ParallelCosmos3Runner(Cosmos3Runner):
             self.sequence = Cosmos3SequenceParallel(mesh)
             self.sequence.install(pipe.transformer)
 
-    def connect_ranks(self) -> None:
+    def connect_ranks(self, timeout_s: float) -> None:
         """Create this rank's process groups (every rank, same order, after the group's
-        `init_process_group`; again after a group restart)."""
-        self.mesh.build()
+        `init_process_group`; again after a group restart), their collectives bounded by
+        `timeout_s`."""
+        self.mesh.build(timeout_s)
 
     def _check_heads(self) -> None:
         heads = int(self.pipe.transformer.config.num_attention_heads)

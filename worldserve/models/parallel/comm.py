@@ -7,6 +7,7 @@ raised into one exception type the rank runtime recognises as "the group is brok
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
@@ -86,7 +87,7 @@ def ring_shift(tensor: torch.Tensor, handle: GroupHandle) -> torch.Tensor:
         ops = [dist.P2POp(dist.isend, tensor, nxt, group=handle.group),
                dist.P2POp(dist.irecv, out, prv, group=handle.group)]
         for work in dist.batch_isend_irecv(ops):
-            work.wait()
+            work.wait(datetime.timedelta(seconds=handle.timeout_s))
 
     _run("ring send/recv", handle, exchange)
     return out

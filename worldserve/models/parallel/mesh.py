@@ -87,6 +87,7 @@ class GroupHandle:
     ranks: list[int]
     index: int
     group: Any = None
+    timeout_s: float = 300.0  # every collective of the group fails after this long
 
     @property
     def size(self) -> int:
@@ -108,16 +109,23 @@ class RankMesh:
             ranks = next(g for g in self.layout.groups(axis) if self.rank in g)
             self.handles[axis] = GroupHandle(ranks=ranks, index=ranks.index(self.rank))
 
-    def build(self) -> None:
+    def build(self, timeout_s: float) -> None:
+        """`timeout_s` bounds every collective of the new groups (`new_group` would otherwise
+        take torch's 30-minute default, not the world group's)."""
+        import datetime
+
         import torch.distributed as dist
 
+        timeout = datetime.timedelta(seconds=timeout_s)
+        everyone = list(range(self.layout.world_size))
         for axis in AXES:
             handle = self.handles[axis]
-            handle.group = None
+            handle.group, handle.timeout_s = None, timeout_s
             for ranks in self.layout.groups(axis):
                 if len(ranks) < 2:
                     continue
-                group = dist.group.WORLD if axis == "world" else dist.new_group(ranks)
+                group = (dist.group.WORLD if ranks == everyone
+                         else dist.new_group(ranks, timeout=timeout))
                 if self.rank in ranks:
                     handle.group = group
 
