@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 from tests.support.images import random_png as png
+from tests.support.machine import require_module
 from tests.support.rank_groups import (
     action_params,
     assert_extras_close,
@@ -40,7 +41,7 @@ from worldserve.ipc.messages import (
 )
 from worldserve.models import registry
 
-pytest.importorskip("peft")
+require_module("peft")
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 LAYOUT = "cfg=2,vae=false,timeout_s=10"  # the last test waits for that timeout
 
