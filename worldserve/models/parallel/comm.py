@@ -92,12 +92,3 @@ def ring_shift(tensor: torch.Tensor, handle: GroupHandle) -> torch.Tensor:
     _run("ring send/recv", handle, exchange)
     return out
 
-
-def broadcast_(tensor: torch.Tensor, handle: GroupHandle, src_index: int = 0) -> torch.Tensor:
-    """Overwrite `tensor` in place with the copy of the rank at position `src_index`."""
-    import torch.distributed as dist
-
-    if handle.size > 1:
-        _run("broadcast", handle,
-             lambda: dist.broadcast(tensor, handle.ranks[src_index], group=handle.group))
-    return tensor

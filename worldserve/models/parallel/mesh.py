@@ -129,9 +129,6 @@ class RankMesh:
                 if self.rank in ranks:
                     handle.group = group
 
-    def handle(self, axis: str) -> GroupHandle:
-        return self.handles[axis]
-
     @property
     def world(self) -> GroupHandle:
         return self.handles["world"]

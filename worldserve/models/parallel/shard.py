@@ -78,8 +78,8 @@ class ShardedBlock:
         for dtype, parts in pieces.items():
             block.register_buffer(_buffer_name(dtype), torch.cat(parts), persistent=False)
         self.num_params = sum(math.prod(s.shape) for group in self.slots.values() for s in group)
-        self._hooks = [block.register_forward_pre_hook(lambda *_: self.gather()),
-                       block.register_forward_hook(lambda *_: self.release(), always_call=True)]
+        block.register_forward_pre_hook(lambda *_: self.gather())
+        block.register_forward_hook(lambda *_: self.release(), always_call=True)
 
     def gather(self) -> None:
         for dtype, slots in self.slots.items():
@@ -98,10 +98,6 @@ class ShardedBlock:
 
     def local_bytes(self) -> int:
         return sum(getattr(self.block, _buffer_name(d)).nbytes for d in self.slots)
-
-    def remove(self) -> None:
-        for hook in self._hooks:
-            hook.remove()
 
 
 class ShardedBlocks:
