@@ -114,3 +114,17 @@ def build_lora(model_dir: Path, target: Path) -> Path:
     save_file({f"transformer.{k}": (v * 10 if "lora_B" in k else v).contiguous()
                for k, v in state.items()}, str(target / "pytorch_lora_weights.safetensors"))
     return target
+
+
+def build_updated(model_dir: Path, target: Path) -> Path:
+    """The tiny Cosmos3 transformer with every weight nudged (a `POST /admin/weights/update`
+    directory: `transformer/` in the diffusers layout)."""
+    from diffusers.models.transformers.transformer_cosmos3 import Cosmos3OmniTransformer
+
+    generator = torch.Generator().manual_seed(5)
+    transformer = Cosmos3OmniTransformer.from_pretrained(model_dir / "transformer")
+    with torch.no_grad():
+        for param in transformer.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
+    transformer.save_pretrained(target / "transformer")
+    return target

@@ -123,6 +123,15 @@ class RankGroupRunner:
         return info
 
     def prepare(self, row_owner: list[str], rows: list[Any], seeds: list[int]) -> GroupBatch:
+        """A new batch on every rank. A group found broken meanwhile (a peer that died while
+        idle) costs this batch nothing: it is prepared again on the restarted group."""
+        try:
+            return self._prepare(row_owner, rows, seeds)
+        except RankGroupError as exc:
+            log.warning("preparing again on a restarted rank group (%s)", exc)
+            return self._prepare(row_owner, rows, seeds)
+
+    def _prepare(self, row_owner: list[str], rows: list[Any], seeds: list[int]) -> GroupBatch:
         self._ensure_ready()
         self._next_batch += 1
         batch_id = self._next_batch

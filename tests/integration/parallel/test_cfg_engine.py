@@ -2,7 +2,8 @@
 rank 1, `vae=false`: rank 0 decodes alone) gives byte-identical outputs to the one-process
 engine: interleaved image, video with sound and image-to-video requests; a cancel at a step
 boundary; per-request LoRA after an admin load; a policy action run. A hung peer fails the
-step after `parallel.timeout_s` (no hang) and the group comes back."""
+step after `parallel.timeout_s` (no hang) and the group comes back; a weights update and a
+memory release/resume reach every rank, and a restarted group replays the update."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from tests.support.rank_groups import (
     action_params,
     assert_extras_close,
     build_lora,
+    build_updated,
     params,
     rank_group,
     run_to_end,
@@ -38,6 +40,9 @@ from worldserve.ipc.messages import (
     GenerationResult,
     LoraLoad,
     LoraRef,
+    MemoryRelease,
+    MemoryResume,
+    WeightsUpdate,
 )
 from worldserve.models import registry
 
@@ -180,3 +185,30 @@ def test_a_hung_rank_fails_the_step_after_the_timeout_and_the_group_comes_back(g
     assert group.group.epoch == 1 and group.group.pids()[1] != peer
     frames, _ = run_to_end(group, p)  # joins the new group
     assert np.array_equal(frames, run_to_end(solo_runner, p)[0])
+
+
+def admin(eng: GenerationEngine, msg) -> None:
+    replies: list = []
+    eng.submit(msg, replies.append)
+    drain(eng)  # applied at a step boundary
+    assert isinstance(replies[-1], AdminResult), replies
+
+
+def test_a_weights_update_reaches_every_rank_and_a_restarted_group_replays_it(
+        group, cosmos3_dir, tmp_path):
+    updated = build_updated(cosmos3_dir, tmp_path / "updated")
+    image = media("u", fmt="png", num_frames=1, width=32, height=32)
+    engines, outputs = {}, {}
+    for name, runner, parallel in (("par", group, LAYOUT), ("solo", None, "")):
+        solo = runner or registry.load_runner("generation", cosmos3_dir)
+        eng = engines[name] = engine(cosmos3_dir, tmp_path / name, solo, parallel)
+        for msg in (WeightsUpdate(request_id="w", path=str(updated)),
+                    MemoryRelease(request_id="r"), MemoryResume(request_id="m")):
+            admin(eng, msg)
+        replies, _ = run(eng, [image])
+        outputs[name] = output(eng, replies["u"][-1])
+    assert outputs["par"] == outputs["solo"]
+    os.kill(group.group.pids()[1], signal.SIGKILL)  # idle: the next request restarts the group
+    replies, _ = run(engines["par"], [image])
+    assert output(engines["par"], replies["u"][-1]) == outputs["solo"]
+    assert group.group.epoch == 2  # (the hung-peer test restarted it once before)

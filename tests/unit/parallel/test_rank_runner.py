@@ -2,7 +2,8 @@
 real ones: tests/integration/parallel): a collective failure or a peer's error restarts the
 group and fails the request with stage_unavailable; rank 0 failing after its peers finished
 keeps the group; a batch of an older group fails without reaching the peers; a failed
-prepare has the peers drop their batch."""
+prepare has the peers drop their batch; a peer found dead while preparing costs the new
+request nothing (prepared again on the restarted group)."""
 
 from __future__ import annotations
 
@@ -138,3 +139,19 @@ def test_a_prepare_refused_by_rank_0_is_dropped_by_the_peers(parts):
     first, second = group.sent
     assert isinstance(first, PrepareBatch) and second.drop_batches == [first.batch_id]
     assert group.restarts == []
+
+
+def test_a_peer_that_died_idle_is_replaced_before_the_new_batch(parts):
+    runner, group, _ = parts
+    outcomes = iter([None, {1: None}])  # the first prepare finds the peer gone
+
+    def wait_done(seq, timeout_s=None):
+        outcome = next(outcomes)
+        if outcome is None:
+            raise RankGroupError("rank 1 (pid 4242) killed by signal SIGKILL while running a step")
+        return outcome
+
+    group.wait_done = wait_done
+    batch = runner.prepare(["r"], [None], [1])
+    assert batch.epoch == 1 and len(group.restarts) == 1
+    assert [type(c).__name__ for c in group.sent] == ["PrepareBatch", "PrepareBatch"]
