@@ -320,8 +320,9 @@ def gpu_check_parallel(gpus: tuple[int, ...] = (1, 2, 4, 8), steps: int = 2,
 def part_parallel(setup: Any, tmp: Path) -> dict[str, Any]:
     """`benchmarks/gpu_check.py`'s part signature (`PARTS["parallel"] = part_parallel`): the
     GPU mode on the GPUs the machine has (one GPU: the one-process baseline only)."""
-    return gpu_check_parallel(steps=2, frames=5 if setup.dry_run else 93,
-                              dry_run=bool(setup.dry_run))
+    dry_run = bool(setup.dry_run)
+    return gpu_check_parallel(gpus=(1, 2) if dry_run else (1, 2, 4, 8), steps=2,
+                              frames=5 if dry_run else 93, dry_run=dry_run)
 
 
 def main() -> None:
