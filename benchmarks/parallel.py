@@ -219,12 +219,17 @@ def _random_pipeline(device: str, dtype: Any, dry_run: bool) -> Any:
     torch.manual_seed(0)
     vae_base = 8 if dry_run else 160
     with torch.device(device):
-        transformer = Cosmos3OmniTransformer(**nano_shape(dry_run)).to(dtype).eval()
-        vae = AutoencoderKLWan(
-            base_dim=vae_base, decoder_base_dim=vae_base if dry_run else 256, z_dim=48,
-            dim_mult=[1, 2, 4, 4], num_res_blocks=2, is_residual=True, in_channels=12,
-            out_channels=12, patch_size=2, scale_factor_spatial=16, scale_factor_temporal=4,
-            latents_mean=[0.0] * 48, latents_std=[1.0] * 48).to(dtype).eval()
+        torch.set_default_dtype(dtype)  # built in bf16 directly: no fp32 copy of 15 B weights
+        try:
+            transformer = Cosmos3OmniTransformer(**nano_shape(dry_run)).eval()
+            vae = AutoencoderKLWan(
+                base_dim=vae_base, decoder_base_dim=vae_base if dry_run else 256, z_dim=48,
+                dim_mult=[1, 2, 4, 4], num_res_blocks=2, is_residual=True, in_channels=12,
+                out_channels=12, patch_size=2, scale_factor_spatial=16,
+                scale_factor_temporal=4, latents_mean=[0.0] * 48,
+                latents_std=[1.0] * 48).eval()
+        finally:
+            torch.set_default_dtype(torch.float32)
     transformer.time_embedder.to(torch.float32)  # as from_pretrained keeps it
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
                                         flow_shift=5.0)
