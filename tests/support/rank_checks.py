@@ -24,16 +24,18 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 def check_ulysses(mesh: Any) -> float:
-    """Queries on sequence chunks -> heads -> attention -> back == the full attention's chunk."""
-    from worldserve.models.parallel.attention import gather_heads, head_slice, scatter_heads
+    """Chunks of q (4 heads) and GQA k, v (2 heads) -> head groups in one all-to-all ->
+    attention -> back == the full attention's chunk."""
+    from worldserve.models.parallel.attention import gather_heads, scatter_heads_many
 
     g = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(12, 4, 8, generator=g) for _ in range(3))
+    q = torch.randn(12, 4, 8, generator=g)
+    k, v = (torch.randn(12, 2, 8, generator=g) for _ in range(2))
     chunk = 12 // WORLD
     mine = slice(mesh.rank * chunk, (mesh.rank + 1) * chunk)
-    heads_q = scatter_heads(q[mine], mesh.world)
-    out = _sdpa(heads_q, head_slice(k, mesh.world), head_slice(v, mesh.world))
-    return float((gather_heads(out, mesh.world) - _sdpa(q, k, v)[mine]).abs().max())
+    heads_q, heads_k, heads_v = scatter_heads_many([q[mine], k[mine], v[mine]], mesh.world)
+    out = gather_heads(_sdpa(heads_q, heads_k, heads_v), mesh.world)
+    return float((out - _sdpa(q, k, v)[mine]).abs().max())
 
 
 def check_ring(mesh: Any) -> float:

@@ -30,7 +30,7 @@ from worldserve.models.parallel.attention import (
     head_slice,
     repeat_kv,
     ring_attention,
-    scatter_heads,
+    scatter_heads_many,
 )
 from worldserve.models.parallel.comm import all_gather_cat
 from worldserve.models.parallel.mesh import RankMesh
@@ -121,7 +121,7 @@ class Cosmos3ParallelAttnProcessor:
         if k.shape[1] % ulysses.size:  # GQA heads the Ulysses degree cannot divide
             k, v = repeat_kv(k, num_heads), repeat_kv(v, num_heads)
             k_und, v_und = repeat_kv(k_und, num_heads), repeat_kv(v_und, num_heads)
-        q, k, v = (scatter_heads(t, ulysses) for t in (q, k, v))  # (ring chunk, my heads, D)
+        q, k, v = scatter_heads_many([q, k, v], ulysses)  # (ring chunk, my heads, D)
         k_und, v_und = head_slice(k_und, ulysses), head_slice(v_und, ulysses)
         lengths = self.sequence.ring_chunk_lengths()
         if mesh.ring.size == 1:

@@ -16,12 +16,21 @@ from worldserve.models.parallel.mesh import GroupHandle
 def scatter_heads(x: torch.Tensor, handle: GroupHandle) -> torch.Tensor:
     """(chunk, H, D) on each rank -> (size * chunk, H / size, D): every rank's chunk, in axis
     order, for this rank's group of heads."""
+    return scatter_heads_many([x], handle)[0]
+
+
+def scatter_heads_many(tensors: list[torch.Tensor], handle: GroupHandle) -> list[torch.Tensor]:
+    """`scatter_heads` of several (chunk, H_i, D) tensors in one all-to-all."""
     size = handle.size
     if size == 1:
-        return x
-    chunk, heads, dim = x.shape
-    parts = x.view(chunk, size, heads // size, dim).permute(1, 0, 2, 3)  # (size, chunk, H/s, D)
-    return all_to_all(parts, handle).reshape(size * chunk, heads // size, dim)
+        return tensors
+    chunk, dim = tensors[0].shape[0], tensors[0].shape[2]
+    widths = [t.shape[1] // size for t in tensors]
+    parts = torch.cat([t.reshape(chunk, size, w, dim).permute(1, 0, 2, 3)
+                       for t, w in zip(tensors, widths)], dim=2)  # (size, chunk, sum H/s, D)
+    out = all_to_all(parts, handle)
+    return [piece.reshape(size * chunk, w, dim)
+            for piece, w in zip(out.split(widths, dim=2), widths)]
 
 
 def gather_heads(x: torch.Tensor, handle: GroupHandle) -> torch.Tensor:
