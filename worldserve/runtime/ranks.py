@@ -57,10 +57,12 @@ def rank_devices(device: str, world_size: int) -> list[str]:
     """One device per rank: `cpu` for all on CPU; on CUDA consecutive visible devices from the
     configured one (`cuda` = `cuda:0`; the placement plan sets the stage process's
     CUDA_VISIBLE_DEVICES, so these are the stage's own devices)."""
-    if not device.startswith("cuda"):
-        return [device] * world_size
     import torch
 
+    if device == "auto":  # normally resolved by the placement plan before the stage starts
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not device.startswith("cuda"):
+        return [device] * world_size
     first = int(device.partition(":")[2] or 0)
     count = torch.cuda.device_count()
     if count < first + world_size:
