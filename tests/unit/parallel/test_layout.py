@@ -67,3 +67,27 @@ def test_a_family_without_rank_groups_is_refused_before_anything_starts(tmp_path
     config = GenerationStageConfig(model_path=tmp_path, parallel="cfg=2")
     with pytest.raises(ValueError, match="is a wan model; rank groups run cosmos3 models"):
         start_rank_runner(config, tmp_path)
+
+
+def test_the_serve_flag_reaches_the_stage_config_and_refuses_bad_layouts(monkeypatch):
+    from typing import Any
+
+    from typer.testing import CliRunner
+
+    from worldserve import cli
+
+    seen: list[Any] = []
+
+    async def fake_serve(cfg: Any, key: Any) -> int:  # stop at the boundary: no server
+        seen.append(cfg)
+        return 0
+
+    monkeypatch.setattr(cli, "_serve", fake_serve)
+    monkeypatch.setattr(cli, "_fill_dev_model_paths", lambda cfg: cfg)
+    runner = CliRunner()
+    ok = runner.invoke(cli.app, ["serve", "--generation-parallel", "cfg=2,ring=2,shard=4"])
+    assert ok.exit_code == 0, ok.output
+    parallel = seen[0].stages.generation.parallel
+    assert (parallel.cfg, parallel.ring, parallel.shard, parallel.world_size) == (2, 2, 4, 4)
+    bad = runner.invoke(cli.app, ["serve", "--generation-parallel", "cfg=2,shard=3"])
+    assert bad.exit_code == 2 and "one must be a multiple of the other" in bad.output
