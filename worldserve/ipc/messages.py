@@ -211,12 +211,17 @@ class ActionOutput(msgspec.Struct, kw_only=True):
 
 
 class GenerationResult(Reply):
+    """`stage_durations`: seconds per phase (encode: prompts and latents; denoise; decode; mux:
+    writing the files), wall time of the steps the request was in (a batch's steps count for
+    each of its requests)."""
+
     file_names: list[str]
     width: int
     height: int
     num_frames: int
     inference_time_s: float
     peak_memory_mb: float | None = None
+    stage_durations: dict[str, float] = {}
     actions: list[ActionOutput] = []  # one per output, for action runs that predict actions
 
 

@@ -106,6 +106,25 @@ def test_batched_equals_sequential_and_progress(engine):
     assert len(progress) >= 3 + 2  # every denoising step, decoded, writing
 
 
+def test_stage_durations_per_phase(engine):
+    """Each phase's wall time goes to the requests it ran for: a batch's prepare and denoise
+    steps to every request of it, a decode to its row's owner, a write to its request."""
+    replies = Replies()
+    for rid in ("d0", "d1"):
+        engine.submit(media(rid, fmt="mp4", frames=9), replies.fn(rid))
+    engine.step()  # one batch with both
+    assert [len(batch.requests) for batch in engine.running] == [2]
+    drain(engine)
+    d0, d1 = replies.terminal("d0"), replies.terminal("d1")
+    for result in (d0, d1):
+        assert set(result.stage_durations) == {"encode", "denoise", "decode", "mux"}
+        assert all(v > 0 for v in result.stage_durations.values())
+        assert sum(result.stage_durations.values()) <= result.inference_time_s + 1e-3
+        assert result.peak_memory_mb > 0
+    assert d0.stage_durations["denoise"] == d1.stage_durations["denoise"]  # shared steps
+    assert d0.stage_durations["encode"] == d1.stage_durations["encode"]
+
+
 def test_video_with_several_outputs(engine):
     replies = Replies()
     engine.submit(media("vid", fmt="mp4", frames=10, seeds=(1, 2)), replies.fn("vid"))

@@ -22,6 +22,8 @@ class MediaJob:
     msg: GenerateMedia | None  # None for internal (warmup) requests
     reply: ReplyFn
     started_s: float = 0.0
+    # seconds this request spent in each phase (STAGE_KEYS), wall time of the steps it was in
+    durations: dict[str, float] = field(default_factory=dict)
 
 
 class Phase(enum.Enum):
@@ -29,6 +31,11 @@ class Phase(enum.Enum):
     DENOISE = "denoise"  # one denoising step of every row
     DECODE = "decode"  # one row's VAE decode
     WRITE = "write"  # one request's output files and result
+
+
+# The result's `stage_durations` keys per phase (vLLM-Omni's names).
+STAGE_KEYS = {Phase.PREPARE: "encode", Phase.DENOISE: "denoise", Phase.DECODE: "decode",
+              Phase.WRITE: "mux"}
 
 
 @dataclass(eq=False)
@@ -53,6 +60,23 @@ class RunningBatch:
         if self.next_row < len(self.state.row_owner):
             return Phase.DECODE
         return Phase.WRITE
+
+    def account(self, phase: Phase, seconds: float) -> None:
+        """Add a phase's wall time to the requests it ran for (a decode: the row's owner; a
+        write: the request written; a prepare or denoise step: every request of the batch)."""
+        if self.state is None:
+            return
+        if phase is Phase.DECODE:
+            owner = self.state.row_owner[self.next_row]
+            requests = [r for r in self.requests if r.request_id == owner]
+        elif phase is Phase.WRITE:
+            requests = self.requests[:1]
+        else:
+            requests = self.requests
+        key = STAGE_KEYS[phase]
+        for request in requests:
+            durations = request.payload.durations
+            durations[key] = durations.get(key, 0.0) + seconds
 
     def rows_of(self, request_id: str) -> list[int]:
         assert self.state is not None

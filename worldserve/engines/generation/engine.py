@@ -196,11 +196,14 @@ class GenerationEngine:
         if scheduled is None:
             time.sleep(min(MAX_WAIT_SLEEP_S, self.scheduler.wait_s()))
             return
+        started = time.perf_counter()
         try:
             output = self._execute(scheduled)
         except Exception as exc:
             self._failed(scheduled, exc)
             return
+        if scheduled.batch is not None and scheduled.phase is not None:
+            scheduled.batch.account(scheduled.phase, time.perf_counter() - started)
         self._update(scheduled, output)
 
     def stats(self) -> dict[str, Any]:
@@ -356,6 +359,7 @@ class GenerationEngine:
             request_id=request.request_id, file_names=names, width=int(frames.shape[2]),
             height=int(frames.shape[1]), num_frames=int(frames.shape[0]),
             inference_time_s=time.perf_counter() - job.started_s, peak_memory_mb=_peak_memory_mb(),
+            stage_durations={k: round(v, 6) for k, v in job.durations.items()},
             actions=[a for a in actions if a is not None]))
 
     def _finish(self, request: ScheduledRequest) -> None:
@@ -431,14 +435,16 @@ def _as_error(exc: Exception) -> WorldserveError:
     return InternalError(first_line)
 
 
-def _peak_memory_mb() -> float | None:
+def _peak_memory_mb() -> float:
+    """The device's peak allocated memory (CUDA), else the stage process's peak RSS; 0.0 when
+    neither can be read (clients compare it with `> 0`)."""
     try:
         import torch
 
         if torch.cuda.is_available():
             return torch.cuda.max_memory_allocated() / 2**20
     except Exception:  # memory figures are optional; never fail a request for them
-        return None
+        return 0.0
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
