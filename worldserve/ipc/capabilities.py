@@ -112,6 +112,7 @@ class GenerationCapabilities(StageCapabilities, tag="generation"):
     video_conditioning: bool = False  # video_path / video_url / video_reference accepted
     # Cosmos3 checkpoints with action heads (action_gen); None: no such actions.
     action_generation: ActionGenerationCapabilities | None = None
+    flow_shift: bool = False  # a request's flow_shift sets its scheduler's shift
     # The checkpoint's NIM profile (models/cosmos3/profile.py): variant None when it has none;
     # `model_modes` None: every mode the pipeline supports (else a specialist's only modes).
     variant: str | None = None

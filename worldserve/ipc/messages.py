@@ -161,6 +161,7 @@ class GenerationParams(msgspec.Struct, kw_only=True):
     # model. Requests with different selections never share a batch.
     lora: list[LoraRef] = []
     fps: float | None = None  # models whose sampling depends on it (Cosmos3)
+    flow_shift: float | None = None  # None: the scheduler's configured shift (declared: caps)
     generate_sound: bool = False
     condition_video: bytes | None = None
     condition_frame_indexes_vision: list[int] | None = None

@@ -158,3 +158,4 @@ class RunnerFeatures:
     padded_action_dim: int | None = None
     action_domains: Mapping[str, int] | None = None  # domain name -> raw action width
     action_domain_ids: Mapping[str, int] | None = None  # domain name -> domain id
+    flow_shift: bool = False  # a request's `flow_shift` sets its scheduler's shift

@@ -168,3 +168,17 @@ def test_server_warmup_runs_on_cosmos3(cosmos3_dir, tmp_path):
                         warmup_resolutions=["32x32"])
     assert engine.warmup.done and engine.warmup.num_failed == 0
     assert engine.state() == "ready"
+
+
+def test_a_requests_flow_shift_sets_its_schedule(cosmos3_dir, tmp_path):
+    """The NIM's per-request `flow_shift`: the row's sigmas are those of the checkpoint's own
+    scheduler class configured with that shift (diffusers' set_timesteps as the reference)."""
+    engine = engine_for(cosmos3_dir, tmp_path)
+    assert engine.capabilities().flow_shift
+    base = engine.pipe.scheduler
+    state = engine.runner.prepare(["x"], [media("x", flow_shift=10.0).params], [5])
+    reference = type(base).from_config({**base.config, "flow_shift": 10.0})
+    reference.set_timesteps(3)
+    assert np.allclose(state.rows[0].scheduler.sigmas.numpy(), reference.sigmas.numpy())
+    default = engine.runner.prepare(["y"], [media("y").params], [5])
+    assert not np.allclose(default.rows[0].scheduler.sigmas.numpy(), reference.sigmas.numpy())

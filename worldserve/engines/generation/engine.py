@@ -416,7 +416,8 @@ def _feature_capabilities(features: RunnerFeatures) -> dict[str, Any]:
     return {"family": features.family, "image_edits": features.image_edits,
             "exact_num_frames": features.exact_num_frames, "sound": features.sound,
             "sound_sample_rate": features.sound_sample_rate,
-            "video_conditioning": features.video_conditioning, "action_generation": actions}
+            "video_conditioning": features.video_conditioning, "action_generation": actions,
+            "flow_shift": features.flow_shift}
 
 
 def _load_actions(path: Path) -> ActionRunner | None:

@@ -39,7 +39,7 @@ def batch_key(params: GenerationParams) -> Hashable | None:
         return None
     return (params.width, params.height, params.num_frames, params.num_inference_steps,
             params.guidance_scale, params.guidance_scale_2, params.max_sequence_length,
-            tuple((ref.name, ref.scale) for ref in params.lora))
+            params.flow_shift, tuple((ref.name, ref.scale) for ref in params.lora))
 
 
 @dataclass(eq=False)

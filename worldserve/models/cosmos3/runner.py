@@ -136,6 +136,7 @@ class Cosmos3Runner(DiffusersAdminOps):
             sound=self.supports_sound,
             sound_sample_rate=self.sample_rate if self.supports_sound else None,
             video_conditioning=True, action_generation=self.supports_actions,
+            flow_shift="flow_shift" in self.pipe.scheduler.config,
             padded_action_dim=self.padded_action_dim, action_domains=domains,
             action_domain_ids=({name: _EMBODIMENT_TO_DOMAIN_ID[name] for name in domains}
                                if domains is not None else None))
@@ -201,7 +202,8 @@ class Cosmos3Runner(DiffusersAdminOps):
                         action_indexes=action_indexes, device=device)
         cond = self._pack(cond_text, **modality)
         uncond = self._pack(uncond_text, **modality)
-        scheduler, timesteps = self._scheduler(params.num_inference_steps, device)
+        scheduler, timesteps = self._scheduler(params.num_inference_steps, device,
+                                               params.flow_shift)
         return RowState(
             latents=latents, sound_latents=sound_latents, action_latents=action_latents,
             cond=cond, uncond=uncond, vision_mask=vision_mask, sound_mask=sound_mask,
@@ -268,10 +270,13 @@ class Cosmos3Runner(DiffusersAdminOps):
                 "sequence_length": text["und_len"] + vision["num_vision_tokens"]
                 + sound.get("sound_len", 0) + action.get("action_len", 0)}
 
-    def _scheduler(self, num_steps: int, device: Any) -> tuple[Any, torch.Tensor]:
-        """A fresh copy of the pipeline's scheduler with its timesteps set (`__call__` step 6)."""
+    def _scheduler(self, num_steps: int, device: Any,
+                   flow_shift: float | None = None) -> tuple[Any, torch.Tensor]:
+        """A fresh copy of the pipeline's scheduler with its timesteps set (`__call__` step 6);
+        a request's `flow_shift` replaces the configured one (the NIM's per-request field)."""
         base = self.pipe.scheduler
-        scheduler = type(base).from_config(base.config)
+        shift = {"flow_shift": flow_shift} if flow_shift is not None else {}
+        scheduler = type(base).from_config(base.config, **shift)
         if self.pipe.config.use_native_flow_schedule:
             sigmas = np.linspace(1.0 - 1.0 / scheduler.config.num_train_timesteps, 0.0,
                                  num_steps + 1)[:-1]
