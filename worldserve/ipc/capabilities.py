@@ -67,6 +67,9 @@ class GenerationDefaults(msgspec.Struct, kw_only=True):
     image_height: int = 480
     image_format: str = "png"
     image_response_format: str = "url"  # Cosmos3: b64_json (spec §3.1)
+    # /v1/infer serves a resolution key at the NIM table's size divided by this (the tiny dev
+    # checkpoint: 16, so 720_16_9 is 80x48); 1: the table's own sizes
+    resolution_divisor: int = 1
 
 
 class ActionHeadCapabilities(msgspec.Struct, kw_only=True):

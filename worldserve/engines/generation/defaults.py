@@ -25,6 +25,8 @@ class SamplingDefaults:
     image_height: int = 480
     image_format: str = "png"
     image_response_format: str = "url"
+    # /v1/infer resolution keys are served at the NIM table's size divided by this (dev: 16)
+    resolution_divisor: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -48,7 +50,7 @@ COSMOS3_DEFAULTS = SamplingDefaults(width=1280, height=720, num_frames=189, fps=
 COSMOS3_DEV_DEFAULTS = SamplingDefaults(width=48, height=32, num_frames=9, fps=8,
                                         num_inference_steps=4, guidance_scale=6.0,
                                         image_width=32, image_height=32,
-                                        image_response_format="b64_json")
+                                        image_response_format="b64_json", resolution_divisor=16)
 FAMILY_DEFAULTS = {"cosmos3": (COSMOS3_DEFAULTS, COSMOS3_DEV_DEFAULTS)}
 
 
