@@ -40,7 +40,7 @@ serve-qwen: dev-models
 		--model-path "$(DEV_MODELS)/reasoner"
 
 lint: $(STAMP)
-	$(BIN)/ruff check worldserve tests benchmarks
+	$(BIN)/ruff check worldserve tests benchmarks tools
 
 ifeq ($(BROWSER),0)
 test: $(STAMP) lint

@@ -116,7 +116,7 @@ def render(walks: list[Walk]) -> str:
     for walk in walks:
         lines += ["", f"## ({walk.key}) {walk.title}", ""]
         for lane, steps in walk.phases.items():
-            lines += [f"**{_short(lane)}** ({len(steps)} hops)", ""]
+            lines += [f"**{lane}** ({len(steps)} hops)", ""]
             for step in steps:
                 shown = step.functions[:MAX_FUNCTIONS]
                 more = ", ..." if len(step.functions) > MAX_FUNCTIONS else ""
@@ -154,23 +154,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="compare with the committed page; exit 1 when it is stale")
     parser.add_argument("--walks", default="abc", help="which walks to trace (default: abc)")
+    parser.add_argument("--output", type=Path, default=DOC, help="the page (default: %(default)s)")
     args = parser.parse_args(argv)
     models = dev_models()
     page = render([trace(key, models) for key in args.walks])
     if not args.check:
-        DOC.write_text(page)
-        print(f"wrote {DOC.relative_to(ROOT)}")
+        args.output.write_text(page)
+        print(f"wrote {args.output}")
         return 0
-    committed, fresh = pairs(DOC.read_text()), pairs(page)
+    committed, fresh = pairs(args.output.read_text()), pairs(page)
     if committed == fresh:
-        print(f"{DOC.relative_to(ROOT)} is current")
+        print(f"{args.output} is current")
         return 0
     for key in sorted(set(committed) | set(fresh)):
         for line in sorted(fresh.get(key, set()) - committed.get(key, set())):
             print(f"new   {key}: {line}")
         for line in sorted(committed.get(key, set()) - fresh.get(key, set())):
             print(f"gone  {key}: {line}")
-    print(f"{DOC.relative_to(ROOT)} is stale: run `python -m tools.request_walks`")
+    print(f"{args.output} is stale: run `python -m tools.request_walks`")
     return 1
 
 

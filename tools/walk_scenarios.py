@@ -35,8 +35,10 @@ from worldserve.runtime.inprocess import InProcessStageClient
 VIDEO = {"prompt": "a robot arm", "size": "48x32", "num_frames": 9, "num_inference_steps": 1}
 SESSION = {"op": "create", "system_prompt": "Describe the frame.", "question": "What is here?",
            "sampling": {"max_tokens": 4}}
-REALTIME_INIT = {"type": "init", "prompt": "a castle", "size": "64x64", "max_chunks": 4,
-                 "seed": 1}
+# Unpaced (chunks go out as soon as they are encoded), and more chunks than the walk reads: no
+# wall-clock waits and no session end inside the trace.
+REALTIME_INIT = {"type": "init", "prompt": "a castle", "size": "64x64", "max_chunks": 16,
+                 "seed": 1, "realtime_output_pacing": False}
 ACTION_EVENT = {"type": "event", "kind": "action", "payload": "w-8,d-4"}
 POLL_S = 0.01
 

@@ -102,4 +102,4 @@ class Tracer:
         code = getattr(task.get_coro(), "cr_code", None) if task is not None else None
         if code is None or not code.co_filename.startswith(ROOT):
             return self.lane
-        return f"task worldserve/{code.co_filename[len(ROOT):]}:{code.co_qualname}"
+        return f"task `{code.co_filename[len(ROOT):]}:{code.co_qualname}`"

@@ -224,7 +224,8 @@ def resolve_video(req: VideoCreateRequest, images: list[bytes], video: bytes | N
     check_generation(params, caps, horizon_field)
     return MediaRequest(params=params, output_format="mp4", compression=compression_of(req, 50),
                         fps=fps, model=req.model, enhance_prompt=bool(req.enhance_prompt),
-                        action=job_action(params.action, caps), warnings=warnings)
+                        action=job_action(params.action, caps) if params.action else None,
+                        warnings=warnings)
 
 
 def _video_fields(params: GenerationParams, req: VideoCreateRequest,

@@ -153,8 +153,9 @@ class MediaService:
             yield reply
 
     async def _enhance(self, request: MediaRequest) -> None:
-        params = request.params
-        params.prompt = await maybe_enhance(self.enhancer, request.enhance_prompt, params.prompt)
+        if request.enhance_prompt:
+            params = request.params
+            params.prompt = await maybe_enhance(self.enhancer, True, params.prompt)
 
     # ------------------------------------------------------------------ images
 
@@ -215,7 +216,7 @@ class MediaService:
         return result
 
     async def generate_data(self, params: GenerationParams) -> GenerationResult:
-        """A data-only generation (Cosmos3 actions): no file, the result carries the data.
+        """A data-only generation (world-model actions): no file, the result carries the data.
         Interleaves with media requests like any other; a client that goes away cancels it."""
         msg = GenerateMedia(request_id=new_request_id("act"), params=params,
                             output_stem="actions", output_format=NO_FILE)

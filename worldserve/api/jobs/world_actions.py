@@ -92,11 +92,8 @@ def forward_dynamics(body: VideoCreateRequest,
     return action, field
 
 
-def job_action(action: ActionCondition | None,
-               caps: GenerationCapabilities) -> dict[str, Any] | None:
+def job_action(action: ActionCondition, caps: GenerationCapabilities) -> dict[str, Any]:
     """The job object's `action` (spec §4.2): the rows a forward-dynamics job rolls out."""
-    if action is None:
-        return None
     rows = action.raw_actions or []
     actions = caps.action_generation
     return {"data": rows, "shape": [len(rows), len(rows[0]) if rows else 0],

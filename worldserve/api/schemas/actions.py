@@ -26,7 +26,7 @@ MAX_ACTION_HORIZON = 1024  # an action run's clip has horizon + 1 frames (videos
 
 
 class ActionParameters(BaseModel):
-    # extra="allow": Cosmos3 parameters reach models that declare them (spec §0.3).
+    # extra="allow": world-model parameters reach models that declare them (spec §0.3).
     model_config = ConfigDict(extra="allow")
     num_inference_steps: int | None = Field(default=None, gt=0, le=1000)
     action_horizon: int | None = Field(default=None, gt=0, le=MAX_ACTION_HORIZON)
