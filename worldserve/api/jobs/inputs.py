@@ -28,7 +28,7 @@ from worldserve.api.schemas.videos import VideoCreateRequest
 from worldserve.errors import InvalidRequest, UnsupportedMediaType, WorldserveError
 from worldserve.ipc.capabilities import GenerationCapabilities
 from worldserve.media.images import check_image
-from worldserve.media.policy import MediaPolicy, check_forbidden_fields, check_prompt_lengths
+from worldserve.media.policy import MediaPolicy
 from worldserve.media.uploads import (
     is_video_reference,
     read_image_reference,
@@ -296,9 +296,7 @@ def prepare(payload: dict[str, Any], policy: MediaPolicy) -> dict[str, Any]:
     """Flatten the extra containers, then apply the forbidden-field rule and the media policy
     (after flattening, so nothing can be smuggled in through a container)."""
     flat = flatten_extras(payload)
-    check_forbidden_fields(flat)
-    check_prompt_lengths(flat)
-    policy.scan(flat)
+    policy.check_body(flat)
     return flat
 
 

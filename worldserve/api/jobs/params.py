@@ -141,9 +141,7 @@ def _refuse_unavailable(req: SamplingFields) -> None:
 
 
 def _params(req: SamplingFields, defaults: GenerationDefaults, size: tuple[int, int],
-            num_frames: int, warnings: list[str]) -> GenerationParams:
-    prompt = require_prompt(req.prompt)
-    _refuse_unavailable(req)
+            num_frames: int, prompt: str, warnings: list[str]) -> GenerationParams:
     _check_ranges(req)
     steps = _positive("num_inference_steps", req.num_inference_steps, MAX_STEPS)
     max_len = _positive("max_sequence_length", req.max_sequence_length, 4096)
@@ -178,6 +176,7 @@ def compression_of(req: SamplingFields, default: int) -> int:
 def resolve_image(req: ImageGenerationRequest, images: list[bytes],
                   caps: GenerationCapabilities, *, default_response_format: str) -> MediaRequest:
     """An image request (conditioned on `images` for edits)."""
+    prompt = require_prompt(req.prompt)
     defaults = caps.defaults
     response_format = req.response_format or default_response_format
     if response_format not in RESPONSE_FORMATS:
@@ -191,11 +190,12 @@ def resolve_image(req: ImageGenerationRequest, images: list[bytes],
     output_format = req.output_format or (
         "png" if req.background == "transparent" else defaults.image_format
     )
+    _refuse_unavailable(req)
     _positive("num_frames", req.num_frames)
     size = parse_size(req.size, req.width, req.height,
                       (defaults.image_width, defaults.image_height))
     warnings: list[str] = []
-    params = _params(req, defaults, size, 1, warnings)
+    params = _params(req, defaults, size, 1, prompt, warnings)
     params.condition_images = images
     check_generation(params, caps)
     return MediaRequest(params=params, output_format=output_format,
@@ -208,6 +208,8 @@ def resolve_video(req: VideoCreateRequest, images: list[bytes], video: bytes | N
                   caps: GenerationCapabilities) -> MediaRequest:
     """A video job (conditioned on an image or a video, or driven by actions)."""
     _refuse_undeclared(req, caps)
+    prompt = require_prompt(req.prompt)
+    _refuse_unavailable(req)
     defaults = caps.defaults
     fps = _positive("fps", req.fps, 240) or defaults.fps
     seconds = _positive("seconds", req.seconds, 600) or 4
@@ -219,7 +221,7 @@ def resolve_video(req: VideoCreateRequest, images: list[bytes], video: bytes | N
         num_frames = max(1, (num_frames - 1) // stride * stride + 1)
     size = parse_size(req.size, req.width, req.height, (defaults.width, defaults.height))
     warnings: list[str] = []
-    params = _params(req, defaults, size, num_frames, warnings)
+    params = _params(req, defaults, size, num_frames, prompt, warnings)
     horizon_field = _video_fields(params, req, caps, fps, images, video)
     check_generation(params, caps, horizon_field)
     return MediaRequest(params=params, output_format="mp4", compression=compression_of(req, 50),

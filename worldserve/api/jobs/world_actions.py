@@ -62,6 +62,8 @@ def _condition(mode: str, horizon: int, name: str, caps: GenerationCapabilities,
 
 
 def _tier(value: Any) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).isdigit():
         raise InvalidRequest(f"resolution_tier must be an integer (got {value!r:.40})",
                              param="resolution_tier")
@@ -133,19 +135,18 @@ def params_of(env: ActionEnvelope, images: list[bytes], videos: list[bytes],
     params = GenerationParams(
         prompt=env.task, width=0, height=0, num_frames=horizon + 1,
         num_inference_steps=p.num_inference_steps or caps.defaults.num_inference_steps,
-        guidance_scale=_number(extra, "guidance_scale", DEFAULT_GUIDANCE, minimum=0.0),
+        guidance_scale=_number(extra.get("guidance_scale"), "guidance_scale", DEFAULT_GUIDANCE,
+                               minimum=0.0),
         seeds=[seed + i for i in range(p.candidate_count or 1)],
-        fps=_number(extra, "fps", DEFAULT_FPS, minimum=None),
+        fps=_number(extra.get("fps") or None, "fps", DEFAULT_FPS, minimum=None),
         condition_images=images[:1], condition_video=videos[0] if videos else None,
         action=action, lora=env.lora)
     check_generation(params, caps)
     return params
 
 
-def _number(extra: dict[str, Any], name: str, default: float,
-            minimum: float | None) -> float:
+def _number(value: Any, name: str, default: float, minimum: float | None) -> float:
     """`parameters.<name>` as a finite float: >= `minimum`, or > 0 when `minimum` is None."""
-    value = extra.get(name)
     if value is None:
         return default
     try:
