@@ -119,6 +119,9 @@ async def test_actions_route_rules_answer_400_in_the_api(cosmos3, submitted) -> 
         guidance = await http.post("/v1/actions/generations", json={
             **body, "parameters": {**body["parameters"], "action_horizon": 4,
                                    "guidance_scale": -2}})
+        seed = await http.post("/v1/actions/generations", json={
+            **body, "parameters": {**body["parameters"], "action_horizon": 4, "seed": 2**70}})
+    assert seed.status_code == 400 and seed.json()["error"]["param"] == "seed"
     assert r.status_code == 400 and r.json()["error"]["param"] == "action_horizon"
     assert "action_horizon must be a positive multiple of 4" in r.json()["detail"]
     assert tier.status_code == 400 and tier.json()["error"]["param"] == "resolution_tier"
