@@ -317,9 +317,7 @@ class Cosmos3Runner(DiffusersAdminOps):
             "action": (row.action_latents.to(device=device, dtype=dtype)
                        if row.action_latents is not None else None),
         }
-        cfg = guidance != 1.0
-        cond = self._velocities(row, row.cond, tokens, t, i, sigma, "cond")
-        uncond = self._velocities(row, row.uncond, tokens, t, i, sigma, "uncond") if cfg else None
+        cond, uncond = self._guided_velocities(row, tokens, t, i, sigma, guidance != 1.0)
         velocity = [_combine(c, u, guidance) for c, u in
                     zip(cond, uncond if uncond is not None else (None, None, None))]
         row.latents = row.scheduler.step(velocity[0].unsqueeze(0), t, row.latents.unsqueeze(0),
@@ -336,6 +334,14 @@ class Cosmos3Runner(DiffusersAdminOps):
                 return_dict=False)[0].squeeze(0)
             if row.raw_action_dim is not None:
                 row.action_latents[:, row.raw_action_dim:] = 0
+
+    def _guided_velocities(self, row: RowState, tokens: dict[str, Any], t: torch.Tensor,
+                           i: int, sigma: float, cfg: bool) -> tuple[list[Any], list[Any] | None]:
+        """The cond forward's velocities and, with CFG, the uncond one's (a rank group splits
+        them: models/cosmos3/parallel.py)."""
+        cond = self._velocities(row, row.cond, tokens, t, i, sigma, "cond")
+        uncond = self._velocities(row, row.uncond, tokens, t, i, sigma, "uncond") if cfg else None
+        return cond, uncond
 
     def _velocities(self, row: RowState, packed: dict[str, Any], tokens: dict[str, Any],
                     t: torch.Tensor, i: int, sigma: float, name: str) -> list[Any]:
@@ -398,12 +404,16 @@ class Cosmos3Runner(DiffusersAdminOps):
         mean = pipe._vae_latents_mean.to(device=latents.device, dtype=dtype)
         inv_std = pipe._vae_latents_inv_std.to(device=latents.device, dtype=dtype)
         z_raw = latents.to(dtype) / inv_std.view(1, -1, 1, 1, 1) + mean.view(1, -1, 1, 1, 1)
-        decoded = pipe.vae.decode(z_raw).sample.to(in_dtype)
+        decoded = self._vae_decode(z_raw).to(in_dtype)
         video = pipe.video_processor.postprocess_video(decoded, output_type="np")[0]
         if pipe.safety_checker is not None:
             video = pipe._apply_video_safety_check(video, output_type="np",
                                                    device=pipe._get_execution_device())
         return video
+
+    def _vae_decode(self, z_raw: torch.Tensor) -> torch.Tensor:
+        """(1, 3, T, H, W) in [-1, 1] (a rank group splits it: models/cosmos3/parallel.py)."""
+        return self.pipe.vae.decode(z_raw).sample
 
     @torch.no_grad()
     def extras(self, state: Cosmos3Batch, row: int) -> RowExtras | None:
