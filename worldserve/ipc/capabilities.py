@@ -12,7 +12,7 @@ them as its defaults; `worldserve.ipc.messages` re-exports both.
 
 from __future__ import annotations
 
-from typing import TypeVar, Union
+from typing import Literal, TypeVar, Union
 
 import msgspec
 
@@ -96,6 +96,13 @@ class ActionGenerationCapabilities(msgspec.Struct, kw_only=True):
                                     "concat_view")
 
 
+# The protocol `/v1/actions/*` speaks, declared by the stage (None: no actions, 404):
+# "flow_head": a separate action head (`action_head/` folder) answers `GenerateActions`;
+# "world_model": the generation model's own transformer predicts actions (policy, inverse and
+# forward dynamics over embodiment domains; `action_generation` holds its facts).
+ActionApi = Literal["flow_head", "world_model"]
+
+
 class GenerationCapabilities(StageCapabilities, tag="generation"):
     pipeline: str = "unknown"
     defaults: GenerationDefaults = msgspec.field(default_factory=GenerationDefaults)
@@ -115,6 +122,7 @@ class GenerationCapabilities(StageCapabilities, tag="generation"):
     video_conditioning: bool = False  # video_path / video_url / video_reference accepted
     # Cosmos3 checkpoints with action heads (action_gen); None: no such actions.
     action_generation: ActionGenerationCapabilities | None = None
+    action_api: ActionApi | None = None
     flow_shift: bool = False  # a request's flow_shift sets its scheduler's shift
     # The checkpoint's NIM profile (models/cosmos3/profile.py): variant None when it has none;
     # `model_modes` None: every mode the pipeline supports (else a specialist's only modes).

@@ -24,6 +24,7 @@ import torch
 
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import GenerationParams
+from worldserve.ipc.rules import check_generation
 from worldserve.models import shared
 from worldserve.models.common import count_parameters
 from worldserve.models.cosmos3 import checks, inputs
@@ -110,6 +111,7 @@ class Cosmos3Runner(DiffusersAdminOps):
         self.sample_rate = (int(pipe.sound_tokenizer.config.sampling_rate)
                             if pipe.sound_tokenizer is not None else None)
         self.features = self._features()
+        self.declaration = checks.declaration(self)
         self.device = pipe._get_execution_device()
         self.lora = LoraAdapters(pipe)
 
@@ -123,6 +125,7 @@ class Cosmos3Runner(DiffusersAdminOps):
 
     def _features(self) -> RunnerFeatures:
         from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
+            _ACTION_RESOLUTION_BINS,
             _EMBODIMENT_TO_DOMAIN_ID,
             _EMBODIMENT_TO_RAW_ACTION_DIM,
         )
@@ -139,7 +142,9 @@ class Cosmos3Runner(DiffusersAdminOps):
             flow_shift="flow_shift" in self.pipe.scheduler.config,
             padded_action_dim=self.padded_action_dim, action_domains=domains,
             action_domain_ids=({name: _EMBODIMENT_TO_DOMAIN_ID[name] for name in domains}
-                               if domains is not None else None))
+                               if domains is not None else None),
+            action_api="world_model" if self.supports_actions else None,
+            action_resolution_tiers=tuple(sorted(int(k) for k in _ACTION_RESOLUTION_BINS)))
 
     # ------------------------------------------------------------------ checks
 
@@ -148,9 +153,9 @@ class Cosmos3Runner(DiffusersAdminOps):
         return max(1, num_frames)
 
     def check(self, params: GenerationParams) -> None:
-        """Every Cosmos3 rule of a request, checked once here at submission (-> 400 before a
-        job exists), with the pipeline's own reasons where it has one."""
-        checks.check_request(params, self)
+        """The declared rules of a request (the api checked them already; a backstop here at
+        submission, -> 400 before a job exists)."""
+        check_generation(params, self.declaration)
 
     # ------------------------------------------------------------------ phases
 
