@@ -66,7 +66,7 @@ async def test_image_url_through_the_openai_sdk(engine) -> None:
     async for http in serve(engine, base_url="http://media.test:8000"):
         sdk = openai.AsyncOpenAI(base_url="http://media.test:8000/v1", api_key="-",
                                  http_client=http)
-        image = (await sdk.images.generate(model="m", prompt="a cube", size="64x64",  # type: ignore[arg-type]
+        image = (await sdk.images.generate(model="tiny-wan-test", prompt="a cube", size="64x64",  # type: ignore[arg-type]
                                            response_format="url",
                                            extra_body={"num_inference_steps": 2})).data[0]
         assert image.url and image.url.startswith("http://media.test:8000/v1/images/")

@@ -79,8 +79,9 @@ class FormBody:
 
 
 async def read_video(request: Request, context: RequestContext) -> MediaRequest:
-    """`POST /v1/videos`: JSON, or multipart with `input_reference` / `video_reference` files
-    (an `input_reference` that is a video conditions like `video_path`)."""
+    """`POST /v1/videos`: JSON, a URL-encoded form, or multipart with `input_reference` /
+    `video_reference` files (an `input_reference` that is a video conditions like
+    `video_path`)."""
     form = await read_payload(request)
     media = Media()
     for name, uploads in form.files.items():
@@ -196,10 +197,11 @@ def _noted(request: MediaRequest, body: BaseModel, route: str) -> MediaRequest:
 
 
 async def read_payload(request: Request) -> FormBody:
-    """A JSON or multipart body as fields and files (no files for JSON)."""
-    require_json_or_form(request)
-    if is_multipart(request):
+    """A JSON, multipart or URL-encoded body as fields and files (no files for JSON). Form
+    clients without a file to attach (vLLM-Omni's benchmark client) send URL-encoded fields."""
+    if is_multipart(request) or is_urlencoded(request):
         return await read_form(request)
+    require_json_or_form(request)
     return FormBody(await read_json(request), {})
 
 

@@ -28,6 +28,7 @@ from worldserve.api.jobs.records import (
     JobStatus,
 )
 from worldserve.api.jobs.store import RecordStore
+from worldserve.api.jobs.world_actions import predicted_action
 from worldserve.errors import WorldserveError
 from worldserve.ipc.messages import GenerationResult
 
@@ -133,10 +134,13 @@ class JobLedger:
                 self._write(record)
 
     def complete(self, record: JobRecord, result: GenerationResult) -> None:
+        predicted = predicted_action(result.actions[0]) if result.actions else None
         moved = self.move(record, JobStatus.COMPLETED, progress=100,
                           file_names=list(result.file_names),
                           inference_time_s=result.inference_time_s,
-                          peak_memory_mb=result.peak_memory_mb,
+                          peak_memory_mb=result.peak_memory_mb or 0.0,
+                          stage_durations=dict(result.stage_durations),
+                          action=record.action or predicted,
                           size=f"{result.width}x{result.height}")
         if not moved:
             self._delete_files(result.file_names)  # cancelled meanwhile: the files are orphans

@@ -157,6 +157,18 @@ def _params(req: SamplingFields, defaults: GenerationDefaults, size: tuple[int, 
     )
 
 
+def _flow_shift(params: GenerationParams, req: SamplingFields, caps: GenerationCapabilities,
+                warnings: list[str]) -> None:
+    """A request's flow_shift reaches a model that declares per-request shifts; elsewhere it is
+    said to be ignored (the scheduler's configured shift applies)."""
+    if req.flow_shift is None:
+        return
+    if caps.flow_shift:
+        params.flow_shift = req.flow_shift
+    else:
+        warnings.append("flow_shift ignored: this model's scheduler shift is fixed")
+
+
 def _or(value: Any, default: Any) -> Any:
     return value if value is not None else default
 
@@ -197,6 +209,7 @@ def resolve_image(req: ImageGenerationRequest, images: list[bytes],
     warnings: list[str] = []
     params = _params(req, defaults, size, 1, prompt, warnings)
     params.condition_images = images
+    _flow_shift(params, req, caps, warnings)
     check_generation(params, caps)
     return MediaRequest(params=params, output_format=output_format,
                         compression=compression_of(req, 75), response_format=response_format,
@@ -222,6 +235,7 @@ def resolve_video(req: VideoCreateRequest, images: list[bytes], video: bytes | N
     size = parse_size(req.size, req.width, req.height, (defaults.width, defaults.height))
     warnings: list[str] = []
     params = _params(req, defaults, size, num_frames, prompt, warnings)
+    _flow_shift(params, req, caps, warnings)
     horizon_field = _video_fields(params, req, caps, fps, images, video)
     check_generation(params, caps, horizon_field)
     return MediaRequest(params=params, output_format="mp4", compression=compression_of(req, 50),

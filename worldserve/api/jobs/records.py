@@ -65,13 +65,15 @@ class JobRecord(msgspec.Struct, kw_only=True):
     stage_request_id: str | None = None
     num_frames: int | None = None
     seconds: str = "0"
-    action: dict[str, Any] | None = None  # forward dynamics: the rows the job rolls out
+    # forward dynamics: the rows the job rolls out; policy / inverse dynamics: the predicted ones
+    action: dict[str, Any] | None = None
     # images
     num_input_images: int = 0
     response_format: str | None = None
     # filled on completion
     inference_time_s: float | None = None
     peak_memory_mb: float | None = None
+    stage_durations: dict[str, float] = {}  # seconds per phase (encode, denoise, decode, mux)
 
     def to_json(self) -> bytes:
         return msgspec.json.encode(self)

@@ -20,6 +20,7 @@ from worldserve.api.jobs.inputs import RequestContext
 from worldserve.api.jobs.ledger import JobLedger
 from worldserve.api.jobs.params import MediaRequest
 from worldserve.api.jobs.records import JobRecord, JobStatus
+from worldserve.api.model_names import served_model
 from worldserve.api.runtime import ServerRuntime
 from worldserve.api.schemas.actions import ActionEnvelope
 from worldserve.errors import (
@@ -54,7 +55,6 @@ NO_FILE = "none"  # output_format of a data-only request (the stage writes no fi
 STAGE = "generation"
 ACCEPT_TIMEOUT_S = 60.0
 ACTION_TIMEOUT_S = 300.0
-DEFAULT_VIDEO_MODEL = "sora-2"
 Opened = tuple[Any, Any]  # (the stage's reply stream, its iterator)
 
 
@@ -92,6 +92,13 @@ class MediaService:
     def model_name(self) -> str:
         info = self.client().info
         return info.model if info else STAGE
+
+    def served_model(self, requested: str | None) -> str:
+        """The served model a request names (omitted: the one served); any other name gets
+        the answer every route gives for an unknown model (404)."""
+        if requested is None:
+            return self.model_name()
+        return served_model(self.runtime, requested, (STAGE,))["id"]
 
     @contextlib.contextmanager
     def admit(self) -> Iterator[None]:
@@ -161,6 +168,7 @@ class MediaService:
 
     async def generate_images(self, request: MediaRequest) -> JobRecord:
         """Run a synchronous image request; returns its completed record."""
+        request.model = self.served_model(request.model)
         await self._enhance(request)
         with self.admit():
             return await self._run_images(request)
@@ -234,9 +242,9 @@ class MediaService:
 
     async def create_video(self, request: MediaRequest) -> JobRecord:
         """Queue a video job; returns its record once the stage accepted it."""
+        model = self.served_model(request.model)
         await self._enhance(request)
-        record = self.ledger.new("video", request, model=request.model or DEFAULT_VIDEO_MODEL,
-                                 action=request.action)
+        record = self.ledger.new("video", request, model=model, action=request.action)
         with self.admit():
             msg = self._message(record.id, request)
             opened, accepted = await self._open(msg)
@@ -303,6 +311,13 @@ class MediaService:
         self.live.pop(video_id, None)
         self.ledger.remove(record)
         return record
+
+    def cancel_video(self, record: JobRecord, reason: str) -> None:
+        """Stop a live job that nobody waits for any more (a synchronous client went away):
+        it becomes `cancelled` and the stage is told; the record stays."""
+        if record.status.is_live:
+            self.ledger.cancel(record, reason)
+            self._cancel_on_stage(record)
 
     def _cancel_on_stage(self, record: JobRecord) -> None:
         with contextlib.suppress(StageUnavailable):

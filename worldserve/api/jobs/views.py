@@ -58,8 +58,10 @@ def job_object(record: JobRecord, paths: list[Path], *, base_url: str,
         "file_path": str(paths[0]) if completed and paths and not hide_paths else None,
         "file_paths": [str(p) for p in paths] if completed and not hide_paths else None,
         "num_outputs": record.num_outputs,
-        "peak_memory_mb": record.peak_memory_mb,
+        # always numbers (vLLM-Omni's benchmark client compares them): 0 until the job ends
+        "peak_memory_mb": record.peak_memory_mb or 0.0,
         "inference_time_s": record.inference_time_s,
+        "stage_durations": dict(record.stage_durations),
         "revised_prompt": record.revised_prompt, "action": record.action,
     }
 
@@ -85,6 +87,16 @@ def image_response(record: JobRecord, paths: list[Path], *, base_url: str,
             item["url"] = f"{base_url}/v1/images/{record.id}/content{variant}"
         data.append(item)
     return {"id": record.id, "created": record.created_at or int(time.time()), "data": data,
-            "peak_memory_mb": record.peak_memory_mb,
+            "peak_memory_mb": record.peak_memory_mb or 0.0,
             "inference_time_s": record.inference_time_s,
+            "stage_durations": dict(record.stage_durations),
             "usage": {"image_count": len(paths)}}
+
+
+def sync_headers(record: JobRecord) -> dict[str, str]:
+    """What a synchronous video answer says besides its bytes (vLLM-Omni's header names for the
+    time and memory figures)."""
+    durations = ",".join(f"{k}={v:.3f}" for k, v in record.stage_durations.items())
+    return {"X-Video-Id": record.id, "X-Inference-Time-S": f"{record.inference_time_s or 0:.3f}",
+            "X-Peak-Memory-MB": f"{record.peak_memory_mb or 0:.1f}",
+            "X-Stage-Durations": durations}

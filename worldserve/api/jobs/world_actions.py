@@ -22,7 +22,12 @@ from worldserve.api.schemas.actions import ActionEnvelope
 from worldserve.api.schemas.videos import VideoCreateRequest
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.capabilities import GenerationCapabilities
-from worldserve.ipc.messages import ActionCondition, GenerationParams, GenerationResult
+from worldserve.ipc.messages import (
+    ActionCondition,
+    ActionOutput,
+    GenerationParams,
+    GenerationResult,
+)
 from worldserve.ipc.rules import HorizonField, check_generation
 
 ROUTE_MODES = ("policy", "inverse_dynamics")
@@ -103,6 +108,15 @@ def job_action(action: ActionCondition, caps: GenerationCapabilities) -> dict[st
             "raw_action_dim": actions.domains.get(action.domain_name) if actions else None,
             "action_mode": action.mode,
             "domain_id": actions.domain_ids.get(action.domain_name) if actions else None}
+
+
+def predicted_action(output: ActionOutput) -> dict[str, Any]:
+    """The job object's `action` of a run that predicted actions (policy, inverse dynamics):
+    the NIM's action object (cookbook action.md "Response action object")."""
+    values = np.frombuffer(output.values, "<f4").reshape(output.shape)
+    return {"data": values.tolist(), "shape": list(output.shape), "dtype": "float32",
+            "raw_action_dim": int(output.shape[-1]), "action_mode": output.action_mode,
+            "domain_id": output.domain_id}
 
 
 # ---------------------------------------------------------------------- /v1/actions/*

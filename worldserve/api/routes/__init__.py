@@ -11,6 +11,7 @@ ROUTE_MODULES: tuple[str, ...] = (
     "worldserve.api.routes.model_admin",
     "worldserve.api.routes.images",
     "worldserve.api.routes.videos",
+    "worldserve.api.routes.infer",
     "worldserve.api.routes.actions",
     "worldserve.api.routes.outputs",
     "worldserve.api.routes.metadata",

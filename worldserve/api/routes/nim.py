@@ -28,7 +28,7 @@ from worldserve.api.nim.profile import (
     metadata_body,
     version_body,
 )
-from worldserve.api.routes import chat, ops, responses, streaming
+from worldserve.api.routes import chat, infer, ops, responses, streaming
 from worldserve.api.services import ApiServices
 
 PREFIX = "/nim/{kind}"
@@ -48,7 +48,7 @@ def routers(services: ApiServices) -> list[APIRouter]:
 
 
 def _generator_routers(services: ApiServices) -> list[APIRouter]:
-    return []
+    return [infer.router]
 
 
 def _mount(kind: NimRuntime, inference: list[APIRouter]) -> APIRouter:

@@ -2,7 +2,7 @@
 
 Each route reads its request in one pass (api/jobs/inputs.py), makes one MediaService call,
 and renders the record (api/jobs/views.py), with what the server changed or ignored in
-`X-Worldserve-Warning`.
+`X-Worldserve-Warning`. `POST /v1/videos/sync` runs the same job to its end (api/jobs/sync.py).
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ from worldserve.api.errors import NativeRoute
 from worldserve.api.jobs.inputs import read_video
 from worldserve.api.jobs.records import JobRecord
 from worldserve.api.jobs.service import MediaService
-from worldserve.api.jobs.views import job_list, job_object, public_base_url, warn
+from worldserve.api.jobs.sync import ClientDisconnected, run_video, until_disconnect
+from worldserve.api.jobs.views import job_list, job_object, public_base_url, sync_headers, warn
 from worldserve.api.services import ApiServices, media_service
 from worldserve.errors import InvalidRequest
 
 router = APIRouter(tags=["videos"], route_class=NativeRoute)
 
+CLIENT_CLOSED = 499  # nginx's status for a request the client abandoned (nobody reads it)
 DEFAULT_PAGE = 100
 MAX_PAGE = 100
 ORDERS = ("asc", "desc")
@@ -49,6 +51,23 @@ async def create(request: Request, response: Response) -> dict[str, Any]:
     video = await read_video(request, service.request_context())
     warn(response, video.warnings)
     return _view(request, service, await service.create_video(video))
+
+
+@router.post("/v1/videos/sync", response_model=None)
+async def create_sync(request: Request) -> Response:
+    """SGLang's and vLLM-Omni's blocking form (`Accept: video/mp4`): the same job as
+    `POST /v1/videos`, awaited; the MP4 bytes of its first output, the job in headers."""
+    service = _service(request)
+    video = await read_video(request, service.request_context())
+    try:
+        record = await until_disconnect(request, run_video(service, video))
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED)
+    path = service.video_file(record.id, None)
+    response = FileResponse(path, media_type="video/mp4", filename=path.name,
+                            headers=sync_headers(record))
+    warn(response, video.warnings)
+    return response
 
 
 def _page_params(limit: str | None, order: str | None) -> tuple[int, Literal["asc", "desc"]]:

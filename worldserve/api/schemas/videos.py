@@ -84,8 +84,9 @@ class VideoJob(BaseModel):
     file_path: str | None = None
     file_paths: list[str] | None = None
     num_outputs: int = 1
-    peak_memory_mb: float | None = None
+    peak_memory_mb: float = 0.0
     inference_time_s: float | None = None
+    stage_durations: dict[str, float] = {}
     revised_prompt: str | None = None
     action: dict[str, Any] | None = None
     deleted: bool | None = None
