@@ -41,4 +41,4 @@ def test_chat_and_metadata_still_work(server: ServerProcess) -> None:
         assert meta["model_type"] == "reasoner"
         assert meta["streaming"] == {"enabled": False, "websocket": False, "rest": False}
         models = http.get("/v1/models").json()["data"]
-        assert models[0]["capabilities"] == ["chat_completions"]
+        assert models[0]["capabilities"] == ["chat_completions", "responses"]
