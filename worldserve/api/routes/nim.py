@@ -38,7 +38,7 @@ ANY_METHOD = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 def routers(services: ApiServices) -> list[APIRouter]:
     out = []
     if services.media is not None:
-        out.append(_mount("generator", _generator_routers(services)))
+        out.append(_mount("generator", [infer.router]))
     if services.chat is not None:
         reasoner = [chat.router, responses.router]
         if services.streaming is not None:
@@ -47,13 +47,10 @@ def routers(services: ApiServices) -> list[APIRouter]:
     return out
 
 
-def _generator_routers(services: ApiServices) -> list[APIRouter]:
-    return [infer.router]
-
-
 def _mount(kind: NimRuntime, inference: list[APIRouter]) -> APIRouter:
     prefix = PREFIX.format(kind=kind)
-    mount = APIRouter(prefix=prefix, tags=[f"nim-{kind}"])
+    # out of /openapi.json: the same handlers are documented at the root
+    mount = APIRouter(prefix=prefix, tags=[f"nim-{kind}"], include_in_schema=False)
     mount.include_router(_discovery(kind))
     for router in inference:
         mount.include_router(router)
