@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import math
-import threading
+import socket
 import time
 
 import httpx
@@ -167,25 +168,28 @@ def test_urlencoded_jobs_like_the_vllm_omni_benchmark(nim_server: ServerProcess)
 
 
 def test_a_disconnecting_client_cancels_its_job(nim_server: ServerProcess, nim_url: str) -> None:
-    slow = {**CASES["t2v"], "num_inference_steps": 100, "prompt": "a slow clip"}
-
-    def client() -> None:
-        try:
-            httpx.post(f"{nim_url}/v1/infer", json=slow, timeout=1.5)
-        except httpx.TimeoutException:
-            pass  # the client gives up and closes the connection
-
-    thread = threading.Thread(target=client)
-    thread.start()
-    thread.join()
+    """The client sends /v1/infer, waits until its job runs, then closes the connection."""
+    slow = {**CASES["t2v"], "num_frames": 197, "num_inference_steps": 100,
+            "prompt": "a slow clip"}
+    body = json.dumps(slow).encode()
+    path = nim_url.removeprefix(nim_server.base_url) + "/v1/infer"
     with httpx.Client(base_url=nim_server.base_url, timeout=30) as http:
-        for _ in range(200):
-            jobs = [j for j in http.get("/v1/videos").json()["data"]
-                    if j["revised_prompt"] == "a slow clip"]
-            if jobs and jobs[0]["status"] == "cancelled":
-                break
-            time.sleep(0.05)
-        assert jobs and jobs[0]["status"] == "cancelled", jobs
+        with socket.create_connection(("127.0.0.1", nim_server.port)) as raw:
+            raw.sendall(f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json"
+                        f"\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            job = wait_for_job(http, "a slow clip", ("in_progress",))
+        job = wait_for_job(http, "a slow clip", ("cancelled", "completed", "failed"))
+    assert job["status"] == "cancelled", job
+    assert job["error"]["message"] == "the client disconnected"
+
+
+def wait_for_job(http: httpx.Client, prompt: str, states: tuple[str, ...]) -> dict:
+    for _ in range(600):
+        jobs = [j for j in http.get("/v1/videos").json()["data"] if j["revised_prompt"] == prompt]
+        if jobs and jobs[0]["status"] in states:
+            return jobs[0]
+        time.sleep(0.02)
+    raise AssertionError(f"no job with prompt {prompt!r} reached {states}")
 
 
 @pytest.mark.parametrize("change, status, words", [
