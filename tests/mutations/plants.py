@@ -43,6 +43,8 @@ DECODE_PATHS = "tests/unit/reasoner/test_decode_paths.py"
 DFLASH_DRAFTERS = "tests/unit/reasoner/test_dflash_drafters.py"
 DFLASH_FITTED = f"{DFLASH_DRAFTERS}::test_a_fitted_drafter_is_accepted_and_replies_stay_lossless"
 RANK_COLLECTIVES = "tests/unit/parallel/test_collectives.py"
+THINKING_BUDGET = ("tests/unit/reasoner/test_chat_thinking.py"
+                   "::test_budget_closes_the_block_after_exactly_the_budget")
 CFG_PARALLEL = ("tests/integration/parallel/test_cfg_engine.py"
                 "::test_policy_actions_with_guidance_equal_one_process")
 
@@ -78,9 +80,17 @@ PLANTS: tuple[Plant, ...] = (
         name="cosmos3-rows-share-the-pipeline-scheduler",
         claim="interleaved Cosmos3 requests equal their solo runs (each row owns its scheduler)",
         path="worldserve/models/cosmos3/runner.py",
-        anchor="        scheduler = type(base).from_config(base.config)\n",
+        anchor="        scheduler = type(base).from_config(base.config, **shift)\n",
         replacement="        scheduler = base\n",
         caught_by=(COSMOS3_INTERLEAVED, COSMOS3_ENGINE_INTERLEAVED),
+    ),
+    Plant(
+        name="thinking-budget-never-closes-the-block",
+        claim="thinking_token_budget cuts the reasoning block after exactly that many tokens",
+        path="worldserve/engines/reasoner/thinking.py",
+        anchor="            self._queue = list(self.close_ids)\n",
+        replacement="            self._queue = []\n",
+        caught_by=(THINKING_BUDGET,),
     ),
     Plant(
         name="cosmos3-sound-steps-the-video-scheduler",

@@ -17,6 +17,7 @@ import time
 import httpx
 import numpy as np
 import pytest
+import requests
 from PIL import Image
 
 from tests.integration.nim.conftest import MAX_UPLOAD_BYTES, data_url, jpeg, mp4
@@ -131,15 +132,15 @@ def test_infer_is_the_native_video_job(nim_server: ServerProcess, nim_url: str) 
 
 
 def test_sync_with_an_uploaded_first_frame(nim_server: ServerProcess) -> None:
-    """vLLM-Omni's Cosmos3 first-frame example: multipart fields plus an `input_reference`
-    file, `extra_params` a JSON string, `Accept: video/mp4`."""
+    """vLLM-Omni's Cosmos3 first-frame example (with `requests`): multipart fields plus an
+    `input_reference` file, `extra_params` a JSON string, `Accept: video/mp4`."""
     fields = {"model": "worldserve-dev-cosmos3", "prompt": "a car", "size": "80x48",
               "num_frames": "25", "fps": "24", "num_inference_steps": "2",
               "guidance_scale": "6.0", "flow_shift": "10.0", "seed": "0",
               "extra_params": '{"condition_video_keep": "first"}'}
-    response = httpx.post(f"{nim_server.base_url}/v1/videos/sync",
-                          data=fields, files={"input_reference": ("f.jpg", jpeg(), "image/jpeg")},
-                          headers={"Accept": "video/mp4"}, timeout=300)
+    response = requests.post(f"{nim_server.base_url}/v1/videos/sync", data=fields,
+                             files={"input_reference": ("f.jpg", jpeg(), "image/jpeg")},
+                             headers={"Accept": "video/mp4"}, timeout=300)
     assert response.status_code == 200, response.text
     assert response.content[4:8] == b"ftyp" and len(decode_frames(response.content)) == 25
     job = httpx.get(f"{nim_server.base_url}/v1/videos/{response.headers['x-video-id']}").json()
