@@ -66,13 +66,15 @@ def paired_ms(server: ServerProcess, model: Path, args: argparse.Namespace) -> t
     """Direct pipeline call and server request, alternating, so load drift hits both alike."""
     import torch
 
-    from worldserve.engines.generation.defaults import sampling_defaults
+    from worldserve.models.dev import checkpoint_defaults
+    from worldserve.models.wan.family import DEFAULTS, DEV_DEFAULTS
     from worldserve.models.wan.loader import load_pipeline
 
     torch.set_num_threads(int(THREADS))
     w, h = (int(v) for v in args.size.split("x"))
     pipe = load_pipeline(str(model), torch.float32, "cpu")
-    defaults = sampling_defaults(model)  # what the server fills in (negative prompt, text length)
+    # What the server fills in (negative prompt, text length): the Wan family's declaration.
+    defaults = checkpoint_defaults(model, DEFAULTS, DEV_DEFAULTS)
 
     def direct() -> float:
         started = time.perf_counter()

@@ -18,13 +18,14 @@ from worldserve.models.causal_dit.family import FAMILY as CAUSAL_DIT
 from worldserve.models.cosmos3.family import FAMILY as COSMOS3
 from worldserve.models.cosmos3_reasoner.family import FAMILY as COSMOS3_REASONER
 from worldserve.models.detect import describe
+from worldserve.models.dev import read_marker
 from worldserve.models.qwen_vl.family import FAMILY as QWEN_VL
 from worldserve.models.sana_wm.family import FAMILY as SANA_WM
 from worldserve.models.types import ModelFamily, ModelLoadError
 from worldserve.models.wan.family import FAMILY as WAN
 
-__all__ = ["FAMILIES", "ModelFamily", "load_drafter", "load_runner", "resolve", "stage_kinds",
-           "supported"]
+__all__ = ["FAMILIES", "ModelFamily", "dev_marker", "load_drafter", "load_runner", "resolve",
+           "stage_kinds", "supported"]
 
 # Order matters: the first family whose `detect` matches (and that serves the stage kind) wins.
 FAMILIES: tuple[ModelFamily, ...] = (
@@ -81,3 +82,8 @@ def load_drafter(drafter_dir: Path, target: Any, **kwargs: Any) -> Any:
     DFlash drafter directory (`models/dflash`); ModelLoadError names what was found."""
     module = importlib.import_module("worldserve.models.dflash.drafter")
     return module.load_drafter(Path(drafter_dir), target, **kwargs)
+
+
+def dev_marker(model_dir: Path) -> dict[str, Any] | None:
+    """The dev-checkpoint marker of `model_dir` (`models/dev`), None for any other directory."""
+    return read_marker(model_dir)

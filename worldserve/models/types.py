@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from worldserve.ipc.capabilities import GenerationDefaults
+
 
 class ModelLoadError(RuntimeError):
     """The stage's model directory is missing, unreadable or of no supported family (the
@@ -119,10 +121,14 @@ class RowExtras:
 
 @dataclass(frozen=True)
 class RunnerFeatures:
-    """What a generation runner's checkpoint can do beyond plain text-to-image/video (the
-    engine copies it into the stage's capabilities; the api validates requests against it)."""
+    """What a generation runner's checkpoint declares: its family's name (information only),
+    the sampling defaults of this checkpoint (the family's real or dev ones, from
+    `models/<family>/family.py` through `models.dev.checkpoint_defaults`), and what it can do
+    beyond plain text-to-image/video. The engine copies it into the stage's capabilities; the
+    api fills omitted fields from `defaults` and validates requests against the rest."""
 
-    family: str = "wan"
+    family: str
+    defaults: GenerationDefaults
     image_edits: bool = True  # /v1/images/edits (Cosmos3: no, condition videos instead)
     exact_num_frames: bool = False  # an explicit num_frames must be 1 mod temporal_stride
     sound: bool = False

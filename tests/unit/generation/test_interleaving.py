@@ -12,6 +12,7 @@ import pytest
 
 from worldserve.config import GenerationStageConfig, ServerConfig
 from worldserve.engines.generation.engine import GenerationEngine
+from worldserve.ipc.capabilities import GenerationDefaults
 from worldserve.ipc.messages import GenerateMedia, GenerationParams, GenerationResult
 from worldserve.models.types import RunnerFeatures
 
@@ -39,7 +40,9 @@ class FakeRunner:
     size_multiple: int = 16
     temporal_stride: int = 4
     num_params: int = 0
-    features: RunnerFeatures = RunnerFeatures()
+    features: RunnerFeatures = RunnerFeatures(
+        family="fake", defaults=GenerationDefaults(width=16, height=16, num_frames=1,
+                                                   num_inference_steps=2))
     steps: list[tuple[str, ...]] = field(default_factory=list)
 
     def snap_frames(self, num_frames: int) -> int:
@@ -116,7 +119,7 @@ def test_incompatible_requests_run_as_interleaved_batches(tmp_path):
     engine.submit(media("wide", width=32), lambda r: None)
     engine.step()  # starts the a+b batch
     engine.step()  # room left: starts the second batch too
-    assert [len(batch.requests) for batch in engine.running] == [2, 1]
+    assert [len(batch.requests) for batch in engine.scheduler.running] == [2, 1]
     while engine.has_work():
         engine.step()
     assert sorted(runner.steps[:2]) == [("a", "b"), ("wide",)]
