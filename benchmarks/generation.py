@@ -4,11 +4,14 @@
     same diffusers pipeline called directly in this process with the same parameters
     (median of --n sequential requests each, after one warm-up call on both sides);
 (b) batching: images/s with --concurrency clients against a server with max_batch_size 4 and
-    against one with max_batch_size 1.
+    against one with max_batch_size 1, both up at once, their rounds alternating (--repeats
+    each; the median of each side is compared), and the batched server's rows per denoising
+    step (its `/admin/stats` telemetry: how full its batches really were).
 
-    .venv/bin/python benchmarks/generation.py [--n 10] [--size 128x128] [--steps 8]
+    .venv/bin/python benchmarks/generation.py [--n 10] [--size 128x128] [--steps 8] [--repeats 3]
 
-Prints one JSON line at the end: {"server_overhead_ratio": ..., "batch_speedup_c4": ...}.
+Prints one JSON line at the end: {"server_overhead_ratio": ..., "batch_speedup_c4": ...,
+"rows_per_denoise_step_batch4": ...}.
 
 `--model cosmos3` measures Cosmos3 instead (benchmarks/generation_cosmos3.py): server over
 direct-pipeline latency and the interleaving ratio, e.g.
@@ -113,6 +116,32 @@ def throughput(server: ServerProcess, args: argparse.Namespace) -> float:
     return total / (time.perf_counter() - started)
 
 
+def denoise_counters(server: ServerProcess) -> tuple[int, int]:
+    """(denoising steps, rows they advanced) so far: the stage's batching telemetry ((0, 0)
+    from a server without it, e.g. when measuring an older checkout)."""
+    stats = httpx.get(server.base_url + "/admin/stats", timeout=30).json()
+    extra = stats["stages"]["generation"]
+    return extra.get("denoise_steps", 0), extra.get("denoise_rows", 0)
+
+
+def batching(batched: ServerProcess, single: ServerProcess, args: argparse.Namespace) -> dict:
+    """Images/s of both servers, rounds alternating (max_batch_size 4, then 1) so that the
+    load of a shared machine hits both alike; rows per denoising step of the batched one."""
+    rounds: dict[str, list[float]] = {"batch4": [], "batch1": []}
+    steps0, rows0 = denoise_counters(batched)
+    for _ in range(args.repeats):
+        rounds["batch4"].append(throughput(batched, args))
+        rounds["batch1"].append(throughput(single, args))
+    steps1, rows1 = denoise_counters(batched)
+    ips4, ips1 = (statistics.median(rounds[k]) for k in ("batch4", "batch1"))
+    return {
+        "images_per_s_batch4_c4": round(ips4, 2), "images_per_s_batch1_c4": round(ips1, 2),
+        "batch_speedup_c4": round(ips4 / ips1, 3),
+        "batch_speedup_per_round": [round(a / b, 3) for a, b in zip(*rounds.values())],
+        "rows_per_denoise_step_batch4": round((rows1 - rows0) / max(1, steps1 - steps0), 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", choices=("wan", "cosmos3"), default="wan")
@@ -123,6 +152,8 @@ def main() -> None:
     parser.add_argument("--guidance", type=float, default=1.0)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="throughput rounds per server, alternating between the two")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-generation-"))
     if args.model == "cosmos3":
@@ -132,15 +163,12 @@ def main() -> None:
         return
     model = args.model_path or dev_generation_dir()
     batched = start(model, work, max_batch_size=4)
-    try:
-        direct, via_server = paired_ms(batched, model, args)
-        ips_batched = throughput(batched, args)
-    finally:
-        batched.stop()
     single = start(model, work, max_batch_size=1)
     try:
-        ips_single = throughput(single, args)
+        direct, via_server = paired_ms(batched, model, args)
+        gain = batching(batched, single, args)
     finally:
+        batched.stop()
         single.stop()
     result = {
         "size": args.size, "steps": args.steps, "n": args.n,
@@ -148,9 +176,7 @@ def main() -> None:
         "server_median_ms": round(statistics.median(via_server), 2),
         "server_overhead_ratio": round(
             statistics.median(via_server) / statistics.median(direct), 3),
-        "images_per_s_batch4_c4": round(ips_batched, 2),
-        "images_per_s_batch1_c4": round(ips_single, 2),
-        "batch_speedup_c4": round(ips_batched / ips_single, 3),
+        **gain,
     }
     print(json.dumps(result))
 

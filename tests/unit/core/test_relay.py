@@ -14,7 +14,7 @@ import pytest
 
 from worldserve.errors import InvalidRequest, RequestTimeout, StageUnavailable
 from worldserve.ipc.capabilities import GenerationCapabilities
-from worldserve.ipc.client import StageClient, new_request_id
+from worldserve.ipc.client import StageClient, ZmqStageClient, new_request_id
 from worldserve.ipc.messages import (
     ChatCompletion,
     ChatDelta,
@@ -106,7 +106,8 @@ def stage(request: pytest.FixtureRequest,
 async def client(stage: tuple[str | None, Any]) -> AsyncIterator[StageClient]:
     """A handshaken client, always closed (an open ZeroMQ socket would block interpreter exit)."""
     address, loop = stage
-    client = StageClient("test", address) if address else InProcessStageClient("test", loop.engine)
+    client = (ZmqStageClient("test", address) if address
+              else InProcessStageClient("test", loop.engine))
     try:
         await client.handshake(timeout_s=5)
         yield client

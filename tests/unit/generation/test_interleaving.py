@@ -107,8 +107,12 @@ def test_one_row_runner_interleaves_requests_round_robin(tmp_path):
 def test_batching_runner_keeps_compatible_requests_in_one_batch(tmp_path):
     runner = FakeRunner(max_batch_size=None)
     engine = make_engine(tmp_path, runner, max_batch_size=4)
+    before = engine.stats()["extra"]
     run(engine, ["a", "b", "c"])
     assert runner.steps == [("a", "b", "c")] * 3
+    after = engine.stats()["extra"]  # the batching telemetry: 3 steps of 3 rows
+    assert after["denoise_steps"] - before["denoise_steps"] == 3
+    assert after["denoise_rows"] - before["denoise_rows"] == 9
 
 
 def test_incompatible_requests_run_as_interleaved_batches(tmp_path):

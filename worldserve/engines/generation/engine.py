@@ -87,6 +87,8 @@ class GenerationEngine:
                                    stage_config.batch_wait_ms / 1000,
                                    stage_config.max_running_requests)
         self.num_finished = 0
+        self.denoise_steps = 0  # batched denoising steps run, and the rows they advanced:
+        self.denoise_rows = 0  # rows / steps is how well batching works (stats, benchmarks)
         self.admin = GenerationAdmin(self.runner, self.scheduler, self._served())
         self.warmup = WarmupPlan.create(stage_config, self.defaults, self.runner)
         for params in self.warmup.requests():
@@ -188,6 +190,7 @@ class GenerationEngine:
                 "running": scheduler.num_running(),
                 "extra": {"finished": self.num_finished, "warmup_done": self.warmup.done,
                           "running_batches": len(scheduler.running), "paused": scheduler.paused,
+                          "denoise_steps": self.denoise_steps, "denoise_rows": self.denoise_rows,
                           "memory": "released" if self.admin.released else "resident"}}
 
     def shutdown(self) -> None:
@@ -272,6 +275,8 @@ class GenerationEngine:
         state = batch.state
         assert state is not None
         progress = denoise_progress(state.step_index, state.num_steps)
+        self.denoise_steps += 1
+        self.denoise_rows += len(state.row_owner)
         for request in batch.requests:
             request.steps_done = state.step_index
         self._report(batch.requests, progress, "denoising", state.step_index, state.num_steps)
