@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from worldserve.models.action_head.family import FAMILY as ACTION_HEAD
+from worldserve.models.action_head.family import SUBDIR as ACTION_HEAD_SUBDIR
 from worldserve.models.causal_dit.family import FAMILY as CAUSAL_DIT
 from worldserve.models.cosmos3.family import FAMILY as COSMOS3
 from worldserve.models.cosmos3_reasoner.family import FAMILY as COSMOS3_REASONER
@@ -24,8 +25,8 @@ from worldserve.models.sana_wm.family import FAMILY as SANA_WM
 from worldserve.models.types import ModelFamily, ModelLoadError
 from worldserve.models.wan.family import FAMILY as WAN
 
-__all__ = ["FAMILIES", "ModelFamily", "dev_marker", "load_drafter", "load_runner", "resolve",
-           "stage_kinds", "supported"]
+__all__ = ["FAMILIES", "ModelFamily", "dev_marker", "load_actions", "load_drafter", "load_runner",
+           "resolve", "stage_kinds", "supported"]
 
 # Order matters: the first family whose `detect` matches (and that serves the stage kind) wins.
 FAMILIES: tuple[ModelFamily, ...] = (
@@ -75,6 +76,15 @@ def load_runner(stage_kind: str, model_dir: Path, **kwargs: Any) -> Any:
     module_name, function_name = family.loaders[stage_kind].split(":")
     loader = getattr(importlib.import_module(module_name), function_name)
     return loader(Path(model_dir), **kwargs)
+
+
+def load_actions(model_dir: Path, **kwargs: Any) -> Any | None:
+    """The runner of the action head a generation checkpoint may carry in its `action_head/`
+    folder (`models/action_head`); None when it has none."""
+    head_dir = Path(model_dir) / ACTION_HEAD_SUBDIR
+    if not (head_dir / "config.json").is_file():
+        return None
+    return load_runner("actions", head_dir, **kwargs)
 
 
 def load_drafter(drafter_dir: Path, target: Any, **kwargs: Any) -> Any:

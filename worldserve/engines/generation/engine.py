@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import resource
 import time
-from pathlib import Path
 from typing import Any
 
 from worldserve.config import GenerationStageConfig, ServerConfig
@@ -63,7 +62,6 @@ from worldserve.runtime.engine import EngineState, ReplyFn
 log = logging.getLogger("worldserve.generation")
 
 MAX_WAIT_SLEEP_S = 0.002
-ACTION_HEAD_DIR = "action_head"  # optional sub-directory of the generation checkpoint
 
 
 class GenerationEngine:
@@ -78,7 +76,7 @@ class GenerationEngine:
             "generation", path, dtype=stage_config.dtype, device=stage_config.device,
             safety_checker=stage_config.safety_checker)
         self.pipe = self.runner.pipe
-        self.actions = _load_actions(path)
+        self.actions: ActionRunner | None = registry.load_actions(path)
         self.defaults = self.runner.features.defaults  # the family's, for this checkpoint
         self.model_name = served_model_name(stage_config, path)
         self.model_path = str(path)
@@ -353,13 +351,6 @@ def _feature_capabilities(features: RunnerFeatures) -> dict[str, Any]:
             "exact_num_frames": features.exact_num_frames, "sound": features.sound,
             "sound_sample_rate": features.sound_sample_rate,
             "video_conditioning": features.video_conditioning, "action_generation": actions}
-
-
-def _load_actions(path: Path) -> ActionRunner | None:
-    head_dir = path / ACTION_HEAD_DIR
-    if not (head_dir / "config.json").is_file():
-        return None
-    return registry.load_runner("actions", head_dir)
 
 
 def _as_error(exc: Exception) -> WorldserveError:
