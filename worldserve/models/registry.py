@@ -4,12 +4,16 @@ Engines call `load_runner(stage_kind, model_dir, ...)` and get an object satisfy
 contract (`engines/<kind>/contract.py`); they never import a family module. Detection reads JSON
 files only; the family's loader module (and torch with it) is imported when a stage loads it.
 Add a family: a folder under `worldserve/models/` with a `family.py` declaring `FAMILY`, then
-one entry in `FAMILIES` below (docs/architecture.md has the checklist).
+one entry in `FAMILIES` below (docs/architecture.md has the checklist). A family from outside
+this package is a plugin: an installed distribution whose entry point in the group
+`worldserve.model_families` names its `ModelFamily`; it comes after the built-in families.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.metadata
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +29,8 @@ from worldserve.models.sana_wm.family import FAMILY as SANA_WM
 from worldserve.models.types import ModelFamily, ModelLoadError
 from worldserve.models.wan.family import FAMILY as WAN
 
-__all__ = ["FAMILIES", "ModelFamily", "dev_marker", "load_actions", "load_drafter", "load_runner",
-           "resolve", "stage_kinds", "supported"]
+__all__ = ["FAMILIES", "PLUGIN_GROUP", "ModelFamily", "dev_marker", "families", "load_actions",
+           "load_drafter", "load_runner", "resolve", "stage_kinds", "supported"]
 
 # Order matters: the first family whose `detect` matches (and that serves the stage kind) wins.
 FAMILIES: tuple[ModelFamily, ...] = (
@@ -38,11 +42,30 @@ FAMILIES: tuple[ModelFamily, ...] = (
     CAUSAL_DIT,
     SANA_WM,
 )
+PLUGIN_GROUP = "worldserve.model_families"  # entry points naming a plugin's ModelFamily
+
+
+def families() -> tuple[ModelFamily, ...]:
+    """The built-in `FAMILIES`, then the plugin families (in entry-point name order)."""
+    return FAMILIES + _plugin_families()
+
+
+@functools.cache
+def _plugin_families() -> tuple[ModelFamily, ...]:
+    found = []
+    points = sorted(importlib.metadata.entry_points(group=PLUGIN_GROUP), key=lambda p: p.name)
+    for point in points:
+        family = point.load()
+        if not isinstance(family, ModelFamily):
+            raise ModelLoadError(f"model family plugin {point.name} ({point.value}) is a "
+                                 f"{type(family).__name__}, not a ModelFamily")
+        found.append(family)
+    return tuple(found)
 
 
 def supported(stage_kind: str) -> list[str]:
     """Names of the families that serve `stage_kind`."""
-    return [family.name for family in FAMILIES if stage_kind in family.loaders]
+    return [family.name for family in families() if stage_kind in family.loaders]
 
 
 def stage_kinds(model_dir: Path) -> list[str]:
@@ -51,7 +74,7 @@ def stage_kinds(model_dir: Path) -> list[str]:
     a family's `explicit_kinds` are left out (they need the stage's own model_path)."""
     model_dir = Path(model_dir)
     kinds: list[str] = []
-    for family in FAMILIES:
+    for family in families():
         if family.detect(model_dir):
             kinds += [kind for kind in family.loaders
                       if kind not in kinds and kind not in family.explicit_kinds]
@@ -61,7 +84,7 @@ def stage_kinds(model_dir: Path) -> list[str]:
 def resolve(stage_kind: str, model_dir: Path) -> ModelFamily:
     """The family serving `stage_kind` from `model_dir`; ModelLoadError names what was found."""
     model_dir = Path(model_dir)
-    for family in FAMILIES:
+    for family in families():
         if stage_kind in family.loaders and family.detect(model_dir):
             return family
     raise ModelLoadError(
