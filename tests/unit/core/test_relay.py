@@ -213,3 +213,19 @@ async def test_inprocess_engine_crash_fails_waiters_like_a_dead_stage() -> None:
         assert client.state == "failed"
     finally:
         await client.close()
+
+
+async def test_every_transport_is_the_one_interface() -> None:
+    """The api types against `StageClient`; each transport implements it through its
+    `__init__` (no subclass skips it), and the interface alone cannot be built."""
+    with pytest.raises(TypeError, match="abstract"):
+        StageClient("test", "nowhere")  # type: ignore[abstract]
+    client = InProcessStageClient("test", CountingEngine())
+    try:
+        assert isinstance(client, StageClient) and client.client_id and client.info is not None
+        seen: list[str] = []
+        client.add_status_listener(lambda stage, state: seen.append(state))
+        client.mark_down("gone")  # the base class's liveness, shared by every transport
+        assert seen == ["failed"] and client.down_reason == "gone"
+    finally:
+        await client.close()
