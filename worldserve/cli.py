@@ -160,7 +160,8 @@ def serve(
     streaming_encoder_capacity: Optional[int] = _nim(
         "Shared encoder capacity (default: the image budget)."),
     streaming_spec_method: Optional[str] = _nim(
-        "none | ngram | dflash ($NIM_STREAMING_SPEC_METHOD; none)."),
+        "none | ngram | dflash ($NIM_STREAMING_SPEC_METHOD; dflash when a drafter is "
+        "given, else none)."),
     streaming_spec_model_path: Optional[Path] = _nim(
         "DFlash drafter directory (needed by --streaming-spec-method dflash)."),
     streaming_spec_num_tokens: Optional[int] = _nim(

@@ -188,10 +188,12 @@ class StreamingConfig(_Frozen):
     # None: 2 x max_sessions x max_video_segments (never below that floor)
     image_budget: int | None = Field(default=None, ge=1)
     encoder_capacity: int | None = Field(default=None, ge=1)
-    # A DFlash drafter directory (config.json model_type muse_glimmer_assistant); declared
-    # before spec_method, whose validator needs it.
+    # A DFlash drafter directory (transformers' muse_glimmer_assistant, z-lab's DFlashDraftModel
+    # or a speculators `dflash` checkpoint); declared before spec_method, whose validator needs it.
     spec_model_path: Path | None = None
-    spec_method: Literal["none", "ngram", "dflash"] = "none"
+    # None: dflash when a drafter is given, else none.
+    spec_method: Literal["none", "ngram", "dflash"] | None = Field(default=None,
+                                                                   validate_default=True)
     # Drafts per step, both methods (dflash: also at most the drafter's block_size - 1).
     spec_num_tokens: int = Field(default=3, ge=1, le=16)
     # None: the library default (7000), lowered to fit small models (A1/A2 of spec 4.5)
@@ -201,7 +203,9 @@ class StreamingConfig(_Frozen):
 
     @field_validator("spec_method")
     @classmethod
-    def _dflash_has_a_drafter(cls, method: str, info: ValidationInfo) -> str:
+    def _dflash_has_a_drafter(cls, method: str | None, info: ValidationInfo) -> str:
+        if method is None:
+            return "none" if info.data.get("spec_model_path") is None else "dflash"
         if method == "dflash" and info.data.get("spec_model_path") is None:
             raise ValueError("'dflash' needs a drafter directory: set streaming.spec_model_path "
                              "(--streaming-spec-model-path)")
@@ -220,6 +224,11 @@ class ReasonerStageConfig(StageConfig):
     max_prefill_tokens: int = Field(default=2048, ge=64)
     # Batch the decode steps of concurrent sessions into one forward.
     batch_decode: bool = True
+    # Decode steps through the family's static decode step (fewer host ops than transformers'
+    # forward, token-identical; families without one keep transformers' forward).
+    static_decode: bool = True
+    # torch.compile the static decode step (CUDA: CUDA graphs). Off: not verified on a GPU.
+    compile_decode: bool = False
     # Run in the generation stage's process (same device): a Cosmos3 directory's reasoner then
     # shares the generator's understanding weights instead of holding a second copy.
     colocate_with_generation: bool = False

@@ -37,6 +37,11 @@ DFLASH_SAMPLED = "tests/unit/reasoner/test_dflash.py::test_seeded_sampling_is_lo
 NGRAM_LOSSLESS = "tests/unit/reasoner/test_decoding.py::test_ngram_speculation_is_lossless"
 SEEDED = ("tests/unit/reasoner/test_decoding.py"
           "::test_seeded_sampling_is_reproducible_and_seed_dependent")
+SAMPLING = "tests/unit/reasoner/test_sampling.py"
+SAMPLER_REFERENCE = f"{SAMPLING}::test_batched_device_sampler_equals_the_scalar_reference"
+DECODE_PATHS = "tests/unit/reasoner/test_decode_paths.py"
+DFLASH_DRAFTERS = "tests/unit/reasoner/test_dflash_drafters.py"
+DFLASH_FITTED = f"{DFLASH_DRAFTERS}::test_a_fitted_drafter_is_accepted_and_replies_stay_lossless"
 
 PLANTS: tuple[Plant, ...] = (
     # ---------------------------------------------------------------- weight mapping
@@ -83,8 +88,49 @@ PLANTS: tuple[Plant, ...] = (
         caught_by=(COSMOS3_SOUND, COSMOS3_ENGINE_INTERLEAVED),
     ),
     # ---------------------------------------------------------------- sampling knobs
-    # (temperature, top-k, top-p and the penalties: plants anchored in the sampler, caught by
-    # tests/unit/reasoner/test_sampling.py, land with that file)
+    Plant(
+        name="temperature-ignored",
+        claim="temperature scales the logits before the softmax",
+        path="worldserve/engines/reasoner/sampling.py",
+        anchor="    logits = logits / _per_row([s.temperature for s in samplings], logits)\n",
+        replacement="    logits = logits.clone()\n",
+        caught_by=(f"{SAMPLING}::test_temperature_scales_the_softmax", SAMPLER_REFERENCE),
+    ),
+    Plant(
+        name="top-k-keeps-one-more",
+        claim="top-k draws only the k largest logits",
+        path="worldserve/engines/reasoner/sampling.py",
+        anchor="            kth = torch.topk(logits[b], s.top_k).values[-1]\n",
+        replacement="            kth = torch.topk(logits[b], s.top_k + 1).values[-1]\n",
+        caught_by=(f"{SAMPLING}::test_top_k_draws_only_the_k_largest", SAMPLER_REFERENCE),
+    ),
+    Plant(
+        name="top-p-drops-the-crossing-token",
+        claim="top-p keeps the smallest set of the largest probabilities reaching p",
+        path="worldserve/engines/reasoner/sampling.py",
+        anchor="    values = values.masked_fill(cumulative - values > top_p, 0.0)\n",
+        replacement="    values = values.masked_fill(cumulative > top_p, 0.0)\n",
+        caught_by=(f"{SAMPLING}::test_top_p_draws_only_the_smallest_set_reaching_p",
+                   SAMPLER_REFERENCE),
+    ),
+    Plant(
+        name="repetition-penalty-inverted",
+        claim="the repetition penalty divides positive and multiplies negative seen logits",
+        path="worldserve/engines/reasoner/sampling.py",
+        anchor="logits > 0, logits / penalty, logits * penalty)",
+        replacement="logits > 0, logits * penalty, logits / penalty)",
+        caught_by=(f"{SAMPLING}::test_repetition_penalty_divides_positive_and_multiplies"
+                   "_negative_seen_logits", SAMPLER_REFERENCE),
+    ),
+    Plant(
+        name="frequency-penalty-ignored",
+        claim="frequency and presence penalties count the reply's tokens",
+        path="worldserve/engines/reasoner/sampling.py",
+        anchor="_per_row([s.frequency_penalty for s in samplings], logits) * counts",
+        replacement="0.0",
+        caught_by=(f"{SAMPLING}::test_frequency_and_presence_penalties_count_reply_tokens_only",
+                   SAMPLER_REFERENCE),
+    ),
     Plant(
         name="session-seed-ignored",
         claim="a seeded session's replies are reproducible and depend on the seed",
@@ -97,10 +143,35 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         name="verify-keeps-a-rejected-draft",
         claim="speculative decoding (DFlash, n-gram) is lossless: rejected drafts leave no K/V",
-        path="worldserve/engines/reasoner/decoding.py",
-        anchor="            num_kept = i + 1\n",
-        replacement="            num_kept = min(i + 2, len(fed))\n",
+        path="worldserve/engines/reasoner/execute.py",
+        anchor="                num_kept = i + 1\n",
+        replacement="                num_kept = min(i + 2, len(fed))\n",
         caught_by=(DFLASH_SAMPLED, NGRAM_LOSSLESS),
+    ),
+    Plant(
+        name="dflash-accepted-drafts-not-counted",
+        claim="a drafter fitted to the target has its drafts accepted (and says so)",
+        path="worldserve/engines/reasoner/execute.py",
+        anchor="            self.proposer.num_accepted += num_kept - 1\n",
+        replacement="            self.proposer.num_accepted += 0\n",
+        caught_by=(DFLASH_FITTED,),
+    ),
+    Plant(
+        name="published-drafter-loses-its-rope-theta",
+        claim="a drafter in a published layout loads as the same network",
+        path="worldserve/models/dflash/layouts.py",
+        anchor='"rope_theta": layers.get("rope_theta", 10000.0)}',
+        replacement='"rope_theta": 10000.0}',
+        caught_by=(f"{DFLASH_DRAFTERS}::test_published_layouts_load_as_the_same_drafter",),
+    ),
+    # ---------------------------------------------------------------- the static decode step
+    Plant(
+        name="static-step-swaps-q-and-k-norms",
+        claim="the static decode step equals transformers' forward",
+        path="worldserve/models/qwen_vl/decode.py",
+        anchor="        q, k = _rms(q, norms[2]), _rms(k, norms[3])\n",
+        replacement="        q, k = _rms(q, norms[3]), _rms(k, norms[2])\n",
+        caught_by=(f"{DECODE_PATHS}::test_static_step_equals_transformers_forward",),
     ),
     Plant(
         name="dflash-drafter-cache-keeps-rejected-drafts",

@@ -7,7 +7,7 @@ import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from worldserve.ipc.capabilities import GenerationDefaults
 
@@ -97,12 +97,16 @@ class ModelFamily:
 
 
 @dataclass
-class ImageInput:
-    """One preprocessed image for a VLM: `pixel_values` (patches, C) and `grid_thw` (1, 3)
-    torch tensors, and how many placeholder tokens it takes in the prompt."""
+class VisionInput:
+    """One preprocessed image or video clip for a vision-language model.
 
-    pixel_values: Any
-    grid_thw: Any
+    `payload` is the family's own processor output (pixel patches, grids, timestamps...): only
+    the family that made it reads it. The engine knows the kind and how many placeholder tokens
+    the item takes in the prompt, nothing else.
+    """
+
+    kind: Literal["image", "video"]
+    payload: Any
     num_tokens: int
 
 
