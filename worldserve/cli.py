@@ -140,6 +140,10 @@ def serve(
     forwarded_allow_ips: Optional[str] = typer.Option(
         None, help="Proxies trusted for X-Forwarded-Proto/For/Host [default: 127.0.0.1]."
     ),
+    generation_parallel: Optional[str] = typer.Option(
+        None, help="One request across several ranks, e.g. cfg=2,ulysses=2 (axes cfg, "
+        "ulysses, ring, shard; docs/parallel.md)."
+    ),
     # --- Live video reasoning: the NIM settings (spec streaming-reasoning.md section 2). Each
     # flag wins over its NIM_* variable, which wins over the YAML file.
     enable_streaming: Optional[bool] = typer.Option(
@@ -208,6 +212,7 @@ def serve(
         "port": port,
         "log_level": log_level,
         "stages.generation.output_dir": str(output_dir) if output_dir else None,
+        "stages.generation.parallel": generation_parallel,
         "allowed_local_media_path": str(allowed_local_media_path)
         if allowed_local_media_path
         else None,

@@ -42,6 +42,9 @@ SAMPLER_REFERENCE = f"{SAMPLING}::test_batched_device_sampler_equals_the_scalar_
 DECODE_PATHS = "tests/unit/reasoner/test_decode_paths.py"
 DFLASH_DRAFTERS = "tests/unit/reasoner/test_dflash_drafters.py"
 DFLASH_FITTED = f"{DFLASH_DRAFTERS}::test_a_fitted_drafter_is_accepted_and_replies_stay_lossless"
+RANK_COLLECTIVES = "tests/unit/parallel/test_collectives.py"
+CFG_PARALLEL = ("tests/integration/parallel/test_cfg_engine.py"
+                "::test_policy_actions_with_guidance_equal_one_process")
 
 PLANTS: tuple[Plant, ...] = (
     # ---------------------------------------------------------------- weight mapping
@@ -86,6 +89,39 @@ PLANTS: tuple[Plant, ...] = (
         anchor="            sound_scheduler=copy.deepcopy(scheduler) if sound_latents",
         replacement="            sound_scheduler=scheduler if sound_latents",
         caught_by=(COSMOS3_SOUND, COSMOS3_ENGINE_INTERLEAVED),
+    ),
+    # ---------------------------------------------------------------- rank groups
+    Plant(
+        name="cfg-parallel-swaps-cond-and-uncond",
+        claim="a CFG-parallel group computes what one process computes",
+        path="worldserve/models/cosmos3/parallel.py",
+        anchor="        return _unflatten(both[0], mine), _unflatten(both[1], mine)\n",
+        replacement="        return _unflatten(both[1], mine), _unflatten(both[0], mine)\n",
+        caught_by=(CFG_PARALLEL,),
+    ),
+    Plant(
+        name="ring-merge-weights-the-old-part-wrongly",
+        claim="ring attention equals full attention (log-sum-exp merge)",
+        path="worldserve/models/parallel/attention.py",
+        anchor="    out = out * torch.exp(lse - new_lse).unsqueeze(-1) \\\n",
+        replacement="    out = out * torch.exp(new_lse - lse).unsqueeze(-1) \\\n",
+        caught_by=(RANK_COLLECTIVES,),
+    ),
+    Plant(
+        name="halo-pads-strips-with-zeros",
+        claim="strip-parallel convolutions equal the whole picture (halo exchange)",
+        path="worldserve/models/parallel/halo.py",
+        anchor="    above = gathered[handle.index - 1, 1] if handle.index > 0 else zeros\n",
+        replacement="    above = zeros\n",
+        caught_by=(RANK_COLLECTIVES,),
+    ),
+    Plant(
+        name="shard-rows-swapped-between-ranks",
+        claim="sharded blocks compute with the checkpoint's weights",
+        path="worldserve/models/parallel/shard.py",
+        anchor="    first = min(num_rows, handle.index * per)\n",
+        replacement="    first = min(num_rows, (handle.size - 1 - handle.index) * per)\n",
+        caught_by=(RANK_COLLECTIVES,),
     ),
     # ---------------------------------------------------------------- sampling knobs
     Plant(

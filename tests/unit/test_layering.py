@@ -204,16 +204,6 @@ NOT_A_FAMILY: set[tuple[str, str]] = {
     # a field of the /admin/model_info answer (the action head's shapes), not a family branch
     ("worldserve/engines/generation/admin.py", "action_head"),
 }
-# Files whose family knowledge another helper is moving out right now (issue 21: NAME=api turns
-# the Cosmos3 request fields and action envelope into declared capabilities). The coordinator
-# deletes each entry once that work is merged; keep this list shrinking.
-FAMILY_NAMES_PENDING: set[str] = {
-    "worldserve/api/jobs/cosmos3.py",
-    "worldserve/api/jobs/cosmos3_actions.py",
-    "worldserve/api/routes/actions.py",
-}
-
-
 def docstrings(tree: ast.Module) -> set[int]:
     kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
     return {id(node.body[0].value) for node in ast.walk(tree)
@@ -251,7 +241,7 @@ def family_literals(tree: ast.Module) -> list[tuple[int, str]]:
 
 def test_api_and_engines_never_spell_a_family_name() -> None:
     found = [f"{path}:{line}: {value!r}" for path, tree in modules()
-             if layer_of(path) in FAMILY_FREE_LAYERS and path not in FAMILY_NAMES_PENDING
+             if layer_of(path) in FAMILY_FREE_LAYERS
              for line, value in family_literals(tree) if (path, value) not in NOT_A_FAMILY]
     assert not found, ("family names in api/ or engines/ (branch on a declared capability "
                        "instead):\n" + "\n".join(found))
@@ -266,9 +256,3 @@ def test_the_family_check_sees_branches_and_tables() -> None:
                      'prose = "a Wan 2.2 LoRA file"\n')
     assert [value for _, value in family_literals(tree)] == ["cosmos3", "Wan", "qwen_vl"]
     assert {"cosmos3", "wan", "qwen_vl", "sana_wm", "causal_dit"} <= set(FAMILY_NAMES)
-
-
-def test_pending_family_files_still_exist() -> None:
-    """An entry whose file is gone is stale: delete it (the list must only shrink)."""
-    stale = [path for path in FAMILY_NAMES_PENDING if not (PACKAGE.parent / path).is_file()]
-    assert not stale, "stale FAMILY_NAMES_PENDING entries: " + ", ".join(stale)
