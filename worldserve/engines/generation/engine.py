@@ -180,6 +180,14 @@ class GenerationEngine:
             return
         self._update(scheduled, output)
 
+    @property
+    def running(self) -> list[RunningBatch]:
+        """The running batches (the scheduler's; read them, never change them)."""
+        return self.scheduler.running
+
+    def num_running(self) -> int:
+        return self.scheduler.num_running()
+
     def stats(self) -> dict[str, Any]:
         scheduler = self.scheduler
         return {"queue_depth": len(scheduler) + len(scheduler.actions),
