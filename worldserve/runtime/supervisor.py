@@ -24,7 +24,7 @@ from typing import Callable
 import worldserve
 from worldserve import envs
 from worldserve.config import ServerConfig, StageConfig
-from worldserve.ipc.client import StageClient
+from worldserve.ipc.client import StageClient, ZmqStageClient
 
 log = logging.getLogger("worldserve.supervisor")
 
@@ -115,7 +115,7 @@ class Supervisor:
         for name, stage_config in self.config.stages.enabled().items():
             address = self._address(name, stage_config)
             self.stages[name] = StageProcess(
-                name, stage_config, address, StageClient(name, address)
+                name, stage_config, address, ZmqStageClient(name, address)
             )
         hosts = colocated_hosts(self.config)
         try:
