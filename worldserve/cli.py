@@ -118,6 +118,9 @@ def serve(
         None, help="Allowed remote media host (repeatable, comma-separated allowed)."
     ),
     log_level: Optional[str] = typer.Option(None, help="debug | info | warning | error."),
+    access_log: Optional[bool] = typer.Option(
+        None, "--access-log/--no-access-log",
+        help="One log line per HTTP request (uvicorn's access log) [default: on]."),
     admin_key_file: Optional[Path] = typer.Option(
         None, help="File holding the admin bearer key (else $WORLDSERVE_ADMIN_KEY)."
     ),
@@ -206,6 +209,7 @@ def serve(
         "host": host,
         "port": port,
         "log_level": log_level,
+        "access_log": access_log,
         "stages.generation.output_dir": str(output_dir) if output_dir else None,
         "allowed_local_media_path": str(allowed_local_media_path)
         if allowed_local_media_path

@@ -152,6 +152,12 @@ class StageClient:
             stream._push(error)
         self._streams.clear()
 
+    def revive(self, info: StageInfo) -> None:
+        """The supervisor restarted the stage and it answered the handshake: serve again."""
+        self.down_reason = None
+        self.info = info
+        self._set_state(info.state)
+
     async def close(self) -> None:
         if self._recv_task is not None:
             self._recv_task.cancel()

@@ -112,7 +112,7 @@ class InProcessStageClient(StageClient):
             loop._send_due_echoes()
             busy = self.engine.has_work()
             if busy:
-                self.engine.step()
+                loop.step_engine()
             loop._broadcast_state_change()
             if busy:
                 await asyncio.sleep(0)  # let the api side run between engine steps

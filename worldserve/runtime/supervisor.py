@@ -25,6 +25,7 @@ import worldserve
 from worldserve import envs
 from worldserve.config import ServerConfig, StageConfig
 from worldserve.ipc.client import StageClient
+from worldserve.runtime.restart import RestartPolicy
 
 log = logging.getLogger("worldserve.supervisor")
 
@@ -80,6 +81,16 @@ class StageProcess:
         return f"{reason}; last output: {tail[-1]}" if tail else reason
 
 
+def stop_progress(stage: StageProcess) -> str:
+    """How far a stage got after SIGTERM, from its own lines (runtime/stage.py `StopSignal`)."""
+    lines = [line for line in stage.stderr_tail if "SIGTERM" in line]
+    if not lines:
+        return "it never acknowledged the signal: still loading, or stuck outside Python"
+    if "stopped" in lines[-1]:
+        return "its engine had stopped; the process was still exiting"
+    return "its current step had not finished"
+
+
 def colocated_hosts(config: ServerConfig) -> dict[str, str]:
     """guest stage -> the stage whose process serves it (`reasoner.colocate_with_generation`)."""
     stages = config.stages.enabled()
@@ -89,10 +100,16 @@ def colocated_hosts(config: ServerConfig) -> dict[str, str]:
     return {}
 
 
+RestartHook = Callable[[str, int], None]  # (stage, new pid)
+
+
 class Supervisor:
-    def __init__(self, config: ServerConfig, on_fatal: Callable[[str], None] | None = None) -> None:
+    def __init__(self, config: ServerConfig, on_fatal: Callable[[str], None] | None = None,
+                 on_restart: RestartHook | None = None) -> None:
         self.config = config
         self.on_fatal = on_fatal or (lambda reason: None)
+        self.on_restart = on_restart or (lambda stage, pid: None)
+        self.restarts: dict[str, RestartPolicy] = {}
         self.run_dir = Path(
             tempfile.mkdtemp(prefix=f"worldserve-{config.port}-", dir=envs.run_dir_root())
         )
@@ -167,10 +184,10 @@ class Supervisor:
             stage.stderr_tail.append(text)
             print(text, file=sys.stderr, flush=True)
 
-    async def _handshake(self, stage: StageProcess) -> None:
+    async def _handshake(self, stage: StageProcess, client: StageClient | None = None) -> None:
         assert stage.proc is not None
         timeout_s = envs.stage_start_timeout_s() or stage.config.start_timeout_s
-        handshake = asyncio.ensure_future(stage.client.handshake(timeout_s))
+        handshake = asyncio.ensure_future((client or stage.client).handshake(timeout_s))
         exited = asyncio.ensure_future(stage.proc.wait())
         done, _ = await asyncio.wait({handshake, exited}, return_when=asyncio.FIRST_COMPLETED)
         if handshake in done and handshake.exception() is None:
@@ -199,6 +216,47 @@ class Supervisor:
         stage.client.mark_down(stage.exit_reason)
         if stage.name in CRITICAL_STAGES:
             self.on_fatal(f"stage '{stage.name}' died: {stage.exit_reason}")
+        elif self._restartable(stage):
+            await self._restart(stage)
+
+    def _restartable(self, stage: StageProcess) -> bool:
+        """Non-critical stages in a process of their own (a colocated pair shares a process
+        with the critical generation stage, whose death stops the server)."""
+        return not any(stage.name in pair for pair in colocated_hosts(self.config).items())
+
+    async def _restart(self, stage: StageProcess) -> None:
+        """Start the stage again after the policy's delay; its client accepts requests again
+        once the new process answered the handshake (runtime/restart.py)."""
+        policy = self.restarts.setdefault(stage.name, RestartPolicy())
+        delay_s = policy.on_death(asyncio.get_running_loop().time())
+        if delay_s is None:
+            log.error("stage %s died %d times within %g s; not restarting it again (its routes "
+                      "answer 503)", stage.name, policy.num_recent_deaths, policy.window_s)
+            return
+        log.warning("restarting stage %s in %g s", stage.name, delay_s)
+        await asyncio.sleep(delay_s)
+        if self._stopping:
+            return
+        started = asyncio.get_running_loop().time()
+        await self._spawn(stage, self.run_dir / "config.json")
+        probe = StageClient(stage.name, stage.address)
+        try:
+            await self._handshake(stage, probe)
+        except StageStartError as exc:
+            log.error("restarting stage %s failed: %s", stage.name, exc)
+            if stage.proc is not None and stage.proc.returncode is None:
+                stage.proc.kill()  # hung while loading: its watcher counts it as a death
+            stage.tasks.append(asyncio.get_running_loop().create_task(self._watch(stage)))
+            return
+        finally:
+            await probe.close()
+        stage.exit_reason = None
+        assert probe.info is not None and stage.pid is not None  # the handshake set them
+        stage.client.revive(probe.info)
+        log.info("stage %s restarted (pid %d) in %.1f s", stage.name, stage.pid,
+                 asyncio.get_running_loop().time() - started)
+        self.on_restart(stage.name, stage.pid)
+        stage.tasks.append(asyncio.get_running_loop().create_task(self._watch(stage)))
 
     async def stop(self) -> None:
         """SIGTERM every stage, SIGKILL after a grace period, remove sockets. Idempotent."""
@@ -222,6 +280,7 @@ class Supervisor:
         try:
             await asyncio.wait_for(stage.proc.wait(), STOP_GRACE_S)
         except asyncio.TimeoutError:
-            log.warning("stage %s ignored SIGTERM; killing it", stage.name)
+            log.warning("stage %s did not exit within %g s of SIGTERM (%s); killing it",
+                        stage.name, STOP_GRACE_S, stop_progress(stage))
             stage.proc.kill()
             await stage.proc.wait()

@@ -117,7 +117,7 @@ def test_admin_key_from_environment(server_factory) -> None:
     assert httpx.get(f"{server.base_url}/health").status_code == 200
 
 
-def test_killed_reasoner_gives_503_fast_and_server_stays_up(server_factory) -> None:
+def test_killed_reasoner_gives_503_fast_then_restarts(server_factory) -> None:
     server = server_factory()
     pid = server.stage_pids()["reasoner"]
     echo = f"{server.base_url}/admin/stages/reasoner/echo"
@@ -138,6 +138,12 @@ def test_killed_reasoner_gives_503_fast_and_server_stays_up(server_factory) -> N
     assert httpx.get(f"{server.base_url}/v1/health/ready").status_code == 503
     assert httpx.post(f"{server.base_url}/admin/stages/generation/echo", json={}).status_code == 200
     assert server.proc.poll() is None
+    # The supervisor restarts a non-critical stage (runtime/restart.py): same socket, new pid.
+    assert wait_until(lambda: httpx.get(f"{server.base_url}/health").status_code == 200, 90.0,
+                      step_s=0.5), server.log()
+    assert httpx.post(echo, json={}).status_code == 200
+    assert server.stage_pids()["reasoner"] not in (pid, None)
+    assert "stage reasoner restarted" in server.log()
 
 
 def test_generation_death_stops_the_server_non_zero(server_factory) -> None:
