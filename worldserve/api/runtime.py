@@ -32,6 +32,9 @@ class ServerRuntime:
     started_at: float = field(default_factory=time.time)
     # pid per stage, filled by the supervisor (shown in /admin/server_info)
     stage_pids: dict[str, int | None] = field(default_factory=dict)
+    # While the supervisor restarts a stage: when (time.monotonic()) it should be back; the
+    # stage's 503s say so in Retry-After (api/errors.py).
+    stage_back_at: dict[str, float] = field(default_factory=dict)
     # Awaited on orderly shutdown, before the stages stop (e.g. live jobs become `cancelled`).
     shutdown_hooks: list[ShutdownHook] = field(default_factory=list)
     # Appended to the ids this api mints (job and session ids). Cluster mode sets

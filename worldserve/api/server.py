@@ -111,7 +111,7 @@ async def serve(config: ServerConfig, admin_key: str | None) -> int:
         return 1
     stage_pids.update({n: s.pid for n, s in supervisor.stages.items()})
     runtime = ServerRuntime(config=config, clients=supervisor.clients, admin_key=admin_key,
-                            stage_pids=stage_pids)
+                            stage_pids=stage_pids, stage_back_at=supervisor.back_at)
     app = create_app(runtime)
     services: ApiServices = app.state.services
     server = _Server(uvicorn.Config(

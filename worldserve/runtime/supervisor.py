@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -65,6 +66,7 @@ class StageProcess:
     )
     exit_reason: str | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    start_s: float = 0.0  # how long its last start took (spawn to handshake)
 
     @property
     def pid(self) -> int | None:
@@ -110,6 +112,8 @@ class Supervisor:
         self.on_fatal = on_fatal or (lambda reason: None)
         self.on_restart = on_restart or (lambda stage, pid: None)
         self.restarts: dict[str, RestartPolicy] = {}
+        # stage -> time.monotonic() at which a restarting stage should answer again
+        self.back_at: dict[str, float] = {}
         self.run_dir = Path(
             tempfile.mkdtemp(prefix=f"worldserve-{config.port}-", dir=envs.run_dir_root())
         )
@@ -187,11 +191,13 @@ class Supervisor:
     async def _handshake(self, stage: StageProcess, client: StageClient | None = None) -> None:
         assert stage.proc is not None
         timeout_s = envs.stage_start_timeout_s() or stage.config.start_timeout_s
+        started = time.monotonic()
         handshake = asyncio.ensure_future((client or stage.client).handshake(timeout_s))
         exited = asyncio.ensure_future(stage.proc.wait())
         done, _ = await asyncio.wait({handshake, exited}, return_when=asyncio.FIRST_COMPLETED)
         if handshake in done and handshake.exception() is None:
             exited.cancel()
+            stage.start_s = time.monotonic() - started
             return
         handshake.cancel()
         if exited in done:
@@ -230,14 +236,15 @@ class Supervisor:
         policy = self.restarts.setdefault(stage.name, RestartPolicy())
         delay_s = policy.on_death(asyncio.get_running_loop().time())
         if delay_s is None:
+            self.back_at.pop(stage.name, None)
             log.error("stage %s died %d times within %g s; not restarting it again (its routes "
                       "answer 503)", stage.name, policy.num_recent_deaths, policy.window_s)
             return
         log.warning("restarting stage %s in %g s", stage.name, delay_s)
+        self.back_at[stage.name] = time.monotonic() + delay_s + stage.start_s
         await asyncio.sleep(delay_s)
         if self._stopping:
             return
-        started = asyncio.get_running_loop().time()
         await self._spawn(stage, self.run_dir / "config.json")
         probe = StageClient(stage.name, stage.address)
         try:
@@ -253,8 +260,8 @@ class Supervisor:
         stage.exit_reason = None
         assert probe.info is not None and stage.pid is not None  # the handshake set them
         stage.client.revive(probe.info)
-        log.info("stage %s restarted (pid %d) in %.1f s", stage.name, stage.pid,
-                 asyncio.get_running_loop().time() - started)
+        self.back_at.pop(stage.name, None)
+        log.info("stage %s restarted (pid %d) in %.1f s", stage.name, stage.pid, stage.start_s)
         self.on_restart(stage.name, stage.pid)
         stage.tasks.append(asyncio.get_running_loop().create_task(self._watch(stage)))
 
