@@ -24,6 +24,7 @@ from ray.serve.config import RequestRouterConfig
 
 from worldserve.api.app import create_app
 from worldserve.api.runtime import ServerRuntime
+from worldserve.api.server import PortUnavailable, bind_listener
 from worldserve.cluster.client import RayStageClient
 from worldserve.cluster.ids import api_tag
 from worldserve.cluster.replica import StageReplica
@@ -149,6 +150,11 @@ def shutdown() -> None:
 
 def run(config: ServerConfig, admin_key: str | None, options: ClusterOptions) -> int:
     """`worldserve serve --cluster ray`: deploy, serve until SIGINT/SIGTERM, undeploy."""
+    try:  # Serve's proxy binds it later: say now, before Ray and the replicas start
+        bind_listener(config.host, config.port).close()
+    except PortUnavailable as exc:
+        print(f"worldserve: {exc}", file=sys.stderr, flush=True)
+        return 1
     ray.init(address=options.ray_address, include_dashboard=False)
     try:
         try:
