@@ -8,7 +8,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
 from worldserve.api.metrics import Metrics
 from worldserve.config import ServerConfig
@@ -18,6 +18,14 @@ from worldserve.ipc.client import StageClient
 log = logging.getLogger("worldserve.api")
 
 ShutdownHook = Callable[[], Awaitable[None]]
+
+
+class JobLister(Protocol):
+    """`GET /v1/videos` over several api replicas, each holding its own records
+    (cluster/listing.py); the same page, order and cursor rules as one replica's listing."""
+
+    async def page(self, after: str | None, limit: int, descending: bool,
+                   base_url: str) -> dict[str, Any]: ...
 SHUTDOWN_HOOK_TIMEOUT_S = 5.0
 
 
@@ -40,6 +48,8 @@ class ServerRuntime:
     # Appended to the ids this api mints (job and session ids). Cluster mode sets
     # ".<api replica>" so that its ingress router can send later calls to this replica.
     id_tag: str = ""
+    # Cluster mode with several api replicas: lists every replica's video jobs.
+    job_lister: JobLister | None = None
 
     async def run_shutdown_hooks(self) -> None:
         """Run every hook with a time bound; one failing hook does not stop the others."""
