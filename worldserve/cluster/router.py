@@ -80,11 +80,15 @@ class ApiRouter(RequestRouter):
         candidate_replicas: List[RunningReplica],
         pending_request: Optional[PendingRequest] = None,
     ) -> List[List[RunningReplica]]:
-        key = pending_request.metadata.session_id if pending_request is not None else ""
+        path = request_path(pending_request) if pending_request is not None else ""
+        # Only a call between api replicas may pin (the proxy takes a request's session id
+        # from a client header: a client must not pin, or fail its request by naming a gone
+        # replica).
+        key = pending_request.metadata.session_id if pending_request and not path else ""
         owner = pinned_replica(key or "")
         if owner is not None:
             return _pinned(owner, candidate_replicas, pending_request)
-        owners = api_owners_in(request_path(pending_request)) if pending_request else []
+        owners = api_owners_in(path)
         for owner in owners:
             match = [r for r in candidate_replicas if r.replica_id.unique_id == owner]
             if match:
