@@ -13,6 +13,7 @@ from typing import Iterator
 import uvicorn
 
 from worldserve.api.app import create_app
+from worldserve.api.logs import quiet_uvicorn
 from worldserve.api.runtime import SHUTDOWN_HOOK_TIMEOUT_S, ServerRuntime, ShutdownHook
 from worldserve.api.services import ApiServices
 from worldserve.config import ServerConfig, is_loopback_host
@@ -120,6 +121,7 @@ async def serve(config: ServerConfig, admin_key: str | None) -> int:
         access_log=config.access_log,
         proxy_headers=False,  # the app's ForwardedHeadersMiddleware does it (api/middleware.py)
     ), before_shutdown=services.before_shutdown)
+    quiet_uvicorn(config.access_log)  # after uvicorn.Config set its logging up
     try:
         await server.serve(sockets=[listener])
         if not server.started and exit_code == 0:

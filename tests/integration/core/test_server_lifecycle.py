@@ -81,6 +81,7 @@ def test_ops_routes_and_light_api_process(live_server: ServerProcess) -> None:
     assert "worldserve_stage_queue_depth" in metrics
     stats = httpx.get(f"{url}/admin/stats").json()["stages"]
     assert stats["reasoner"]["queue_depth"] == 0
+    assert '"GET /v1/models HTTP/1.1" 200' in live_server.log()  # the access log is on
 
 
 def test_unknown_route_is_a_json_404(live_server: ServerProcess) -> None:
