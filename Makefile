@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # `make test` a test never skips for something the machine lacks (WORLDSERVE_TEST_STRICT=1).
 BROWSER ?= 1
 
-.PHONY: serve serve-qwen test lint install dev-models clean
+.PHONY: serve serve-qwen test mutations lint install dev-models clean
 
 $(BIN)/python:
 	@command -v $(PYTHON) >/dev/null || { echo "make: $(PYTHON) not found: install Python \
@@ -50,16 +50,25 @@ serve-qwen: dev-models
 lint: $(STAMP)
 	$(BIN)/ruff check worldserve tests benchmarks
 
+# The mutation check (tests/mutations): each planted bug of tests/mutations/plants.py must make
+# the tests that claim to cover it fail, on a temporary copy of the project. `make test` runs it
+# after the suite; `make mutations` alone.
+mutations: $(STAMP)
+	WORLDSERVE_TEST_STRICT=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+		$(BIN)/python -m pytest -q tests/mutations
+
 ifeq ($(BROWSER),0)
 test: $(STAMP) lint
 	WORLDSERVE_TEST_STRICT=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
 		$(BIN)/python -m pytest -q --ignore=tests/e2e $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory mutations
 else
 test: $(STAMP) lint
 	@chromium="$$(tests/e2e/ensure-chromium.sh)" && \
 	echo "browser tests: $$chromium" && \
 	WORLDSERVE_E2E_CHROMIUM="$$chromium" WORLDSERVE_TEST_STRICT=1 HF_HUB_OFFLINE=1 \
 		TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory mutations
 endif
 
 clean:

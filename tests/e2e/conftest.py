@@ -9,7 +9,6 @@ Screenshots go to test-artifacts/ (gitignored) for a person to look at.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any, Iterator
@@ -41,13 +40,6 @@ MAX_REASONING_SESSIONS = 1
 REASONING_DELAY_MS = 40  # the fake reasoner's time per frame, so latencies are visible
 
 
-def _has_module(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if not CHROMIUM.exists():
@@ -60,30 +52,20 @@ def browser() -> Iterator[Any]:
 
 
 def playground_config(workdir: Path) -> dict[str, Any]:
-    """Every stage this checkout can run: the dev generation model, and the fake reasoner and
-    realtime backends (fast, deterministic). A backend missing from the checkout leaves its
-    stage off; its tab then reports the surface as not offered and its tests skip."""
-    stages: dict[str, Any] = {}
-    if _has_module("worldserve.engines.reasoner.fake"):
-        stages["reasoner"] = {
-            "backend": "fake",
-            "model_path": str(workdir),
-            "fake_delay_ms": REASONING_DELAY_MS,
-            "streaming": {"max_sessions": MAX_REASONING_SESSIONS},
-        }
-    else:
-        stages["reasoner"] = {"enabled": False}
-    if _has_module("worldserve.engines.realtime.fake"):
-        stages["realtime"] = {"enabled": True, "backend": "fake", "model_path": str(workdir)}
-    return {"stages": stages}
+    """Every stage: the dev generation model, and the fake reasoner and realtime backends (fast,
+    deterministic). Every surface is then offered (`require_surface` fails otherwise)."""
+    reasoner = {"backend": "fake", "model_path": str(workdir), "fake_delay_ms": REASONING_DELAY_MS,
+                "streaming": {"max_sessions": MAX_REASONING_SESSIONS}}
+    realtime = {"enabled": True, "backend": "fake", "model_path": str(workdir)}
+    return {"stages": {"reasoner": reasoner, "realtime": realtime}}
 
 
 @pytest.fixture(scope="session")
 def playground(
     tmp_path_factory: pytest.TempPathFactory, dev_models_dir: Path
 ) -> Iterator[ServerProcess]:
-    if not CHROMIUM.exists():  # skip before paying for a server no browser can visit
-        pytest.skip(f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium)")
+    if not CHROMIUM.exists():  # stop before paying for a server no browser can visit
+        missing(f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium)")
     workdir = tmp_path_factory.mktemp("playground")
     server = ServerProcess(workdir, playground_config(workdir))
     try:
@@ -100,8 +82,9 @@ def offered(server: ServerProcess) -> dict[str, bool]:
 
 
 def require_surface(server: ServerProcess, surface: str) -> None:
-    if not offered(server).get(surface):
-        pytest.skip(f"this checkout's server has no {surface} route (merge its branch to test it)")
+    """The playground offers every surface: one it lacks is a failure, never a skip."""
+    surfaces = offered(server)
+    assert surfaces.get(surface) is True, f"the playground server offers no {surface}: {surfaces}"
 
 
 class PageErrors(list):

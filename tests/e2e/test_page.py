@@ -8,7 +8,7 @@ from typing import Any, Iterator
 import msgpack
 import pytest
 
-from tests.e2e.conftest import _has_module, open_tab, screenshot
+from tests.e2e.conftest import open_tab, screenshot
 from tests.support.server import ServerProcess
 
 TAB_SURFACES = {
@@ -25,9 +25,7 @@ def reasoner_only(
 ) -> Iterator[ServerProcess]:
     """A server with only the reasoner stage: images, videos and realtime are not offered."""
     workdir = tmp_path_factory.mktemp("reasoner-only")
-    reasoner: dict[str, Any] = {}
-    if _has_module("worldserve.engines.reasoner.fake"):
-        reasoner = {"backend": "fake", "model_path": str(workdir)}
+    reasoner = {"backend": "fake", "model_path": str(workdir)}
     server = ServerProcess(
         workdir,
         {
@@ -50,10 +48,11 @@ def reasoner_only(
 def test_missing_surfaces_say_so_and_disable_their_tab(page, reasoner_only) -> None:
     offered = page.request.get(f"{reasoner_only.base_url}/web/surfaces").json()
     assert offered["images"] is offered["videos"] is offered["realtime"] is False
+    assert offered["streaming"] is True
     for tab, name in TAB_SURFACES.items():
         open_tab(page, reasoner_only, tab)
         note = page.locator(f"#tab-{tab} .unavailable")
-        if tab == "reasoning" and offered["streaming"]:
+        if tab == "reasoning":
             assert note.is_hidden()
             assert page.locator("#reasoning-start").is_enabled()
             continue

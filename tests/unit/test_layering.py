@@ -1,5 +1,5 @@
-"""Layering rules of docs/architecture.md, enforced over every import in worldserve/ (module
-level, inside functions, under TYPE_CHECKING) by an `ast` walk: no import is too lazy to count.
+"""Layering rules of docs/architecture.md over every absolute import statement in worldserve/
+(module level, in functions, under TYPE_CHECKING; not `importlib` calls) by an `ast` walk.
 
 The api process must never load model libraries; engines reach models only through the family
 registry and the shared types; model families know nothing about scheduling, HTTP or ZeroMQ.

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import pytest
 from PIL import Image
 
 from tests.integration.generation.conftest import gen_config
+from tests.support.machine import require_module
 from tests.support.server import ServerProcess
 from tests.unit.generation import admin_fixtures as fx
 
-pytest.importorskip("peft")
+require_module("peft")
 
 KEY = "admin-k3y"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -2,8 +2,7 @@
 
 Two servers, shared by every module of this folder:
 - `strict`: `--allowed-local-media-path <media>` and `--allowed-media-domain 127.0.0.1`
-  (the test origin below), tiny Wan generation stage, fake reasoner, fake realtime (when the
-  realtime surface is present).
+  (the test origin below), tiny Wan generation stage, fake reasoner, fake realtime.
 - `bare`: no media options (local paths must be refused, loopback hosts too).
 """
 
@@ -21,9 +20,6 @@ import pytest
 from PIL import Image
 
 from tests.support.server import ServerProcess
-
-HAS_REALTIME = Path(__file__).resolve().parents[3].joinpath(
-    "worldserve", "api", "routes", "realtime.py").exists()
 
 
 def png(size: tuple[int, int] = (32, 32), color: tuple[int, int, int] = (200, 30, 30)) -> bytes:
@@ -100,8 +96,7 @@ def server_config(workdir: Path, gen_model: Path) -> dict[str, Any]:
         "generation": {"model_path": str(gen_model)},
         "reasoner": {"backend": "fake", "model_path": str(workdir)},
     }
-    stages["realtime"] = ({"enabled": True, "backend": "fake", "model_path": str(workdir)}
-                          if HAS_REALTIME else {"enabled": False})
+    stages["realtime"] = {"enabled": True, "backend": "fake", "model_path": str(workdir)}
     return {"stages": stages}
 
 

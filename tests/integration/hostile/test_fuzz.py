@@ -16,7 +16,6 @@ from typing import Any
 
 import httpx
 import msgpack
-import pytest
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
@@ -414,10 +413,6 @@ async def _realtime_exchange(url: str, messages: list[bytes]) -> tuple[list[Any]
 
 
 def test_generated_realtime_messages(strict: ServerProcess) -> None:
-    from tests.integration.hostile.conftest import HAS_REALTIME
-
-    if not HAS_REALTIME:
-        pytest.skip("no realtime route on this branch")
     import asyncio
 
     url = strict.ws_url + "/v1/realtime_video/generate"

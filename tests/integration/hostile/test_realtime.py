@@ -1,6 +1,6 @@
 """Hostile input on the realtime WebSocket (msgpack): first_frame under the media policy,
 forbidden fields, huge prompts, deep maps, floods of events. Expected outcome for each case;
-the server alive afterwards. Skipped when the realtime route is absent."""
+the server alive afterwards."""
 
 from __future__ import annotations
 
@@ -11,15 +11,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import httpx
 import msgpack
 import pytest
 import websockets
 
-from tests.integration.hostile.conftest import HAS_REALTIME, PNG, assert_alive, rss_kb
+from tests.integration.hostile.conftest import PNG, assert_alive, rss_kb
 from tests.integration.hostile.test_bodies import BOMB
 from tests.support.server import ServerProcess
-
-pytestmark = pytest.mark.skipif(not HAS_REALTIME, reason="no realtime route on this branch")
 
 ENDPOINT = "/v1/realtime_video/generate"
 INIT = {"type": "init", "prompt": "a corridor", "size": "64x64", "max_chunks": 2}
@@ -140,6 +139,12 @@ CASES: list[tuple[str, str, Callable[[dict[str, Any]], bytes], str]] = [
 ]
 
 
+def test_the_hostile_server_offers_the_realtime_route(strict: ServerProcess) -> None:
+    """Every case here needs the realtime route: without it the suite fails, never skips."""
+    offered = httpx.get(strict.base_url + "/web/surfaces", timeout=10).json()
+    assert offered["realtime"] is True, offered
+
+
 @pytest.fixture(scope="module")
 def ctx(origin: str, media_dir: Path) -> dict[str, Any]:
     return {"origin": origin, "media": media_dir}
@@ -191,7 +196,7 @@ def test_oversized_message_closes_1009(strict: ServerProcess) -> None:
 
 def flood_session(url: str, init: dict[str, Any],
                   num_chunks: int = 12) -> tuple[int, int, int | None, float]:
-    """A client sends 10,000 events (valid camera states, prompts, junk) within about a second
+    """A client sends 10,000 events (valid camera states, prompts, junk) as fast as it can
     while reading a session of `num_chunks` chunks. Returns (chunk_stats received, errors
     received, close code, seconds spent sending)."""
     events = [
@@ -241,9 +246,11 @@ def flood_session(url: str, init: dict[str, Any],
     return asyncio.run(run())
 
 
-def test_10000_events_per_second(strict: ServerProcess) -> None:
-    """The session survives (chunks keep coming, then close 1000 at max_chunks) and the api's
-    memory stays flat: control queues are bounded (512 transitions, latest prompt)."""
+def test_10000_event_flood_is_answered_in_full_with_bounded_memory(strict: ServerProcess) -> None:
+    """10,000 events sent without pause during one session: the session survives (every chunk
+    comes, then close 1000 at max_chunks), each invalid event gets its error, and the api's
+    memory grows by less than 64 MiB (control queues are bounded: 512 transitions, latest
+    prompt). The sending rate is printed, not asserted: timings are not test assertions."""
     before = rss_kb(strict.proc.pid)
     chunks, errors, code, send_s = flood_session(strict.ws_url, INIT)
     assert code == 1000 and chunks == 12, (code, chunks, errors)

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from tests.integration.hostile.conftest import HAS_REALTIME, PNG, assert_alive, rss_kb
+from tests.integration.hostile.conftest import PNG, assert_alive, rss_kb
 from tests.integration.hostile.test_realtime import (
     CASES,
     INIT,
@@ -24,8 +24,6 @@ from tests.integration.hostile.test_realtime import (
     pack,
 )
 from tests.support.server import ServerProcess
-
-pytestmark = pytest.mark.skipif(not HAS_REALTIME, reason="no realtime route on this branch")
 
 FAMILIES = ("sana_wm", "cosmos3", "causal_dit_image", "lingbot_world")
 # Inits the family's engine refuses (invalid_init from the stage, not the api's checks).

@@ -1,8 +1,10 @@
 """`make test` never skips for something the machine lacks (tests/support/machine.py): the same
-missing requirement skips under plain pytest and fails under WORLDSERVE_TEST_STRICT=1."""
+missing requirement skips under plain pytest and fails under WORLDSERVE_TEST_STRICT=1, and no
+test file skips around that helper."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -47,3 +49,37 @@ def test_ensure_chromium_names_what_to_do(tmp_path: Path) -> None:
     good = subprocess.run([str(script)], capture_output=True, text=True, timeout=30,
                           env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
     assert good.returncode == 0 and good.stdout.strip() == str(fake)
+
+
+SKIPPING = {"skip", "skipif", "importorskip", "xfail"}
+HELPER = Path("tests/support/machine.py")
+
+
+def _pytest_skip_calls(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, name) of every `pytest.<skip...>` / `pytest.mark.<skip...>` reference."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in SKIPPING:
+            owner = node.value
+            if isinstance(owner, ast.Attribute) and owner.attr == "mark":
+                owner = owner.value
+            if isinstance(owner, ast.Name) and owner.id == "pytest":
+                found.append((node.lineno, node.attr))
+    return found
+
+
+def test_only_the_strict_helper_skips() -> None:
+    """A test that cannot run here goes through tests/support/machine.py, so `make test` fails
+    instead of skipping: no test file calls pytest's skip machinery itself."""
+    found = [f"{path.relative_to(REPO_ROOT)}:{line} pytest {name}"
+             for path in sorted((REPO_ROOT / "tests").rglob("*.py"))
+             if path.relative_to(REPO_ROOT) != HELPER
+             for line, name in _pytest_skip_calls(ast.parse(path.read_text(), str(path)))]
+    assert not found, "skips around the strict helper:\n" + "\n".join(found)
+
+
+def test_the_skip_scan_sees_every_form() -> None:
+    tree = ast.parse("import pytest\npytest.importorskip('x')\n@pytest.mark.skipif(True, "
+                     "reason='r')\ndef f():\n    pytest.skip('y')\n")
+    assert sorted(name for _, name in _pytest_skip_calls(tree)) == [
+        "importorskip", "skip", "skipif"]

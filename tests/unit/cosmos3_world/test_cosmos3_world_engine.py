@@ -12,7 +12,14 @@ import pytest
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
-from tests.unit.cosmos3_world.helpers import NEW_FRAMES, SIZE, reference_chunks, start_image
+from tests.unit.cosmos3_world.helpers import (
+    NEW_FRAMES,
+    SIZE,
+    assert_frames_match,
+    poses,
+    reference_chunks,
+    start_image,
+)
 from tests.unit.realtime.helpers import Replies, chunk, run_session
 from tests.unit.realtime.inprocess_ws import app_for, read_chunk
 from worldserve.config import RealtimeStageConfig, ServerConfig
@@ -20,7 +27,6 @@ from worldserve.engines.realtime.engine import RealtimeEngine
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import ErrorReply, RealtimeChunkResult
 from worldserve.models import registry
-from worldserve.models.cosmos3.world import pose_deltas
 from worldserve.models.types import ModelLoadError
 
 STAGE = {"num_inference_steps": 2, "max_width": 256, "max_height": 256}
@@ -74,10 +80,9 @@ def test_engine_session_equals_the_pipeline(world_runner, first_frame):
             engine.step()
     assert all(isinstance(r, RealtimeChunkResult) for r in replies.items), replies.items
     want, _ = reference_chunks(world_runner.model, start_image(first_frame),
-                               [pose_deltas(None, NEW_FRAMES), pose_deltas(cameras[1],
-                                                                           NEW_FRAMES)])
+                               [poses(("", NEW_FRAMES)), poses(("w", NEW_FRAMES))])
     for reply, expected in zip(replies.items, want):
-        np.testing.assert_array_equal(frames(reply), expected)
+        assert_frames_match(frames(reply), expected)
     assert engine.stats()["sessions"] == 1 and engine.stats()["extra"]["kv_tokens"] == 0
     assert engine.release("s") and engine.stats()["sessions"] == 0
 
@@ -126,7 +131,7 @@ def test_websocket_session_streams_the_pipeline_frames(world_runner, first_frame
             error = msgpack.unpackb(ws.receive_bytes())
     assert closed.value.code == 1000
     want, _ = reference_chunks(world_runner.model, start_image(first_frame),
-                               [pose_deltas(None, NEW_FRAMES)] * 2)
+                               [poses(("", NEW_FRAMES))] * 2)
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
     assert error["code"] == "invalid_init" and "first_frame is required" in error["detail"]

@@ -1,11 +1,9 @@
 """Cosmos3 world sessions (camera_pose forward dynamics, chunk by chunk): each chunk equals the
-pipeline's own `__call__` from the previous chunk's last frame with that chunk's pose deltas;
-camera keys change only later chunks; first_frame is required; poses follow the documented
-mapping."""
+pipeline's own `__call__` from the previous chunk's last frame with that chunk's pose deltas
+(written out from the documented mapping) and prompt; camera keys steer their own chunk, chunk 0
+included; first_frame is required; poses follow the documented mapping."""
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import pytest
@@ -13,16 +11,17 @@ import torch
 
 from tests.unit.cosmos3_world.helpers import (
     NEW_FRAMES,
+    POSE_OF,
     SIZE,
+    assert_frames_match,
     frames_of,
+    poses,
     reference_chunks,
     settings,
     start_image,
 )
 from worldserve.errors import InvalidRequest
 from worldserve.models.cosmos3.world import pose_deltas, resolution_tier
-
-IDENTITY = [0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0]
 
 
 def run(runner, first_frame, cameras, **fields):
@@ -31,37 +30,26 @@ def run(runner, first_frame, cameras, **fields):
 
 
 def test_pose_deltas_follow_the_documented_mapping():
-    step = 0.05
-    angle = math.radians(1.2)
-    poses = pose_deltas([[], ["w"], ["s"], ["a"], ["d"], ["l"], ["j"], ["i"], ["k"]], 10)
-    assert poses.shape == (10, 9) and poses.dtype == torch.float32
-    want = torch.tensor([
-        IDENTITY,
-        [0, 0, step, 1, 0, 0, 0, 1, 0],  # w: forward (+z)
-        [0, 0, -step, 1, 0, 0, 0, 1, 0],  # s: back
-        [-step, 0, 0, 1, 0, 0, 0, 1, 0],  # a: left (-x)
-        [step, 0, 0, 1, 0, 0, 0, 1, 0],  # d: right
-        [0, 0, 0, math.cos(angle), 0, -math.sin(angle), 0, 1, 0],  # l: yaw right
-        [0, 0, 0, math.cos(angle), 0, math.sin(angle), 0, 1, 0],  # j: yaw left
-        [0, 0, 0, 1, 0, 0, 0, math.cos(angle), math.sin(angle)],  # i: pitch
-        [0, 0, 0, 1, 0, 0, 0, math.cos(angle), -math.sin(angle)],  # k: pitch back
-        IDENTITY,  # entries past the list: no key held
-    ], dtype=torch.float32)
-    torch.testing.assert_close(poses, want, atol=1e-6, rtol=0)
+    keys = ["", "w", "s", "a", "d", "l", "j", "i", "k"]
+    deltas = pose_deltas([list(k) for k in keys], 10)
+    assert deltas.shape == (10, 9) and deltas.dtype == torch.float32
+    want = torch.tensor([POSE_OF[k] for k in keys] + [POSE_OF[""]],  # past the list: no key
+                        dtype=torch.float32)
+    torch.testing.assert_close(deltas, want, atol=1e-6, rtol=0)
 
 
 def test_chunks_equal_chained_pipeline_calls(world_runner, first_frame):
-    cameras = [None, [["w"]] * NEW_FRAMES, [["l"], ["l", "w"]]]
+    # chunk 0's first entry belongs to its start frame; later chunks: one entry per new frame
+    cameras = [[["a"]] + [["w"]] * 4, [["j"]] * NEW_FRAMES, [["d"], ["d"], ["i"]]]
     _, outs = run(world_runner, first_frame, cameras)
     assert [o.num_frames for o in outs] == [NEW_FRAMES + 1, NEW_FRAMES, NEW_FRAMES]
-    poses = [pose_deltas([], NEW_FRAMES), pose_deltas(cameras[1], NEW_FRAMES),
-             pose_deltas(cameras[2], NEW_FRAMES)]
-    want, inputs = reference_chunks(world_runner.model, start_image(first_frame), poses)
+    written_out = [poses(("w", 4), ("", 4)), poses(("j", 8)), poses(("d", 2), ("i", 1), ("", 5))]
+    want, inputs = reference_chunks(world_runner.model, start_image(first_frame), written_out)
     for k, (out, expected) in enumerate(zip(outs, want)):
-        np.testing.assert_array_equal(frames_of(out), expected, err_msg=f"chunk {k}")
+        assert_frames_match(frames_of(out), expected, f"chunk {k}")
     # chunk k's input frame is chunk k-1's last output frame
     for k in (1, 2):
-        np.testing.assert_array_equal(inputs[k], frames_of(outs[k - 1])[-1])
+        assert_frames_match(inputs[k][None], frames_of(outs[k - 1])[-1:], f"input {k}")
 
 
 def test_camera_keys_change_only_later_chunks(world_runner, first_frame):
@@ -70,6 +58,12 @@ def test_camera_keys_change_only_later_chunks(world_runner, first_frame):
     np.testing.assert_array_equal(frames_of(forward[0]), frames_of(turning[0]))
     assert not np.array_equal(frames_of(forward[1]), frames_of(turning[1]))
     assert not np.array_equal(frames_of(forward[2]), frames_of(turning[2]))
+
+
+def test_chunk_zero_camera_keys_steer_chunk_zero(world_runner, first_frame):
+    _, still = run(world_runner, first_frame, [None])
+    _, moving = run(world_runner, first_frame, [[[]] + [["d"]] * NEW_FRAMES])
+    assert not np.array_equal(frames_of(still[0]), frames_of(moving[0]))
 
 
 def test_chunk_zero_camera_skips_the_start_frame_entry(world_runner, first_frame):
@@ -81,9 +75,15 @@ def test_chunk_zero_camera_skips_the_start_frame_entry(world_runner, first_frame
 
 def test_prompt_change_reaches_the_next_chunk(world_runner, first_frame):
     session = world_runner.new_session("s", settings(first_frame), "a road")
-    world_runner.run_chunk(session, None)
-    world_runner.run_chunk(session, None, prompt="a forest")
-    assert session.prompt == "a forest"
+    switched = [world_runner.run_chunk(session, None),
+                world_runner.run_chunk(session, None, prompt="a forest")]
+    _, kept = run(world_runner, first_frame, [None, None])
+    want, _ = reference_chunks(world_runner.model, start_image(first_frame),
+                               [poses(("", NEW_FRAMES))] * 2, prompts=["a road", "a forest"])
+    for out, expected in zip(switched, want):
+        np.testing.assert_array_equal(frames_of(out), expected)
+    np.testing.assert_array_equal(frames_of(switched[0]), frames_of(kept[0]))
+    assert not np.array_equal(frames_of(switched[1]), frames_of(kept[1]))
 
 
 def test_first_frame_is_required(world_runner):

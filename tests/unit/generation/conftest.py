@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.machine import require_module
+
 
 @pytest.fixture(scope="session")
 def tiny_wan_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -15,7 +17,7 @@ def tiny_wan_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def admin_assets(tiny_wan_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """LoRA adapters `a` (attention) and `b` (feed-forward), updated and wrong-shape weights."""
-    pytest.importorskip("peft")
+    require_module("peft")
     from tests.unit.generation import admin_fixtures as fx
 
     root = tmp_path_factory.mktemp("admin-assets")

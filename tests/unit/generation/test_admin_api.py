@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.support.machine import require_module
 from tests.unit.generation import admin_fixtures as fx
 from worldserve.api.app import create_app
 from worldserve.api.runtime import ServerRuntime
@@ -21,7 +22,7 @@ from worldserve.config import GenerationStageConfig, ServerConfig
 from worldserve.engines.generation.engine import GenerationEngine
 from worldserve.runtime.inprocess import InProcessStageClient
 
-pytest.importorskip("peft")
+require_module("peft")
 
 ROUTES = [("GET", "/admin/model_info", None), ("GET", "/admin/lora", None),
           ("POST", "/admin/lora/load", {"name": "a", "path": "/x"}),

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.support.machine import require_module
 from tests.unit.generation import admin_fixtures as fx
 from worldserve.config import GenerationStageConfig, ServerConfig
 from worldserve.engines.generation.engine import GenerationEngine
@@ -33,7 +34,7 @@ from worldserve.ipc.messages import (
     WeightsUpdate,
 )
 
-pytest.importorskip("peft")
+require_module("peft")
 
 
 class Log:

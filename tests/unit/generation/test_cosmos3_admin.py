@@ -12,6 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
+from tests.support.machine import require_module
 from worldserve.config import GenerationStageConfig, ServerConfig
 from worldserve.engines.generation.engine import GenerationEngine
 from worldserve.engines.generation.outputs import to_uint8
@@ -28,7 +29,7 @@ from worldserve.ipc.messages import (
 )
 from worldserve.models.cosmos3.loader import load_pipeline
 
-pytest.importorskip("peft")
+require_module("peft")
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 PROMPT = "a robot arm picks up the blue cup"

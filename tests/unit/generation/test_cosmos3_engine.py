@@ -61,31 +61,61 @@ class Replies:
         return self.items[-1]
 
 
+def capture_outputs(engine: GenerationEngine) -> dict[str, dict]:
+    """request id -> {"frames", "extras"} as the engine's runner made them (before encoding)."""
+    outputs: dict[str, dict] = {}
+    runner = engine.runner
+
+    def recording(method, key: str):
+        def call(state, row):
+            result = method(state, row)
+            outputs.setdefault(state.row_owner[row], {})[key] = result
+            return result
+        return call
+
+    runner.decode = recording(runner.decode, "frames")
+    runner.extras = recording(runner.extras, "extras")
+    return outputs
+
+
 def test_interleaved_requests_equal_their_solo_runs_and_sound_is_written(cosmos3_dir, tmp_path):
     engine = engine_for(cosmos3_dir, tmp_path / "out", max_running_requests=2)
-    video, image = Replies(), Replies()
-    engine.submit(media("v", num_inference_steps=6, generate_sound=True), video)
-    engine.submit(media("i", fmt="png", num_frames=1, width=32, height=32, seeds=[8],
-                        num_inference_steps=2), image)
+    outputs = capture_outputs(engine)
+    finished: list[str] = []  # request ids in the order their results came
+    replies = {"v": Replies(), "i": Replies()}
+
+    def on_reply(rid: str):
+        def reply(item) -> None:
+            replies[rid](item)
+            if isinstance(item, GenerationResult):
+                finished.append(rid)
+        return reply
+
+    video = media("v", num_inference_steps=6, generate_sound=True)
+    image = media("i", fmt="png", num_frames=1, width=32, height=32, seeds=[8],
+                  num_inference_steps=2)
+    engine.submit(video, on_reply("v"))
+    engine.submit(image, on_reply("i"))
     order = []
     while engine.has_work():
         running = [b.requests[0].request_id for b in engine.running]
         engine.step()
         order.append(tuple(running))
-    assert isinstance(video.last, GenerationResult) and isinstance(image.last, GenerationResult)
-    assert image.items.index(image.last) < len(image.items)  # finished before the video
+    assert finished == ["i", "v"]  # the 2-step image finished before the 6-step video
     assert any(len(r) == 2 for r in order)  # both ran at once
-    solo_video = engine.runner.run_to_end(media("x", generate_sound=True,
-                                                num_inference_steps=6).params, 5)
-    data = (engine.output_dir / video.last.file_names[0]).read_bytes()
+    # each equals its solo run: frames and sound, as decoded before encoding
+    solo_video = engine.runner.run_to_end(video.params, 5)
+    solo_image = engine.runner.run_to_end(image.params, 8)
+    assert np.array_equal(outputs["v"]["frames"], solo_video[0])
+    assert np.array_equal(outputs["v"]["extras"].audio, solo_video[1].audio)
+    assert np.array_equal(outputs["i"]["frames"], solo_image[0])
+    # and the files hold them: 5 frames with a stereo AAC track, the exact PNG
+    data = (engine.output_dir / replies["v"].last.file_names[0]).read_bytes()
     assert len(decode_frames(data)) == 5
     audio = decode_audio(data)
     assert audio is not None and audio[0].shape[0] == 2 and audio[0].shape[1] > 0
-    png = np.asarray(Image.open(engine.output_dir / image.last.file_names[0]).convert("RGB"))
-    solo_image = engine.runner.run_to_end(media("y", num_frames=1, width=32, height=32,
-                                                seeds=[8], num_inference_steps=2).params, 8)
+    png = np.asarray(Image.open(engine.output_dir / replies["i"].last.file_names[0]).convert("RGB"))
     assert np.array_equal(png, (solo_image[0][0] * 255).round().astype(np.uint8))
-    assert solo_video[1].audio.shape[0] == 2
 
 
 def test_cancel_mid_run_never_decodes_nor_writes(cosmos3_dir, tmp_path):

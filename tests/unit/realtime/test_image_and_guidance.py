@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import io
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -58,13 +59,25 @@ def test_first_frame_is_the_clean_first_latent_and_later_blocks_attend_to_it(ic_
     for seed in (0, 1):
         runs[seed] = run_session(engine, f"s{seed}", 2, first_frame=png(seed), seed=7)
     session = engine.runner.new_session("probe", _settings(engine, png(0)), "p")
-    image = Image.open(io.BytesIO(png(0))).convert("RGB")
-    expected = ic_model.encode_image(image, 64, 64)
+    expected = first_latent_written_out(ic_model.vae, png(0))
     assert torch.equal(session.image_latent, expected)
     out = engine.runner.run_chunk(session, None)
     assert torch.equal(out.latents[:, :, :1], expected)  # pinned clean, never denoised
     # Same seed, same noise: chunk 1 differs only through the cache holding another image.
     assert runs[0][1].frames != runs[1][1].frames
+
+
+@torch.inference_mode()
+def first_latent_written_out(vae, first_frame: bytes) -> torch.Tensor:
+    """The 96x64 first_frame as a 64x64 session's clean first latent, without the runner: the
+    centre 64 columns (the height already fits, so no resize), pixels to [-1, 1], the VAE's
+    posterior mode, normalised by the VAE config's latents mean and std."""
+    pixels = np.asarray(Image.open(io.BytesIO(first_frame)).convert("RGB"))[:, 16:80]
+    x = torch.from_numpy(pixels.copy()).permute(2, 0, 1).float() / 127.5 - 1.0  # (3, 64, 64)
+    z = vae.encode(x[None, :, None]).latent_dist.mode()  # (1, C, 1, 8, 8)
+    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+    return (z - mean) / std
 
 
 def _settings(engine: RealtimeEngine, first_frame: bytes):

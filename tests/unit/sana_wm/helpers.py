@@ -6,7 +6,6 @@ import numpy as np
 import torch
 from PIL import Image
 
-from worldserve.models.camera_keys import action_string
 from worldserve.models.types import WorldSessionSettings
 
 SIZE = 64
@@ -24,20 +23,20 @@ def frames_of(output, size: int = SIZE) -> np.ndarray:
     return np.frombuffer(output.frames, np.uint8).reshape(output.num_frames, size, size, 3)
 
 
-def reference_chunks(pipe, image: Image.Image, cameras: list, seed: int = 3,
+def reference_chunks(pipe, image: Image.Image, actions: list[str], seed: int = 3,
                      steps: int = 2, guidance_scale: float = 1.0,
                      intrinsics: list[float] | None = None) -> tuple[list, list]:
     """What a client gets by chaining `SanaWMPipeline.__call__` itself: each call starts from
-    the previous call's last frame with that chunk's actions; one generator throughout.
-    Returns (emitted uint8 frames per chunk, new stage-1 latents per chunk)."""
+    the previous call's last frame with that chunk's action string (the pipeline's own DSL,
+    written out by the caller: no worldserve code turns keys into actions here); one generator
+    throughout. Returns (emitted uint8 frames per chunk, new stage-1 latents per chunk)."""
     generator = torch.Generator().manual_seed(seed)
     focal = float(max(image.size))
     intrinsics = np.asarray([intrinsics or [focal, focal, image.width / 2, image.height / 2]],
                             np.float32)
     frames_out, latents_out = [], []
-    for k, camera in enumerate(cameras):
-        entries = (camera or [])[1:] if k == 0 else camera
-        out = pipe(image=image, prompt="a road", action=action_string(entries, NEW_FRAMES),
+    for k, action in enumerate(actions):
+        out = pipe(image=image, prompt="a road", action=action,
                    intrinsics=intrinsics[0], height=SIZE, width=SIZE,
                    num_frames=NEW_FRAMES + 1, num_inference_steps=steps,
                    guidance_scale=guidance_scale, generator=generator)

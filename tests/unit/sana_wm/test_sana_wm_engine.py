@@ -46,7 +46,7 @@ def test_engine_runs_a_session_equal_to_the_pipeline(runner, sana_pipe, first_fr
                           seed=3, prompt="a road")
     assert all(isinstance(r, RealtimeChunkResult) for r in replies), replies
     want, _ = reference_chunks(sana_pipe, Image.open(io.BytesIO(first_frame)).convert("RGB"),
-                               [None, None, None])
+                               ["none-24"] * 3)
     for reply, expected in zip(replies, want):
         np.testing.assert_array_equal(frames(reply), expected)
     assert engine.stats()["sessions"] == 1
@@ -78,7 +78,7 @@ def test_websocket_session_streams_the_pipeline_frames(runner, sana_pipe, first_
                 ws.receive_bytes()
     assert closed.value.code == 1000
     want, _ = reference_chunks(sana_pipe, Image.open(io.BytesIO(first_frame)).convert("RGB"),
-                               [None, None])
+                               ["none-24"] * 2)
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
 
@@ -112,8 +112,8 @@ def test_intrinsics_from_the_init_reach_the_pipeline(runner, sana_pipe, first_fr
     replies = run_session(engine, "s", 2, first_frame=first_frame, width=SIZE, height=SIZE,
                           seed=3, prompt="a road", intrinsics=intrinsics)
     image = Image.open(io.BytesIO(first_frame)).convert("RGB")
-    want, _ = reference_chunks(sana_pipe, image, [None, None], intrinsics=intrinsics)
-    default, _ = reference_chunks(sana_pipe, image, [None, None])
+    want, _ = reference_chunks(sana_pipe, image, ["none-24"] * 2, intrinsics=intrinsics)
+    default, _ = reference_chunks(sana_pipe, image, ["none-24"] * 2)
     for reply, expected in zip(replies, want):
         np.testing.assert_array_equal(frames(reply), expected)
     assert not np.array_equal(frames(replies[0]), default[0])

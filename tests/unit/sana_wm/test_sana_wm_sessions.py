@@ -19,7 +19,11 @@ from worldserve.errors import InvalidRequest
 from worldserve.models.camera_keys import action_string, check_camera
 from worldserve.models.sana_wm.refiner_stream import RefinerStream
 
-CAMERAS = [None, [["w"]] * 10 + [["j", "w"]] * 14, [["l"]] * NEW_FRAMES]
+# Keys held per output frame; chunk 0's first entry is its start frame's (no action makes it).
+CAMERAS = [[["s"]] + [["w"]] * 10 + [["j", "w"]] * 14, None, [["l"]] * NEW_FRAMES]
+# The same chunks in SanaWMPipeline's own action DSL, written out (the reference of the
+# chained-call tests goes through no worldserve code that turns keys into actions).
+ACTIONS = ["w-10,jw-14", "none-24", "l-24"]
 
 
 def run(runner, first_frame, cameras, **fields) -> list:
@@ -39,7 +43,7 @@ def test_action_string_is_run_length_dsl():
 def test_stage1_chunks_equal_chained_pipeline_calls(runner, sana_pipe, first_frame):
     outputs = run(runner, first_frame, CAMERAS)
     expected, _ = reference_chunks(sana_pipe, Image.open(io.BytesIO(first_frame)).convert("RGB"),
-                                   CAMERAS)
+                                   ACTIONS)
     assert [o.num_frames for o in outputs] == [NEW_FRAMES + 1, NEW_FRAMES, NEW_FRAMES]
     for got, want in zip(outputs, expected):
         np.testing.assert_array_equal(frames_of(got), want)
@@ -51,6 +55,12 @@ def test_camera_change_takes_effect_at_its_chunk_only(runner, first_frame):
     for k in (0, 1):
         np.testing.assert_array_equal(frames_of(still[k]), frames_of(turned[k]))
     assert not np.array_equal(frames_of(still[2]), frames_of(turned[2]))
+
+
+def test_chunk_zero_camera_keys_steer_chunk_zero(runner, first_frame):
+    still = run(runner, first_frame, [None])
+    turned = run(runner, first_frame, [[[]] + [["d"]] * NEW_FRAMES])
+    assert not np.array_equal(frames_of(still[0]), frames_of(turned[0]))
 
 
 def test_chunks_continue_from_the_previous_last_frame(runner, first_frame):
@@ -109,10 +119,22 @@ def test_first_frame_is_required(runner):
 
 
 def test_guidance_doubles_the_batch_and_changes_frames(runner, sana_pipe, first_frame):
-    guided = run(runner, first_frame, [None], guidance_scale=3.0)
-    plain = run(runner, first_frame, [None])
+    batch_sizes: list[int] = []
+
+    def record(module, args, kwargs):
+        batch_sizes.append((args[0] if args else kwargs["hidden_states"]).shape[0])
+
+    hook = sana_pipe.transformer.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        guided = run(runner, first_frame, [None], guidance_scale=3.0)
+        guided_batches = list(batch_sizes)
+        batch_sizes.clear()
+        plain = run(runner, first_frame, [None])
+    finally:
+        hook.remove()
+    assert guided_batches == [2, 2] and batch_sizes == [1, 1]  # 2 steps: cond + uncond rows
     expected, _ = reference_chunks(sana_pipe, Image.open(io.BytesIO(first_frame)).convert("RGB"),
-                                   [None], guidance_scale=3.0)
+                                   ["none-24"], guidance_scale=3.0)
     np.testing.assert_array_equal(frames_of(guided[0]), expected[0])
     assert not np.array_equal(frames_of(guided[0]), frames_of(plain[0]))
 

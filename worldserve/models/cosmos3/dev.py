@@ -21,7 +21,7 @@ from diffusers import (
     UniPCMultistepScheduler,
 )
 
-from worldserve.models.dev.seeding import seeded
+from worldserve.models.dev.seeding import seeded, spread_norm_weights
 from worldserve.models.dev.tokenizer import build_tokenizer
 
 
@@ -50,8 +50,10 @@ class Cosmos3DevConfig:
 
 
 def build_transformer(cfg: Cosmos3DevConfig) -> Cosmos3OmniTransformer:
+    """The tiny transformer; its norms get distinct non-unit weights (`spread_norm_weights`) so
+    that the reasoner's copy of the text pathway can be checked tensor by tensor."""
     z = cfg.latent_channels
-    return Cosmos3OmniTransformer(
+    transformer = Cosmos3OmniTransformer(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, head_dim=cfg.head_dim,
         num_attention_heads=cfg.num_attention_heads,
         num_key_value_heads=cfg.num_key_value_heads,
@@ -62,6 +64,8 @@ def build_transformer(cfg: Cosmos3DevConfig) -> Cosmos3OmniTransformer:
         num_embodiment_domains=cfg.num_embodiment_domains,
         sound_gen=cfg.sound, sound_dim=cfg.sound_dim,
     ).eval()
+    spread_norm_weights(transformer)
+    return transformer
 
 
 def build_vae(cfg: Cosmos3DevConfig) -> AutoencoderKLWan:

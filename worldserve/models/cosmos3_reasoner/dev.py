@@ -32,7 +32,7 @@ from transformers import (
 from worldserve.models.cosmos3_reasoner.family import EDGE, OMNI
 from worldserve.models.cosmos3_reasoner.text_pathway import reasoner_key
 from worldserve.models.detect import diffusers_class
-from worldserve.models.dev.seeding import seeded
+from worldserve.models.dev.seeding import seeded, spread_norm_weights
 from worldserve.models.dev.tokenizer import (
     ENDOFTEXT,
     IM_END,
@@ -145,6 +145,7 @@ def write_generator_transformer(target: Path, seed: int = 0, model_type: str = O
             rope_theta=cfg.rope_theta, latent_channel=8, latent_patch_size=2,
             patch_latent_dim=32, dtype="float32", hidden_act="relu2" if edge else "silu",
             qk_norm_for_text=not edge).eval()
+        spread_norm_weights(transformer)
     transformer.save_pretrained(Path(target) / GENERATOR_TRANSFORMER)
     index = {"_class_name": "Cosmos3OmniPipeline",
              GENERATOR_TRANSFORMER: ["diffusers", "Cosmos3OmniTransformer"]}

@@ -27,7 +27,8 @@ logger = logging.getLogger(__name__)
 
 # Bump whenever a builder's output changes: a marker with another version is rebuilt.
 # 2: the generation checkpoint has an action_head/; 3: generation/ is Cosmos3, Wan moved to wan/
-DEV_MODELS_VERSION = "4"  # 4: the Cosmos3 generation directory holds its reasoner too
+# 4: the Cosmos3 generation directory holds its reasoner too; 5: Cosmos3 norms are not 1.0
+DEV_MODELS_VERSION = "5"
 DEV_MODELS_SEED = 0
 MARKER_NAME = "worldserve_dev.json"
 _TMP_PREFIX = ".tmp-"

@@ -24,3 +24,17 @@ def seeded(seed: int, component: str) -> Iterator[None]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(component_seed(seed, component))
         yield
+
+
+@torch.no_grad()
+def spread_norm_weights(module: torch.nn.Module, spread: float = 0.25) -> None:
+    """Draw every normalisation weight of `module` from U(1 - spread, 1 + spread).
+
+    Freshly built norms are all 1.0, so a weight mapping that swaps two norms of one shape
+    (input vs post-attention layernorm, q vs k norm) would copy equal tensors and go unnoticed;
+    with distinct weights every norm is told apart. Call it inside `seeded(...)`.
+    """
+    for submodule in module.modules():
+        weight = getattr(submodule, "weight", None)
+        if "Norm" in type(submodule).__name__ and isinstance(weight, torch.nn.Parameter):
+            weight.uniform_(1.0 - spread, 1.0 + spread)
