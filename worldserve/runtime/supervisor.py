@@ -26,6 +26,7 @@ import worldserve
 from worldserve import envs
 from worldserve.config import ServerConfig, StageConfig
 from worldserve.ipc.client import StageClient
+from worldserve.ipc.messages import StageInfo
 from worldserve.runtime.restart import RestartPolicy
 
 log = logging.getLogger("worldserve.supervisor")
@@ -231,8 +232,7 @@ class Supervisor:
         return not any(stage.name in pair for pair in colocated_hosts(self.config).items())
 
     async def _restart(self, stage: StageProcess) -> None:
-        """Start the stage again after the policy's delay; its client accepts requests again
-        once the new process answered the handshake (runtime/restart.py)."""
+        """Start the stage again after the policy's delay (runtime/restart.py)."""
         policy = self.restarts.setdefault(stage.name, RestartPolicy())
         delay_s = policy.on_death(asyncio.get_running_loop().time())
         if delay_s is None:
@@ -246,24 +246,31 @@ class Supervisor:
         if self._stopping:
             return
         await self._spawn(stage, self.run_dir / "config.json")
+        info = await self._handshake_restarted(stage)
+        if info is not None:  # its client accepts requests again
+            stage.exit_reason = None
+            stage.client.revive(info)
+            self.back_at.pop(stage.name, None)
+            log.info("stage %s restarted (pid %d) in %.1f s", stage.name, stage.pid,
+                     stage.start_s)
+            self.on_restart(stage.name, stage.pid or 0)
+        stage.tasks.append(asyncio.get_running_loop().create_task(self._watch(stage)))
+
+    async def _handshake_restarted(self, stage: StageProcess) -> StageInfo | None:
+        """The new process's handshake, through a client of its own (the stage's client
+        refuses requests while the stage is down); None when it failed (a process hung while
+        loading is killed: its watcher counts that as a death)."""
         probe = StageClient(stage.name, stage.address)
         try:
             await self._handshake(stage, probe)
         except StageStartError as exc:
             log.error("restarting stage %s failed: %s", stage.name, exc)
             if stage.proc is not None and stage.proc.returncode is None:
-                stage.proc.kill()  # hung while loading: its watcher counts it as a death
-            stage.tasks.append(asyncio.get_running_loop().create_task(self._watch(stage)))
-            return
+                stage.proc.kill()
+            return None
         finally:
             await probe.close()
-        stage.exit_reason = None
-        assert probe.info is not None and stage.pid is not None  # the handshake set them
-        stage.client.revive(probe.info)
-        self.back_at.pop(stage.name, None)
-        log.info("stage %s restarted (pid %d) in %.1f s", stage.name, stage.pid, stage.start_s)
-        self.on_restart(stage.name, stage.pid)
-        stage.tasks.append(asyncio.get_running_loop().create_task(self._watch(stage)))
+        return probe.info
 
     async def stop(self) -> None:
         """SIGTERM every stage, SIGKILL after a grace period, remove sockets. Idempotent."""
