@@ -109,11 +109,7 @@ class StageClient:
         self.down_reason: str | None = None
         self._codec = MessageCodec()
         self._ctx = zmq.asyncio.Context()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.SNDHWM, SOCKET_HWM)
-        self._sock.setsockopt(zmq.RCVHWM, SOCKET_HWM)
-        self._sock.connect(self.address)
+        self._sock = self._connect()
         self._futures: dict[str, asyncio.Future[Reply]] = {}
         self._streams: dict[str, ReplyStream] = {}
         self._listeners: list[StatusListener] = []
@@ -152,11 +148,31 @@ class StageClient:
             stream._push(error)
         self._streams.clear()
 
+    def _connect(self) -> zmq.asyncio.Socket:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, SOCKET_HWM)
+        sock.setsockopt(zmq.RCVHWM, SOCKET_HWM)
+        sock.connect(self.address)
+        return sock
+
+    def reconnect(self) -> None:
+        """A new connection, for a stage that died and will be restarted on the same address.
+        The old one is dropped with what it still queued: a DEALER keeps unsent requests across
+        a reconnect, and a restarted stage must not run requests whose callers already got 503
+        (a session created there would hold a slot that nothing ever releases)."""
+        if self._recv_task is not None:
+            self._recv_task.cancel()
+            self._recv_task = None
+        self._sock.close(0)
+        self._sock = self._connect()
+
     def revive(self, info: StageInfo) -> None:
         """The supervisor restarted the stage and it answered the handshake: serve again."""
         self.down_reason = None
         self.info = info
         self._set_state(info.state)
+        self.start()
 
     async def close(self) -> None:
         if self._recv_task is not None:

@@ -224,6 +224,7 @@ class Supervisor:
         if stage.name in CRITICAL_STAGES:
             self.on_fatal(f"stage '{stage.name}' died: {stage.exit_reason}")
         elif self._restartable(stage):
+            stage.client.reconnect()
             await self._restart(stage)
 
     def _restartable(self, stage: StageProcess) -> bool:
