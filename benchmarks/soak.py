@@ -165,7 +165,9 @@ async def soak(args: argparse.Namespace, base: str, probe: Probe) -> dict[str, A
     await asyncio.gather(*workers, sampling, return_exceptions=True)
     await load.close()
     jobs = await settle(base, tally.jobs, args.job_timeout)
-    await asyncio.to_thread(probe.sample, httpx.Client(timeout=10))
+    await asyncio.sleep(2.0)  # the last closes reach the stages
+    with httpx.Client(timeout=10) as http:
+        await asyncio.to_thread(probe.sample, http)
     return {"tally": tally, "kills": kills, "restarts": restarts, "jobs": jobs}
 
 

@@ -147,6 +147,9 @@ def verdicts(samples: list[Sample]) -> dict[str, Any]:
         "sqlite_kb_end": round(samples[-1].sqlite_bytes / 1024, 1) if samples else 0,
         "max_sessions_open": {n: max(s.sessions.get(n, 0) for s in samples)
                               for n in sorted({n for s in samples for n in s.sessions})},
+        # after the load stopped and every client closed or deleted its sessions: 0 each, or
+        # the stage holds sessions nothing will release
+        "sessions_open_at_end": samples[-1].sessions if samples else {},
         "max_queue_depth": {n: max(s.queue_depth.get(n, 0) for s in samples)
                             for n in sorted({n for s in samples for n in s.queue_depth})},
     }
