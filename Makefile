@@ -48,7 +48,7 @@ serve-qwen: dev-models
 		--model-path "$(DEV_MODELS)/reasoner"
 
 lint: $(STAMP)
-	$(BIN)/ruff check worldserve tests benchmarks
+	$(BIN)/ruff check worldserve tests benchmarks tools
 
 # The mutation check (tests/mutations): each planted bug of tests/mutations/plants.py must make
 # the tests that claim to cover it fail, on a temporary copy of the project. `make test` runs it

@@ -7,11 +7,13 @@ one model and one set of frames:
    naive client that re-sends the whole retained window (anchor frame + last 8 frames and the
    replies) as a fresh chat completion every frame;
 2. flatness over a long session: p95 latency of the last 100 frames / p95 of frames 10-110;
-3. aggregate frames/s with 1, 2 and 4 concurrent sessions.
+3. aggregate frames/s with 1, 2 and 4 concurrent sessions;
+4. (`--parts decode`, on its own) the decode step at Nano depth, before and after it left the
+   host: ops dispatched per step and ms per token (`benchmarks/reasoner_decode.py`).
 
     python benchmarks/reasoner.py [--model qwen-vl|cosmos3|cosmos3-edge] [--model-path DIR]
                                   [--flat-frames 1000] [--profile] [--batch-ab]
-                                  [--parts window,flatness,concurrency]
+                                  [--parts window,flatness,concurrency,decode] [--compile]
                                   [--spec none|ngram|dflash [--spec-model-path DRAFTER]]
     python benchmarks/reasoner.py --spec-compare [--model ...]
 
@@ -375,23 +377,23 @@ def batching_of_before(bench: Bench):
     new batch every step, one sampling call per sequence, one forward per frame's prefill."""
     import contextlib
 
-    from worldserve.engines.reasoner import engine as engine_module
-    from worldserve.models.qwen_vl import runner as runner_module
+    from worldserve.engines.reasoner import execute
+    from worldserve.models.qwen_vl import batch as batch_module
 
     @contextlib.contextmanager
     def swapped():
-        runner, sample_rows = bench.engine.runner, engine_module.sample_rows
+        runner, sample_rows = bench.engine.runner, execute.sample_rows
         runner.forward_decode_batch = (
-            lambda kvs, fed: runner_module._forward_repacked(runner, kvs, fed))
-        runner.forward_prefill_batch = lambda kvs, ids, images: [
-            runner.forward(kv, chunk, imgs)[-1] for kv, chunk, imgs in zip(kvs, ids, images)]
-        engine_module.sample_rows = lambda decoders, logits: [
-            d.sample(row) for d, row in zip(decoders, logits)]
+            lambda kvs, fed: batch_module.forward_repacked(runner, kvs, fed))
+        runner.forward_prefill_batch = lambda kvs, ids, media: [
+            runner.forward(kv, chunk, items)[-1] for kv, chunk, items in zip(kvs, ids, media)]
+        execute.sample_rows = lambda decoders, logits: [
+            sample_rows([d], row[None])[0] for d, row in zip(decoders, logits)]
         try:
             yield
         finally:
             del runner.forward_decode_batch, runner.forward_prefill_batch  # the class methods
-            engine_module.sample_rows = sample_rows
+            execute.sample_rows = sample_rows
 
     return swapped()
 
@@ -464,6 +466,10 @@ def main() -> None:
                         help="with --spec-compare: also DFlash with a hand-set drafter that "
                              "always drafts the model's most frequent reply token")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--compile", action="store_true",
+                        help="with --parts decode: also the static step under torch.compile")
+    parser.add_argument("--decode-repeats", type=int, default=3)
+    parser.add_argument("--decode-max-tokens", type=int, default=24)
     parser.add_argument("--temperature", type=float, default=1.0,
                         help="0 = greedy (the dev model then emits no text: TTFT falls back to "
                              "latency)")
@@ -476,6 +482,16 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     SAMPLING["temperature"] = args.temperature
     frames = make_frames(40, args.frame_size)
+    parts = set(args.parts.split(","))
+    if "decode" in parts:  # on its own model: the Omni dev reasoner at Nano depth
+        from benchmarks.reasoner_decode import nano_model_path, part_decode
+
+        arms = ["before", "sampler", "after"] + (["compiled"] if args.compile else [])
+        decode = part_decode(args.model_path or nano_model_path(envs.dev_models_dir()),
+                             frames[0], arms, args.decode_max_tokens, args.decode_repeats)
+        print(json.dumps(decode), flush=True)
+        if parts == {"decode"}:
+            return
     model_path = args.model_path or dev_model_path(args.model)
     if args.spec_compare:
         print(json.dumps(compare_spec(model_path, frames[:args.spec_frames], args.max_tokens,
@@ -485,7 +501,6 @@ def main() -> None:
                                        if args.spec == "dflash" else None)
     bench = Bench(model_path, args.spec, spec_model_path=drafter)
     summary: dict[str, float | str] = {"model": str(model_path)}
-    parts = set(args.parts.split(","))
     if "window" in parts:
         window = part_window(bench, frames, args.window_frames, 8, args.max_tokens)
         print(json.dumps(window), flush=True)

@@ -143,6 +143,10 @@ def serve(
     forwarded_allow_ips: Optional[str] = typer.Option(
         None, help="Proxies trusted for X-Forwarded-Proto/For/Host [default: 127.0.0.1]."
     ),
+    generation_parallel: Optional[str] = typer.Option(
+        None, help="One request across several ranks, e.g. cfg=2,ulysses=2 (axes cfg, "
+        "ulysses, ring, shard; docs/parallel.md)."
+    ),
     # --- Live video reasoning: the NIM settings (spec streaming-reasoning.md section 2). Each
     # flag wins over its NIM_* variable, which wins over the YAML file.
     enable_streaming: Optional[bool] = typer.Option(
@@ -163,7 +167,8 @@ def serve(
     streaming_encoder_capacity: Optional[int] = _nim(
         "Shared encoder capacity (default: the image budget)."),
     streaming_spec_method: Optional[str] = _nim(
-        "none | ngram | dflash ($NIM_STREAMING_SPEC_METHOD; none)."),
+        "none | ngram | dflash ($NIM_STREAMING_SPEC_METHOD; dflash when a drafter is "
+        "given, else none)."),
     streaming_spec_model_path: Optional[Path] = _nim(
         "DFlash drafter directory (needed by --streaming-spec-method dflash)."),
     streaming_spec_num_tokens: Optional[int] = _nim(
@@ -211,6 +216,7 @@ def serve(
         "log_level": log_level,
         "access_log": False if no_access_log else None,
         "stages.generation.output_dir": str(output_dir) if output_dir else None,
+        "stages.generation.parallel": generation_parallel,
         "allowed_local_media_path": str(allowed_local_media_path)
         if allowed_local_media_path
         else None,

@@ -116,6 +116,51 @@ class StageConfig(_Frozen):
         return overrides
 
 
+PARALLEL_AXES = ("cfg", "ulysses", "ring", "shard")
+
+
+class GenerationParallelConfig(_Frozen):
+    """One request across several ranks (docs/parallel.md): cfg x ulysses x ring ranks
+    compute, `shard` splits the transformer blocks' weights (a group of max(cfg x ulysses x
+    ring, shard) ranks, one device each). Also written `cfg=2,ulysses=2` (the
+    `--generation-parallel` flag)."""
+
+    cfg: int = Field(default=1, ge=1, le=2)  # 2: cond and uncond forwards on two ranks
+    ulysses: int = Field(default=1, ge=1, le=64)  # sequence parallel, all-to-all over heads
+    ring: int = Field(default=1, ge=1, le=64)  # sequence parallel, ring over sequence chunks
+    shard: int = Field(default=1, ge=1, le=64)  # ranks sharing one copy of the block weights
+    vae: bool = True  # split the VAE decode across the ranks (strips of latent rows)
+    # A collective or a peer's answer slower than this fails the group (never a hang).
+    timeout_s: float = Field(default=300.0, gt=0, le=86_400)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_text(cls, data: Any) -> Any:
+        if not isinstance(data, str):
+            return data
+        out: dict[str, Any] = {}
+        for item in filter(None, (part.strip() for part in data.split(","))):
+            key, sep, value = item.partition("=")
+            if not sep or key.strip() not in (*PARALLEL_AXES, "vae", "timeout_s"):
+                raise ValueError(f"{item!r} is not AXIS=N (axes: {', '.join(PARALLEL_AXES)}; "
+                                 f"e.g. cfg=2,ulysses=2)")
+            out[key.strip()] = value.strip()
+        return out
+
+    @model_validator(mode="after")
+    def _group_is_whole(self) -> GenerationParallelConfig:
+        compute = self.cfg * self.ulysses * self.ring
+        big, small = max(compute, self.shard), min(compute, self.shard)
+        if big % small:
+            raise ValueError(f"shard={self.shard} and cfg x ulysses x ring = {compute}: one "
+                             f"must be a multiple of the other")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return max(self.cfg * self.ulysses * self.ring, self.shard)
+
+
 class GenerationStageConfig(StageConfig):
     """Images, video jobs and actions."""
 
@@ -142,6 +187,8 @@ class GenerationStageConfig(StageConfig):
     # Cosmos3: run the cosmos_guardrail safety checker (text before, video after generation);
     # when true and the package is missing, the stage fails to start.
     safety_checker: bool = False
+    # One request across several ranks (docs/parallel.md); the default is one process.
+    parallel: GenerationParallelConfig = Field(default_factory=GenerationParallelConfig)
 
     @model_validator(mode="before")
     @classmethod
@@ -188,10 +235,12 @@ class StreamingConfig(_Frozen):
     # None: 2 x max_sessions x max_video_segments (never below that floor)
     image_budget: int | None = Field(default=None, ge=1)
     encoder_capacity: int | None = Field(default=None, ge=1)
-    # A DFlash drafter directory (config.json model_type muse_glimmer_assistant); declared
-    # before spec_method, whose validator needs it.
+    # A DFlash drafter directory (transformers' muse_glimmer_assistant, z-lab's DFlashDraftModel
+    # or a speculators `dflash` checkpoint); declared before spec_method, whose validator needs it.
     spec_model_path: Path | None = None
-    spec_method: Literal["none", "ngram", "dflash"] = "none"
+    # None: dflash when a drafter is given, else none.
+    spec_method: Literal["none", "ngram", "dflash"] | None = Field(default=None,
+                                                                   validate_default=True)
     # Drafts per step, both methods (dflash: also at most the drafter's block_size - 1).
     spec_num_tokens: int = Field(default=3, ge=1, le=16)
     # None: the library default (7000), lowered to fit small models (A1/A2 of spec 4.5)
@@ -201,7 +250,9 @@ class StreamingConfig(_Frozen):
 
     @field_validator("spec_method")
     @classmethod
-    def _dflash_has_a_drafter(cls, method: str, info: ValidationInfo) -> str:
+    def _dflash_has_a_drafter(cls, method: str | None, info: ValidationInfo) -> str:
+        if method is None:
+            return "none" if info.data.get("spec_model_path") is None else "dflash"
         if method == "dflash" and info.data.get("spec_model_path") is None:
             raise ValueError("'dflash' needs a drafter directory: set streaming.spec_model_path "
                              "(--streaming-spec-model-path)")
@@ -220,6 +271,11 @@ class ReasonerStageConfig(StageConfig):
     max_prefill_tokens: int = Field(default=2048, ge=64)
     # Batch the decode steps of concurrent sessions into one forward.
     batch_decode: bool = True
+    # Decode steps through the family's static decode step (fewer host ops than transformers'
+    # forward, token-identical; families without one keep transformers' forward).
+    static_decode: bool = True
+    # torch.compile the static decode step (CUDA: CUDA graphs). Off: not verified on a GPU.
+    compile_decode: bool = False
     # Run in the generation stage's process (same device): a Cosmos3 directory's reasoner then
     # shares the generator's understanding weights instead of holding a second copy.
     colocate_with_generation: bool = False

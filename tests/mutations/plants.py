@@ -37,6 +37,14 @@ DFLASH_SAMPLED = "tests/unit/reasoner/test_dflash.py::test_seeded_sampling_is_lo
 NGRAM_LOSSLESS = "tests/unit/reasoner/test_decoding.py::test_ngram_speculation_is_lossless"
 SEEDED = ("tests/unit/reasoner/test_decoding.py"
           "::test_seeded_sampling_is_reproducible_and_seed_dependent")
+SAMPLING = "tests/unit/reasoner/test_sampling.py"
+SAMPLER_REFERENCE = f"{SAMPLING}::test_batched_device_sampler_equals_the_scalar_reference"
+DECODE_PATHS = "tests/unit/reasoner/test_decode_paths.py"
+DFLASH_DRAFTERS = "tests/unit/reasoner/test_dflash_drafters.py"
+DFLASH_FITTED = f"{DFLASH_DRAFTERS}::test_a_fitted_drafter_is_accepted_and_replies_stay_lossless"
+RANK_COLLECTIVES = "tests/unit/parallel/test_collectives.py"
+CFG_PARALLEL = ("tests/integration/parallel/test_cfg_engine.py"
+                "::test_policy_actions_with_guidance_equal_one_process")
 
 PLANTS: tuple[Plant, ...] = (
     # ---------------------------------------------------------------- weight mapping
@@ -82,9 +90,83 @@ PLANTS: tuple[Plant, ...] = (
         replacement="            sound_scheduler=scheduler if sound_latents",
         caught_by=(COSMOS3_SOUND, COSMOS3_ENGINE_INTERLEAVED),
     ),
+    # ---------------------------------------------------------------- rank groups
+    Plant(
+        name="cfg-parallel-swaps-cond-and-uncond",
+        claim="a CFG-parallel group computes what one process computes",
+        path="worldserve/models/cosmos3/parallel.py",
+        anchor="        return _unflatten(both[0], mine), _unflatten(both[1], mine)\n",
+        replacement="        return _unflatten(both[1], mine), _unflatten(both[0], mine)\n",
+        caught_by=(CFG_PARALLEL,),
+    ),
+    Plant(
+        name="ring-merge-weights-the-old-part-wrongly",
+        claim="ring attention equals full attention (log-sum-exp merge)",
+        path="worldserve/models/parallel/attention.py",
+        anchor="    out = out * torch.exp(lse - new_lse).unsqueeze(-1) \\\n",
+        replacement="    out = out * torch.exp(new_lse - lse).unsqueeze(-1) \\\n",
+        caught_by=(RANK_COLLECTIVES,),
+    ),
+    Plant(
+        name="halo-pads-strips-with-zeros",
+        claim="strip-parallel convolutions equal the whole picture (halo exchange)",
+        path="worldserve/models/parallel/halo.py",
+        anchor="    above = gathered[handle.index - 1, 1] if handle.index > 0 else zeros\n",
+        replacement="    above = zeros\n",
+        caught_by=(RANK_COLLECTIVES,),
+    ),
+    Plant(
+        name="shard-rows-swapped-between-ranks",
+        claim="sharded blocks compute with the checkpoint's weights",
+        path="worldserve/models/parallel/shard.py",
+        anchor="    first = min(num_rows, handle.index * per)\n",
+        replacement="    first = min(num_rows, (handle.size - 1 - handle.index) * per)\n",
+        caught_by=(RANK_COLLECTIVES,),
+    ),
     # ---------------------------------------------------------------- sampling knobs
-    # (temperature, top-k, top-p and the penalties: plants anchored in the sampler, caught by
-    # tests/unit/reasoner/test_sampling.py, land with that file)
+    Plant(
+        name="temperature-ignored",
+        claim="temperature scales the logits before the softmax",
+        path="worldserve/engines/reasoner/sampling.py",
+        anchor="    logits = logits / _per_row([s.temperature for s in samplings], logits)\n",
+        replacement="    logits = logits.clone()\n",
+        caught_by=(f"{SAMPLING}::test_temperature_scales_the_softmax", SAMPLER_REFERENCE),
+    ),
+    Plant(
+        name="top-k-keeps-one-more",
+        claim="top-k draws only the k largest logits",
+        path="worldserve/engines/reasoner/sampling.py",
+        anchor="            kth = torch.topk(logits[b], s.top_k).values[-1]\n",
+        replacement="            kth = torch.topk(logits[b], s.top_k + 1).values[-1]\n",
+        caught_by=(f"{SAMPLING}::test_top_k_draws_only_the_k_largest", SAMPLER_REFERENCE),
+    ),
+    Plant(
+        name="top-p-drops-the-crossing-token",
+        claim="top-p keeps the smallest set of the largest probabilities reaching p",
+        path="worldserve/engines/reasoner/sampling.py",
+        anchor="    values = values.masked_fill(cumulative - values > top_p, 0.0)\n",
+        replacement="    values = values.masked_fill(cumulative > top_p, 0.0)\n",
+        caught_by=(f"{SAMPLING}::test_top_p_draws_only_the_smallest_set_reaching_p",
+                   SAMPLER_REFERENCE),
+    ),
+    Plant(
+        name="repetition-penalty-inverted",
+        claim="the repetition penalty divides positive and multiplies negative seen logits",
+        path="worldserve/engines/reasoner/sampling.py",
+        anchor="logits > 0, logits / penalty, logits * penalty)",
+        replacement="logits > 0, logits * penalty, logits / penalty)",
+        caught_by=(f"{SAMPLING}::test_repetition_penalty_divides_positive_and_multiplies"
+                   "_negative_seen_logits", SAMPLER_REFERENCE),
+    ),
+    Plant(
+        name="frequency-penalty-ignored",
+        claim="frequency and presence penalties count the reply's tokens",
+        path="worldserve/engines/reasoner/sampling.py",
+        anchor="_per_row([s.frequency_penalty for s in samplings], logits) * counts",
+        replacement="0.0",
+        caught_by=(f"{SAMPLING}::test_frequency_and_presence_penalties_count_reply_tokens_only",
+                   SAMPLER_REFERENCE),
+    ),
     Plant(
         name="session-seed-ignored",
         claim="a seeded session's replies are reproducible and depend on the seed",
@@ -97,10 +179,35 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         name="verify-keeps-a-rejected-draft",
         claim="speculative decoding (DFlash, n-gram) is lossless: rejected drafts leave no K/V",
-        path="worldserve/engines/reasoner/decoding.py",
-        anchor="            num_kept = i + 1\n",
-        replacement="            num_kept = min(i + 2, len(fed))\n",
+        path="worldserve/engines/reasoner/execute.py",
+        anchor="                num_kept = i + 1\n",
+        replacement="                num_kept = min(i + 2, len(fed))\n",
         caught_by=(DFLASH_SAMPLED, NGRAM_LOSSLESS),
+    ),
+    Plant(
+        name="dflash-accepted-drafts-not-counted",
+        claim="a drafter fitted to the target has its drafts accepted (and says so)",
+        path="worldserve/engines/reasoner/execute.py",
+        anchor="            self.proposer.num_accepted += num_kept - 1\n",
+        replacement="            self.proposer.num_accepted += 0\n",
+        caught_by=(DFLASH_FITTED,),
+    ),
+    Plant(
+        name="published-drafter-loses-its-rope-theta",
+        claim="a drafter in a published layout loads as the same network",
+        path="worldserve/models/dflash/layouts.py",
+        anchor='"rope_theta": layers.get("rope_theta", 10000.0)}',
+        replacement='"rope_theta": 10000.0}',
+        caught_by=(f"{DFLASH_DRAFTERS}::test_published_layouts_load_as_the_same_drafter",),
+    ),
+    # ---------------------------------------------------------------- the static decode step
+    Plant(
+        name="static-step-swaps-q-and-k-norms",
+        claim="the static decode step equals transformers' forward",
+        path="worldserve/models/qwen_vl/decode.py",
+        anchor="        q, k = _rms(q, norms[2]), _rms(k, norms[3])\n",
+        replacement="        q, k = _rms(q, norms[3]), _rms(k, norms[2])\n",
+        caught_by=(f"{DECODE_PATHS}::test_static_step_equals_transformers_forward",),
     ),
     Plant(
         name="dflash-drafter-cache-keeps-rejected-drafts",

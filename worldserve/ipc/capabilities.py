@@ -12,7 +12,7 @@ them as its defaults; `worldserve.ipc.messages` re-exports both.
 
 from __future__ import annotations
 
-from typing import TypeVar, Union
+from typing import Literal, TypeVar, Union
 
 import msgspec
 
@@ -93,6 +93,13 @@ class ActionGenerationCapabilities(msgspec.Struct, kw_only=True):
                                     "concat_view")
 
 
+# The protocol `/v1/actions/*` speaks, declared by the stage (None: no actions, 404):
+# "flow_head": a separate action head (`action_head/` folder) answers `GenerateActions`;
+# "world_model": the generation model's own transformer predicts actions (policy, inverse and
+# forward dynamics over embodiment domains; `action_generation` holds its facts).
+ActionApi = Literal["flow_head", "world_model"]
+
+
 class GenerationCapabilities(StageCapabilities, tag="generation"):
     pipeline: str = "unknown"
     defaults: GenerationDefaults = msgspec.field(default_factory=GenerationDefaults)
@@ -112,6 +119,7 @@ class GenerationCapabilities(StageCapabilities, tag="generation"):
     video_conditioning: bool = False  # video_path / video_url / video_reference accepted
     # Cosmos3 checkpoints with action heads (action_gen); None: no such actions.
     action_generation: ActionGenerationCapabilities | None = None
+    action_api: ActionApi | None = None
 
 
 # --------------------------------------------------------------------------- reasoner

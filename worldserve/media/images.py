@@ -22,6 +22,7 @@ CONTENT_TYPES = {
 # 4096 x 4096: a conditioning image is resized to the model's size anyway, and a small file that
 # declares more pixels than this (a decompression bomb) is refused from its header alone.
 MAX_INPUT_PIXELS = 4096 * 4096
+_OBJECT_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
 _DATA_URL = re.compile(
     r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^;,]*)*?);base64,(?P<data>.*)$", re.DOTALL
 )
@@ -42,6 +43,18 @@ def encode_image(frame: np.ndarray, output_format: str, quality: int = 75) -> by
     return buf.getvalue()
 
 
+def decode_failure(exc: BaseException) -> str:
+    """Why a decoder refused some bytes, fit for a client: no object reprs, addresses or errno
+    (Pillow says `cannot identify image file <_io.BytesIO object at 0x...>`)."""
+    if isinstance(exc, UnidentifiedImageError):
+        return "not a recognised image format"
+    strerror = getattr(exc, "strerror", None)  # FFmpeg errors: the reason without errno/path
+    if isinstance(strerror, str) and strerror:
+        return strerror
+    text = _OBJECT_REPR.sub("the data", str(exc)).strip()
+    return text or type(exc).__name__
+
+
 def check_image(data: bytes, field: str = "image") -> tuple[int, int]:
     """Verify that `data` is a complete, decodable image; returns (width, height).
 
@@ -57,9 +70,8 @@ def check_image(data: bytes, field: str = "image") -> tuple[int, int]:
     except InvalidRequest:
         raise
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise InvalidRequest(
-            f"Failed to process image source: {field} is not a readable image ({exc})", param=field
-        ) from None
+        raise InvalidRequest(f"Failed to process image source: {field} is not a readable image "
+                             f"({decode_failure(exc)})", param=field) from None
     return width, height
 
 

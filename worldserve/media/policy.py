@@ -255,6 +255,13 @@ class MediaPolicy:
             return value
         return str(self.local_path(value, field))
 
+    def check_body(self, payload: dict[str, Any]) -> None:
+        """Every rule of this page on a flattened request body: forbidden fields, prompt
+        lengths, then each media reference (`scan`)."""
+        check_forbidden_fields(payload)
+        check_prompt_lengths(payload)
+        self.scan(payload)
+
     def scan(self, payload: Any, field: str = "", depth: int = 0) -> None:
         """Check every media reference in `payload` (media fields, *_path, *_url, URLs),
         including strings that hold JSON objects or arrays."""

@@ -96,6 +96,7 @@ def decode_frames(data: bytes) -> list[np.ndarray]:
 def check_video(data: bytes, field: str) -> None:
     """400 naming `field` unless `data` is a container with a decodable video frame."""
     from worldserve.errors import InvalidRequest
+    from worldserve.media.images import decode_failure
 
     try:
         with av.open(io.BytesIO(data)) as container:
@@ -105,4 +106,5 @@ def check_video(data: bytes, field: str) -> None:
     except InvalidRequest:
         raise
     except Exception as exc:  # PyAV raises assorted errors for bad bytes
-        raise InvalidRequest(f"{field} is not a readable video ({exc})", param=field) from None
+        raise InvalidRequest(f"{field} is not a readable video ({decode_failure(exc)})",
+                             param=field) from None

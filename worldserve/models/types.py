@@ -7,7 +7,9 @@ import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from worldserve.ipc.capabilities import ActionGenerationCapabilities
 
 
 class ModelLoadError(RuntimeError):
@@ -95,12 +97,16 @@ class ModelFamily:
 
 
 @dataclass
-class ImageInput:
-    """One preprocessed image for a VLM: `pixel_values` (patches, C) and `grid_thw` (1, 3)
-    torch tensors, and how many placeholder tokens it takes in the prompt."""
+class VisionInput:
+    """One preprocessed image or video clip for a vision-language model.
 
-    pixel_values: Any
-    grid_thw: Any
+    `payload` is the family's own processor output (pixel patches, grids, timestamps...): only
+    the family that made it reads it. The engine knows the kind and how many placeholder tokens
+    the item takes in the prompt, nothing else.
+    """
+
+    kind: Literal["image", "video"]
+    payload: Any
     num_tokens: int
 
 
@@ -132,3 +138,26 @@ class RunnerFeatures:
     padded_action_dim: int | None = None
     action_domains: Mapping[str, int] | None = None  # domain name -> raw action width
     action_domain_ids: Mapping[str, int] | None = None  # domain name -> domain id
+    # The actions protocol when the runner itself generates actions ("world_model"); the
+    # engine declares "flow_head" for a separate action head (ipc/capabilities.py ActionApi).
+    action_api: str | None = None
+    action_resolution_tiers: tuple[int, ...] | None = None  # None: the protocol's defaults
+
+
+def feature_capabilities(features: RunnerFeatures, *, action_head: bool = False) -> dict[str, Any]:
+    """The runner's features as `GenerationCapabilities` fields: what the engine declares to
+    the api, and what a runner's own backstop checks (`ipc/rules.py`) read."""
+    actions = None
+    if features.action_generation and features.padded_action_dim is not None:
+        tiers = ({"resolution_tiers": features.action_resolution_tiers}
+                 if features.action_resolution_tiers else {})
+        actions = ActionGenerationCapabilities(
+            padded_action_dim=features.padded_action_dim,
+            domains=dict(features.action_domains or {}),
+            domain_ids=dict(features.action_domain_ids or {}), **tiers)
+    action_api = features.action_api or ("flow_head" if action_head else None)
+    return {"family": features.family, "image_edits": features.image_edits,
+            "exact_num_frames": features.exact_num_frames, "sound": features.sound,
+            "sound_sample_rate": features.sound_sample_rate,
+            "video_conditioning": features.video_conditioning, "action_generation": actions,
+            "action_api": action_api}

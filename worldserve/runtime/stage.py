@@ -8,6 +8,7 @@ with status 1 (a traceback too with --log-level debug).
 from __future__ import annotations
 
 import argparse
+import atexit
 import ctypes
 import heapq
 import logging
@@ -306,7 +307,9 @@ def _start_stage(name: str, address: str, config: ServerConfig, debug: bool) -> 
 def exit_now(code: int) -> None:
     """Exit without the interpreter's teardown. The engines are shut down and every output was
     written atomically; what remains is garbage-collecting the model graphs, which took longer
-    than the supervisor's grace period on a loaded CPU (the stage was then SIGKILLed)."""
+    than the supervisor's grace period on a loaded CPU (the stage was then SIGKILLed). The
+    atexit callbacks still run (a rank group stops its peer processes in one)."""
+    atexit._run_exitfuncs()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from worldserve.api.jobs.ledger import JobLedger
-from worldserve.api.jobs.params import ResolvedRequest
+from worldserve.api.jobs.params import MediaRequest
 from worldserve.api.jobs.records import JobError, JobRecord, JobStatus
 from worldserve.errors import InternalError, InvalidRequest, RequestTimeout
 from worldserve.ipc.messages import GenerationParams, GenerationResult
@@ -22,10 +22,10 @@ OLD_RECORD = {"id": "c0ffee", "_kind": "video", "status": "in_progress", "progre
               "num_frames": 9, "seconds": "1", "_seq": 3}
 
 
-def resolved() -> ResolvedRequest:
+def resolved() -> MediaRequest:
     params = GenerationParams(prompt="a cube", width=64, height=32, num_frames=9,
                               num_inference_steps=2, guidance_scale=1.0, seeds=[1, 2])
-    return ResolvedRequest(params=params, output_format="mp4", compression=50)
+    return MediaRequest(params=params, output_format="mp4", compression=50)
 
 
 def result(*names: str) -> GenerationResult:

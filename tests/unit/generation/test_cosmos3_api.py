@@ -167,7 +167,7 @@ async def test_metadata_is_read_from_the_checkpoint(engine) -> None:
     ("/v1/videos", {**VIDEO, "condition_frame_indexes_vision": "x"}, "JSON array"),
     ("/v1/actions/generations", {"parameters": {"action_mode": "forward_dynamics"}},
      "use /v1/videos"),
-    ("/v1/actions/generations", "UNKNOWN_DOMAIN", "Unknown Cosmos3 action domain_name"),
+    ("/v1/actions/generations", "UNKNOWN_DOMAIN", "Unknown action domain_name='mars_rover'"),
     ("/v1/actions/generations", "BAD_HORIZON", "action_horizon must be a positive multiple"),
     ("/v1/actions/generations", "ID_WITHOUT_VIDEO", "'inverse_dynamics' requires a video"),
     ("/v1/actions/generations", "IMAGE_AND_VIDEO", "mutually exclusive"),

@@ -19,7 +19,7 @@ def _positions(model: Any, ids: torch.Tensor, images: list[Any], offset: int) ->
     if not images:
         return torch.arange(ids.shape[1]).view(1, 1, -1).expand(3, 1, -1) + offset
     mm = (ids == model.config.image_token_id).long()
-    grid = torch.cat([im.grid_thw for im in images])
+    grid = torch.cat([im.payload.grid_thw for im in images])
     pos, _ = model.model.get_rope_index(ids, mm_token_type_ids=mm, image_grid_thw=grid)
     return pos + offset
 
@@ -32,8 +32,8 @@ def forward(model: Any, cache: DynamicCache, ids: list[int], images: list[Any], 
     pos = _positions(model, input_ids, images, offset)
     kwargs: dict[str, Any] = {}
     if images:
-        kwargs["pixel_values"] = torch.cat([im.pixel_values for im in images])
-        kwargs["image_grid_thw"] = torch.cat([im.grid_thw for im in images])
+        kwargs["pixel_values"] = torch.cat([im.payload.pixel_values for im in images])
+        kwargs["image_grid_thw"] = torch.cat([im.payload.grid_thw for im in images])
         kwargs["mm_token_type_ids"] = (input_ids == model.config.image_token_id).long()
     if mask is not None:
         kwargs["attention_mask"] = mask

@@ -66,7 +66,8 @@ def test_greedy_session_reply_equals_model_generate(make_engine, cosmos3_dir):
     input_ids = torch.tensor([prompt])
     banned = [[t] for t in drv.engine.prompts.placeholder_ids]  # the engine never samples them
     out = model.generate(
-        input_ids=input_ids, pixel_values=image.pixel_values, image_grid_thw=image.grid_thw,
+        input_ids=input_ids, pixel_values=image.payload.pixel_values,
+        image_grid_thw=image.payload.grid_thw,
         mm_token_type_ids=(input_ids == model.config.image_token_id).long(),
         max_new_tokens=len(reply), do_sample=False, bad_words_ids=banned)
     assert out[0, len(prompt):].tolist() == reply
@@ -82,7 +83,7 @@ def test_loader_builds_an_image_processor_where_autoprocessor_gives_a_tokenizer(
 
     runner = load_runner(cosmos3_dir)
     assert runner.image_processor is not None
-    assert runner.image_token_id == runner.model.config.image_token_id
+    assert runner.prompting.image_token_id == runner.model.config.image_token_id
     if json.loads((cosmos3_dir / "config.json").read_text())["model_type"] == "cosmos3_omni":
         # what the loader guards against: no processor entry for cosmos3_omni
         bare = AutoProcessor.from_pretrained(cosmos3_dir, local_files_only=True)

@@ -106,15 +106,15 @@ def test_stop_string_ends_reply_and_is_not_in_text(make_engine):
 def test_vision_placeholders_are_never_sampled(make_engine):
     import torch
 
-    from worldserve.engines.reasoner.decoding import ReplyDecoder
+    from worldserve.engines.reasoner.sampling import sample_rows
     from worldserve.ipc.messages import ReasonerSampling
 
     engine = make_engine().engine
-    pad = engine.prompts.image_token_id
-    assert pad in engine.ctx.banned_ids
-    logits = torch.zeros(engine.runner.vocab_size)
-    logits[pad] = 100.0
-    decoder = ReplyDecoder(ReasonerSampling(temperature=0.0), [], engine.ctx.stop_ids,
-                           engine.ctx.tokenizer, engine.runner.vocab_size, torch.Generator(),
-                           banned_ids=engine.ctx.banned_ids)
-    assert decoder.sample(logits) != pad
+    prompting = engine.runner.prompting
+    assert {prompting.image_token_id, prompting.video_token_id} <= set(engine.ctx.banned_ids)
+    for pad in (prompting.image_token_id, prompting.video_token_id):
+        logits = torch.zeros(engine.runner.vocab_size)
+        logits[pad] = 100.0
+        decoder = engine.ctx.decoder(ReasonerSampling(temperature=0.0), [], torch.Generator(),
+                                     None)
+        assert sample_rows([decoder], logits[None]) != [pad]

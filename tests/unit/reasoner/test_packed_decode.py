@@ -13,7 +13,8 @@ from tests.unit.reasoner.conftest import GREEDY
 from tests.unit.reasoner.reference import reply_tokens
 from tests.unit.reasoner.tiny_vlm import frame_bytes
 from worldserve.ipc.messages import SessionFrame
-from worldserve.models.qwen_vl.runner import _forward_repacked, load_runner
+from worldserve.models.qwen_vl.batch import forward_repacked
+from worldserve.models.qwen_vl.runner import load_runner
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def test_packed_steps_equal_repacked_and_solo_forwards(runner):
     for fed in steps:
         n = len(fed)
         got = runner.forward_decode_batch(packed[:n], fed)
-        ref = _forward_repacked(runner, repacked[:n], fed)
+        ref = forward_repacked(runner, repacked[:n], fed)
         for b in range(n):
             one = runner.forward(solo[b], fed[b], num_logits=len(fed[b]))
             torch.testing.assert_close(got[b], ref[b], atol=1e-5, rtol=1e-5)
@@ -66,7 +67,7 @@ def test_member_outgrowing_its_row_or_reset_is_packed_again(runner):
     packs = runner.num_packs
     runner.forward_decode_batch(kvs, [[8], [9]])
     assert runner.num_packs == packs  # resident
-    capacity = runner._packed.capacity
+    capacity = runner.packed.capacity
     runner.forward(kvs[0], list(range(40, 40 + capacity)))  # a long prefill outgrows the row
     reference = _prefilled(runner, [kvs[0].ids])[0]
     got = runner.forward_decode_batch(kvs, [[10], [11]])
@@ -128,66 +129,6 @@ def test_eviction_and_reprefill_while_packed_equal_sequential(make_engine):
     assert sum(r.evicted_segments for r in results) >= 40
     assert sum(r.reprefill_ms is not None for r in results) >= 2  # one per session
     assert batched.engine.runner.num_packs >= 2
-
-
-class _Tokenizer:
-    def decode(self, ids, skip_special_tokens=True):
-        return " ".join(map(str, ids))
-
-
-def test_batched_sampling_equals_one_row_at_a_time():
-    """`sample_rows` over a batch with mixed settings (greedy, temperature, top-k, top-p,
-    penalties) gives each row the token that row's decoder samples alone, step after step
-    (per-row generators, penalties updated by each accepted token)."""
-    from worldserve.engines.reasoner.decoding import ReplyDecoder, sample_rows
-    from worldserve.ipc.messages import ReasonerSampling
-
-    vocab = 300
-    settings = [dict(temperature=0.0), dict(temperature=1.0, top_p=1.0),
-                dict(temperature=0.7, top_p=0.9, repetition_penalty=1.3),
-                dict(temperature=0.5, top_k=20, frequency_penalty=0.4, presence_penalty=0.2),
-                dict(temperature=1.3, top_p=0.5, repetition_penalty=0.9)]
-    gen = torch.Generator().manual_seed(0)
-
-    def decoders(trial):
-        context = torch.randint(0, vocab, (30,), generator=torch.Generator().manual_seed(trial))
-        return [ReplyDecoder(ReasonerSampling(max_tokens=64, **s), context.tolist(), {1},
-                             _Tokenizer(), vocab, torch.Generator().manual_seed(trial + k),
-                             banned_ids=(5, 6)) for k, s in enumerate(settings)]
-
-    distinct = set()
-    for trial in range(20):
-        batch, alone = decoders(trial), decoders(trial)
-        for _ in range(6):
-            logits = torch.randn(len(settings), vocab + 4, generator=gen) * 3
-            got = sample_rows(batch, logits)
-            expected = [d.sample(row) for d, row in zip(alone, logits)]
-            assert got == expected
-            assert not {5, 6} & set(got)
-            for d, e, token in zip(batch, alone, got):
-                d.accept(token)
-                e.accept(token)
-            distinct.update(got)
-    assert len(distinct) > 50  # the draws really vary
-
-
-def test_batched_draw_equals_torch_multinomial():
-    """The batched draw is torch.multinomial's exponential race: same tokens for the same
-    seeds, generators left in the same state (seeded replies did not change with batching)."""
-    from worldserve.engines.reasoner.decoding import _draw
-
-    for trial in range(50):
-        probs = torch.softmax(torch.randn(3, 700) * 3, dim=-1)
-        probs[:, torch.randint(0, 700, (200,))] = 0.0
-        ours = [torch.Generator().manual_seed(trial * 3 + b) for b in range(3)]
-        torch_s = [torch.Generator().manual_seed(trial * 3 + b) for b in range(3)]
-        for _ in range(3):
-            expected = [int(torch.multinomial(row, 1, generator=g))
-                        for row, g in zip(probs, torch_s)]
-            assert _draw(probs, ours) == expected
-        assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(ours, torch_s))
-    with pytest.raises(ValueError, match="every token is masked"):
-        _draw(torch.full((1, 4), float("nan")), [torch.Generator()])
 
 
 def test_batched_prefill_equals_one_chunk_at_a_time(make_engine):

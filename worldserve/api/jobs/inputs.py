@@ -1,31 +1,32 @@
-"""The native media routes' parse step: HTTP request -> (validated body, input images).
+"""The native media routes' one pass over a request: HTTP body -> one validated `MediaRequest`.
 
-Each reader takes the body as JSON or a form, applies flattening and the media policy
-(bodies.prepare), validates it against the public schema, and loads the reference images
-(uploads, URLs, paths) under the upload limit, checking each one once.
+A reader takes the body as JSON or a form, flattens the extra containers, applies the media
+policy, validates the public schema, reads every referenced image or video once (uploads, data
+URLs, http(s) URLs, allowed local paths, each under the upload limit and checked once), then
+resolves the fields against the stage's declaration (`api/jobs/params.py`). The route then makes
+one `MediaService` call with the result.
+
+`video_request(fields, media, context)` is that pass without HTTP: another surface (a NIM route)
+builds its dict of fields and media and gets the same validated request.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+from starlette.datastructures import UploadFile
 
-from worldserve.api.jobs.bodies import (
-    is_multipart,
-    is_urlencoded,
-    parse_body,
-    prepare,
-    read_form,
-    read_json,
-    read_payload,
-    require_json_or_form,
-    validate,
-)
+from worldserve.api.jobs.params import MediaRequest, resolve_image, resolve_video
 from worldserve.api.schemas.images import ImageGenerationRequest
 from worldserve.api.schemas.videos import VideoCreateRequest
-from worldserve.errors import InvalidRequest
+from worldserve.errors import InvalidRequest, UnsupportedMediaType, WorldserveError
+from worldserve.ipc.capabilities import GenerationCapabilities
 from worldserve.media.images import check_image
 from worldserve.media.policy import MediaPolicy
 from worldserve.media.uploads import (
@@ -36,95 +37,287 @@ from worldserve.media.uploads import (
 )
 from worldserve.media.video import check_video
 
+log = logging.getLogger("worldserve.jobs")
+
+MAX_FORM_FIELDS = 1000
+MAX_LISTED_FIELDS = 8
+EXTRA_CONTAINERS = ("extra_body", "extra_json", "extra_args", "extra_params")
 REFERENCE_FIELDS = ("input_reference", "reference_url")
-
-
-@dataclass
-class VideoInputs:
-    body: VideoCreateRequest
-    images: list[bytes]
-    video: bytes | None = None
 VIDEO_FIELDS = ("video_path", "video_url")
+VIDEO_FILE_FIELDS = ("input_reference", "video_reference")
 EDIT_FILE_FIELDS = ("image", "image[]")
 EDIT_URL_FIELDS = ("url", "url[]")
 
 
-async def read_video_request(request: Request, policy: MediaPolicy, limit: int,
-                             video_conditioning: bool = False) -> VideoInputs:
-    """`POST /v1/videos` (JSON or multipart with `input_reference` / `video_reference` files).
-    An `input_reference` that is a video conditions like `video_path` (Cosmos3)."""
+@dataclass(frozen=True)
+class RequestContext:
+    """What a request is read and validated against: the media policy, the upload limit and
+    the generation stage's declaration."""
+
+    policy: MediaPolicy
+    max_upload_bytes: int
+    caps: GenerationCapabilities
+
+
+@dataclass
+class Media:
+    """The request's conditioning media, read and checked (encoded files)."""
+
+    images: list[bytes] = field(default_factory=list)
+    videos: list[bytes] = field(default_factory=list)
+
+
+class FormBody:
+    """A parsed body: plain fields (last value wins, lists kept) and files (none for JSON)."""
+
+    def __init__(self, fields: dict[str, Any], files: dict[str, list[UploadFile]]) -> None:
+        self.fields = fields
+        self.files = files
+
+
+# ---------------------------------------------------------------------- the one-pass readers
+
+
+async def read_video(request: Request, context: RequestContext) -> MediaRequest:
+    """`POST /v1/videos`: JSON, or multipart with `input_reference` / `video_reference` files
+    (an `input_reference` that is a video conditions like `video_path`)."""
     form = await read_payload(request)
-    images: list[bytes] = []
-    videos: list[bytes] = []
+    media = Media()
     for name, uploads in form.files.items():
-        if name == "video_reference" and not video_conditioning:
-            raise InvalidRequest("video conditioning is not supported by this model", param=name)
-        if name not in ("input_reference", "video_reference"):
+        if name not in VIDEO_FILE_FIELDS:
             raise InvalidRequest(f"unexpected file field {name!r}", param=name)
         for upload in uploads:
-            data = await read_upload(upload, name, limit)
-            is_video = name == "video_reference" or is_video_reference(
-                upload.filename or "", upload.content_type)
-            (videos if is_video else images).append(_checked(data, name, is_video))
-    body = parse_body(VideoCreateRequest, form.fields, policy, as_400=True)
+            data = await read_upload(upload, name, context.max_upload_bytes)
+            if name == "video_reference" or is_video_reference(upload.filename or "",
+                                                               upload.content_type):
+                _require_video_conditioning(context.caps, name)
+                check_video(data, name)
+                media.videos.append(data)
+            else:
+                check_image(data, name)
+                media.images.append(data)
+    return await video_request(form.fields, media, context)
+
+
+async def video_request(fields: dict[str, Any], media: Media,
+                        context: RequestContext) -> MediaRequest:
+    """A `/v1/videos` body given as fields (and media already read) -> the validated request."""
+    body = parse_body(VideoCreateRequest, fields, context.policy, as_400=True)
     for name in VIDEO_FIELDS:
-        value = getattr(body, name)
-        if value and not video_conditioning:
-            raise InvalidRequest("video conditioning is not supported by this model", param=name)
-        if value:
-            videos.append(await read_video_reference(value, name, limit, policy))
+        if value := getattr(body, name):
+            _require_video_conditioning(context.caps, name)
+            media.videos.append(await _video(value, name, context))
     for name in REFERENCE_FIELDS:
         value = getattr(body, name)
-        if value and video_conditioning and is_video_reference(value):
-            videos.append(await read_video_reference(value, name, limit, policy))
+        if value and context.caps.video_conditioning and is_video_reference(value):
+            media.videos.append(await _video(value, name, context))
         elif value:
-            images.append(await read_image_reference(value, name, limit, policy))
-    if videos and not video_conditioning:
-        raise InvalidRequest("video conditioning is not supported by this model",
-                             param="video_path")
-    if len(videos) > 1:
+            media.images.append(await read_image_reference(
+                value, name, context.max_upload_bytes, context.policy))
+    if len(media.videos) > 1:
         raise InvalidRequest("give one conditioning video (video_path, video_url, "
                              "video_reference or a video input_reference)", param="video_path")
-    for image in images:
-        check_image(image, "input_reference")
-    return VideoInputs(body, images, videos[0] if videos else None)
+    request = resolve_video(body, media.images[:1], media.videos[0] if media.videos else None,
+                            context.caps)
+    return _noted(request, body, "/v1/videos")
 
 
-def _checked(data: bytes, field: str, is_video: bool) -> bytes:
-    if is_video:
-        check_video(data, field)
-    return data
-
-
-async def read_image_request(request: Request, policy: MediaPolicy) -> ImageGenerationRequest:
+async def read_images(request: Request, context: RequestContext) -> MediaRequest:
     """`POST /v1/images/generations` (JSON)."""
     require_json_or_form(request)
-    return parse_body(ImageGenerationRequest, await read_json(request), policy)
+    body = parse_body(ImageGenerationRequest, await read_json(request), context.policy)
+    default = context.caps.defaults.image_response_format
+    request_ = resolve_image(body, [], context.caps, default_response_format=default)
+    return _noted(request_, body, "/v1/images/generations")
 
 
-async def read_edit_request(request: Request, policy: MediaPolicy,
-                            limit: int) -> tuple[ImageGenerationRequest, list[bytes]]:
+async def read_edit(request: Request, context: RequestContext) -> MediaRequest:
     """`POST /v1/images/edits` (a form with `image` files and/or `url` references)."""
+    caps = context.caps
+    if not caps.image_edits:
+        raise InvalidRequest(
+            f"{caps.pipeline} has no image-edit mode: to condition generation on an image, "
+            "POST /v1/videos with the image as input_reference (num_frames > 1)", param="image")
     if not (is_multipart(request) or is_urlencoded(request)):
         raise InvalidRequest("images/edits takes multipart/form-data with 'image' files or 'url'")
     form = await read_form(request)
-    images: list[bytes] = []
-    for name in EDIT_FILE_FIELDS:
-        for upload in form.files.pop(name, []):
-            images.append(await read_upload(upload, name, limit))
-    form.files.pop("mask", None)  # accepted, ignored (spec §3.2)
-    if form.files:
-        raise InvalidRequest(f"unexpected file field(s): {', '.join(sorted(form.files))}")
+    images = await _edit_uploads(form, context.max_upload_bytes)
     urls: list[str] = []
     for name in EDIT_URL_FIELDS:
         value = form.fields.pop(name, None)
         urls += value if isinstance(value, list) else ([value] if value else [])
-    payload = prepare(form.fields, policy)  # the policy before anything is fetched
+    payload = prepare(form.fields, context.policy)  # the policy before anything is fetched
     for url in urls:
-        images.append(await read_image_reference(url, "url", limit, policy))
+        images.append(await read_image_reference(url, "url", context.max_upload_bytes,
+                                                 context.policy))
     if not images:
         raise RequestValidationError([{"type": "missing", "loc": ("body", "image"),
                                        "msg": "Field 'image' or 'url' is required"}])
-    for image in images:
-        check_image(image, "image")
-    return validate(ImageGenerationRequest, payload), images
+    body = validate(ImageGenerationRequest, payload)
+    request_ = resolve_image(body, images, caps, default_response_format="b64_json")
+    return _noted(request_, body, "/v1/images/edits")
+
+
+async def _edit_uploads(form: FormBody, limit: int) -> list[bytes]:
+    images: list[bytes] = []
+    for name in EDIT_FILE_FIELDS:
+        for upload in form.files.pop(name, []):
+            data = await read_upload(upload, name, limit)
+            check_image(data, "image")
+            images.append(data)
+    form.files.pop("mask", None)  # accepted, ignored (spec §3.2)
+    if form.files:
+        raise InvalidRequest(f"unexpected file field(s): {', '.join(sorted(form.files))}")
+    return images
+
+
+def _require_video_conditioning(caps: GenerationCapabilities, name: str) -> None:
+    if not caps.video_conditioning:
+        raise InvalidRequest("video conditioning is not supported by this model", param=name)
+
+
+async def _video(value: str, name: str, context: RequestContext) -> bytes:
+    return await read_video_reference(value, name, context.max_upload_bytes, context.policy)
+
+
+def _noted(request: MediaRequest, body: BaseModel, route: str) -> MediaRequest:
+    """Unknown top-level fields are accepted (spec §0.3) but said: logged and warned."""
+    unknown = sorted(body.model_extra or {})
+    if unknown:
+        names = ", ".join(ascii(name)[:64] for name in unknown[:MAX_LISTED_FIELDS])
+        extra = len(unknown) - MAX_LISTED_FIELDS
+        more = f" and {extra} more" if extra > 0 else ""
+        request.warnings.append(f"unknown field(s) ignored: {names}{more}")
+        log.info("%s: unknown field(s) ignored: %s%s", route, names, more)
+    return request
+
+
+# ---------------------------------------------------------------------- reading a body
+
+
+async def read_payload(request: Request) -> FormBody:
+    """A JSON or multipart body as fields and files (no files for JSON)."""
+    require_json_or_form(request)
+    if is_multipart(request):
+        return await read_form(request)
+    return FormBody(await read_json(request), {})
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    try:
+        body = json.loads(raw) if raw.strip() else {}
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"Invalid request body: body is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise InvalidRequest("Invalid request body: JSON is nested too deeply") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("Invalid request body: the JSON body must be an object")
+    return body
+
+
+async def read_form(request: Request) -> FormBody:
+    try:
+        form = await request.form(
+            max_files=MAX_FORM_FIELDS, max_fields=MAX_FORM_FIELDS, max_part_size=16 * 1024 * 1024
+        )
+    except WorldserveError:  # e.g. 413 from the body-size limit
+        raise
+    except Exception as exc:  # starlette raises assorted parser errors for malformed multipart
+        raise InvalidRequest(f"Invalid request body: malformed multipart form ({exc})") from None
+    fields: dict[str, Any] = {}
+    files: dict[str, list[UploadFile]] = {}
+    for key, value in form.multi_items():
+        if isinstance(value, UploadFile):
+            files.setdefault(key, []).append(value)
+        elif key.endswith("[]"):
+            fields.setdefault(key, []).append(value)
+        elif key in fields:
+            existing = fields[key]
+            fields[key] = (existing if isinstance(existing, list) else [existing]) + [value]
+        else:
+            fields[key] = value
+    return FormBody(fields, files)
+
+
+def is_multipart(request: Request) -> bool:
+    return request.headers.get("content-type", "").lower().startswith("multipart/form-data")
+
+
+def is_urlencoded(request: Request) -> bool:
+    kind = request.headers.get("content-type", "").lower()
+    return kind.startswith("application/x-www-form-urlencoded")
+
+
+def require_json_or_form(request: Request) -> None:
+    kind = request.headers.get("content-type", "").lower()
+    if kind and not (
+        kind.startswith("application/json")
+        or kind.startswith("multipart/form-data")
+        or "+json" in kind
+        or kind.startswith("text/plain")
+    ):
+        raise UnsupportedMediaType(
+            f"Content-Type {kind!r} is not supported; send application/json or multipart/form-data"
+        )
+
+
+def flatten_extras(payload: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `payload` with the extra containers merged in, set-if-absent, in order
+    (spec native-media.md §2.2)."""
+    out = {k: v for k, v in payload.items() if k not in EXTRA_CONTAINERS}
+    for name in EXTRA_CONTAINERS:
+        value = payload.get(name)
+        if value is None:
+            continue
+        for key, item in _container(name, value).items():
+            out.setdefault(key, item)
+    if "guardrails" in out:
+        out.setdefault("use_guardrails", out["guardrails"])
+    return out
+
+
+def _container(name: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except (ValueError, RecursionError):
+            parsed = None
+        if isinstance(parsed, dict):
+            return parsed
+    # Upstream drops a malformed container silently; refusing it means a typo cannot change
+    # generation parameters unnoticed (spec [D]).
+    raise InvalidRequest(f"{name} must be a JSON object", param=name)
+
+
+def prepare(payload: dict[str, Any], policy: MediaPolicy) -> dict[str, Any]:
+    """Flatten the extra containers, then apply the forbidden-field rule and the media policy
+    (after flattening, so nothing can be smuggled in through a container)."""
+    flat = flatten_extras(payload)
+    policy.check_body(flat)
+    return flat
+
+
+def validate(model: type[BaseModel], payload: dict[str, Any], *, as_400: bool = False) -> Any:
+    """pydantic validation; errors are 422 (FastAPI style) or 400 `Invalid request body: ...`."""
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        if as_400:
+            first = exc.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"])
+            raise InvalidRequest(
+                f"Invalid request body: {loc}: {first['msg']}", param=loc or None
+            ) from None
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
+        ) from None
+
+
+def parse_body(
+    model: type[BaseModel], payload: dict[str, Any], policy: MediaPolicy, *, as_400: bool = False
+) -> Any:
+    """Flattening and the media policy (`prepare`), then the public schema (`validate`)."""
+    return validate(model, prepare(payload, policy), as_400=as_400)

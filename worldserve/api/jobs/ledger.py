@@ -1,9 +1,12 @@
 """`JobLedger`: job records and their files: status changes, retention, restart recovery.
 
 Every status change goes through `move()`, which refuses illegal transitions (terminal states
-are final, so a late stage reply changes nothing) and stamps completion and expiry. Retention
-(spec native-media.md §9): restart recovery, TTL and max-records pruning, a sweeper, and file
-deletion with the record.
+are final, so a late stage reply changes nothing), stamps completion and expiry, writes the
+record and logs one line (created, started, completed in N s, failed: reason, cancelled).
+Progress within `in_progress` is written at most every `PROGRESS_WRITE_INTERVAL_S` (the relay
+holds the live record in memory; the store is the durable copy). Retention (spec
+native-media.md §9): restart recovery, TTL and max-records pruning, a sweeper, and file deletion
+with the record.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from worldserve.api.jobs.params import ResolvedRequest
+from worldserve.api.jobs.params import MediaRequest
 from worldserve.api.jobs.records import (
     LIVE_STATUSES,
     JobError,
@@ -31,6 +34,7 @@ from worldserve.ipc.messages import GenerationResult
 log = logging.getLogger("worldserve.jobs")
 
 SWEEP_INTERVAL_S = 60.0
+PROGRESS_WRITE_INTERVAL_S = 1.0
 RECORDS_FILE = Path(".worldserve") / "records.sqlite3"
 # Stage error codes a job shows as they are; anything else is `generation_failed`.
 _PUBLIC_ERROR_CODES = ("invalid_request", "stage_unavailable", "timeout", "replica_lost")
@@ -50,17 +54,23 @@ class JobLedger:
         self.ttl_s = ttl_s
         self.max_records = max_records
         self._sweeper: asyncio.Task[None] | None = None
+        self._inserted_s: dict[str, float] = {}  # monotonic insert time of each live record
+        self._written_s: dict[str, float] = {}  # when each live record was last written
 
     # ------------------------------------------------------------------ records
 
-    def new(self, kind: JobKind, resolved: ResolvedRequest, **fields: Any) -> JobRecord:
-        p = resolved.params
+    def new(self, kind: JobKind, request: MediaRequest, **fields: Any) -> JobRecord:
+        p = request.params
         return JobRecord(id=f"{uuid.uuid4()}{self.id_tag}", kind=kind, created_at=now_s(),
                          size=f"{p.width}x{p.height}", num_outputs=len(p.seeds),
-                         revised_prompt=p.prompt, output_format=resolved.output_format, **fields)
+                         revised_prompt=p.prompt, output_format=request.output_format, **fields)
 
     def insert(self, record: JobRecord) -> None:
         self.store.insert(record)
+        self._inserted_s[record.id] = self._written_s[record.id] = time.monotonic()
+        frames = f", {record.num_frames} frames" if record.num_frames else ""
+        log.info("job %s (%s) created: %s%s, %d output(s), %s", record.id, record.kind,
+                 record.size, frames, record.num_outputs, record.status.value)
 
     def page(self, kind: JobKind, after: str | None, limit: int,
              descending: bool) -> tuple[list[JobRecord], bool]:
@@ -83,14 +93,6 @@ class JobLedger:
             return None
         return record
 
-    def refresh(self, record: JobRecord) -> bool:
-        """Reload the stored status (a delete may have moved it); False once it is gone."""
-        current = self.store.get(record.id)
-        if current is None:
-            return False
-        record.status = current.status
-        return True
-
     def move(self, record: JobRecord, status: JobStatus, **changes: Any) -> bool:
         if not record.status.can_move_to(status):
             return False
@@ -101,8 +103,30 @@ class JobLedger:
             record.completed_at = now_s()
             if self.ttl_s > 0:
                 record.expires_at = record.completed_at + int(self.ttl_s)
-        self.store.save(record)
+        self._write(record)
+        self._log_move(record)
         return True
+
+    def _write(self, record: JobRecord) -> None:
+        self.store.save(record)
+        if record.status.is_live:
+            self._written_s[record.id] = time.monotonic()
+        else:
+            self._written_s.pop(record.id, None)
+
+    def _log_move(self, record: JobRecord) -> None:
+        inserted = (self._inserted_s.pop(record.id, None) if not record.status.is_live
+                    else self._inserted_s.get(record.id))
+        after = f" after {time.monotonic() - inserted:.2f} s" if inserted is not None else ""
+        if record.status == JobStatus.IN_PROGRESS:
+            log.info("job %s started%s", record.id, after)
+        elif record.status == JobStatus.COMPLETED:
+            log.info("job %s completed%s (inference %s s)", record.id, after,
+                     f"{record.inference_time_s:.2f}" if record.inference_time_s else "-")
+        else:
+            error = record.error
+            log.info("job %s %s%s: %s (%s)", record.id, record.status.value, after,
+                     error.message if error else "-", error.code if error else "-")
 
     def cancel(self, record: JobRecord, message: str) -> bool:
         return self.move(record, JobStatus.CANCELLED, error=JobError(message, "cancelled"))
@@ -113,7 +137,9 @@ class JobLedger:
             self.move(record, JobStatus.IN_PROGRESS, progress=progress)
         elif record.status == JobStatus.IN_PROGRESS and progress != record.progress:
             record.progress = progress
-            self.store.save(record)
+            written = self._written_s.get(record.id, 0.0)
+            if time.monotonic() - written >= PROGRESS_WRITE_INTERVAL_S:
+                self._write(record)
 
     def complete(self, record: JobRecord, result: GenerationResult) -> None:
         moved = self.move(record, JobStatus.COMPLETED, progress=100,
@@ -126,8 +152,7 @@ class JobLedger:
 
     def fail(self, record: JobRecord, exc: WorldserveError) -> None:
         code = exc.code if exc.code in _PUBLIC_ERROR_CODES else "generation_failed"
-        if self.store.get(record.id) is not None:
-            self.move(record, JobStatus.FAILED, error=JobError(exc.message, code))
+        self.move(record, JobStatus.FAILED, error=JobError(exc.message, code))
 
     # ------------------------------------------------------------------ files
 
@@ -151,6 +176,8 @@ class JobLedger:
         """Delete a record and every file it owns (outputs and partial outputs)."""
         removed = self._delete_files(record.file_names + self._partial_files(record))
         self.store.delete(record.id)
+        self._inserted_s.pop(record.id, None)
+        self._written_s.pop(record.id, None)
         return removed
 
     # ------------------------------------------------------------------ retention

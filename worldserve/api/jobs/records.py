@@ -65,7 +65,7 @@ class JobRecord(msgspec.Struct, kw_only=True):
     stage_request_id: str | None = None
     num_frames: int | None = None
     seconds: str = "0"
-    action: dict[str, Any] | None = None  # Cosmos3 forward dynamics: the job's action rows
+    action: dict[str, Any] | None = None  # forward dynamics: the rows the job rolls out
     # images
     num_input_images: int = 0
     response_format: str | None = None

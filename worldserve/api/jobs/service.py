@@ -1,9 +1,10 @@
 """MediaService: runs image requests and video jobs on the generation stage.
 
-Each public method is what one route calls: it resolves the request against the stage's
-declared defaults, optionally rewrites the prompt, relays to the stage and keeps the job record
-(through `JobLedger`, api/jobs/ledger.py). A video job's relay task consumes the stage's reply
-stream and writes every state change to the record store.
+Each public method is what one route calls, with one validated `MediaRequest` (read in one pass
+by api/jobs/inputs.py against `request_context()`): it optionally rewrites the prompt, relays to
+the stage and keeps the job record (through `JobLedger`, api/jobs/ledger.py). A video job's
+relay task owns the live record in memory (`live`; reads of a live job see it) and the record
+store keeps the durable copy: every status change is written, progress at most once a second.
 """
 
 from __future__ import annotations
@@ -14,16 +15,14 @@ import logging
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
 
-from worldserve.api.jobs import cosmos3
 from worldserve.api.jobs.enhancer import PromptEnhancer, maybe_enhance
-from worldserve.api.jobs.inputs import VideoInputs
+from worldserve.api.jobs.inputs import RequestContext
 from worldserve.api.jobs.ledger import JobLedger
-from worldserve.api.jobs.params import ResolvedRequest, resolve_image, resolve_video
+from worldserve.api.jobs.params import MediaRequest
 from worldserve.api.jobs.records import JobRecord, JobStatus
 from worldserve.api.retry_after import SlotClock
 from worldserve.api.runtime import ServerRuntime
 from worldserve.api.schemas.actions import ActionEnvelope
-from worldserve.api.schemas.images import ImageGenerationRequest
 from worldserve.errors import (
     CapacityExceeded,
     InternalError,
@@ -33,7 +32,6 @@ from worldserve.errors import (
     WorldserveError,
 )
 from worldserve.ipc.capabilities import (
-    ActionHeadCapabilities,
     GenerationCapabilities,
     capabilities_as,
 )
@@ -74,6 +72,7 @@ class MediaService:
             id_tag=runtime.id_tag,
         )
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.live: dict[str, JobRecord] = {}  # video jobs being relayed: the records they own
         self.in_flight = 0
         self.slots = SlotClock()  # how long admission slots are held: the 503's Retry-After
         self.ledger.recover()
@@ -87,15 +86,10 @@ class MediaService:
         info = self.client().info
         return capabilities_as(info.capabilities if info else None, GenerationCapabilities)
 
-    def action_capabilities(self) -> ActionHeadCapabilities:
-        caps = self.capabilities().actions
-        if caps is None:
-            raise NotFound(
-                f"model '{self.model_name()}' has no action head: action generation "
-                "is not available on this server (the checkpoint needs an "
-                "action_head/ folder)"
-            )
-        return caps
+    def request_context(self) -> RequestContext:
+        """What a request is read and validated against (api/jobs/inputs.py)."""
+        return RequestContext(self.policy, self.runtime.config.max_upload_bytes,
+                              self.capabilities())
 
     def model_name(self) -> str:
         info = self.client().info
@@ -121,14 +115,14 @@ class MediaService:
 
     # ------------------------------------------------------------------ relaying
 
-    def _message(self, record_id: str, resolved: ResolvedRequest) -> GenerateMedia:
+    def _message(self, record_id: str, request: MediaRequest) -> GenerateMedia:
         return GenerateMedia(
             request_id=new_request_id("gen"),
-            params=resolved.params,
+            params=request.params,
             output_stem=record_id,
-            output_format=resolved.output_format,
-            fps=resolved.fps,
-            compression=resolved.compression,
+            output_format=request.output_format,
+            fps=request.fps,
+            compression=request.compression,
         )
 
     async def _open(self, msg: GenerateMedia) -> tuple[Opened, GenerationAccepted]:
@@ -167,38 +161,31 @@ class MediaService:
                 ) from None
             yield reply
 
-    async def _resolved_prompt(
-        self, resolved: ResolvedRequest, enhance: bool | None, images: list[bytes]
-    ) -> ResolvedRequest:
-        resolved.params.prompt = await maybe_enhance(self.enhancer, enhance, resolved.params.prompt)
-        resolved.params.condition_images = images
-        return resolved
+    async def _enhance(self, request: MediaRequest) -> None:
+        if request.enhance_prompt:
+            params = request.params
+            params.prompt = await maybe_enhance(self.enhancer, True, params.prompt)
 
     # ------------------------------------------------------------------ images
 
-    async def generate_images(
-        self, body: ImageGenerationRequest, images: list[bytes], *, default_response_format: str
-    ) -> JobRecord:
+    async def generate_images(self, request: MediaRequest) -> JobRecord:
         """Run a synchronous image request; returns its completed record."""
-        resolved = resolve_image(
-            body, self.capabilities().defaults, default_response_format=default_response_format
-        )
-        resolved = await self._resolved_prompt(resolved, body.enhance_prompt, images)
+        await self._enhance(request)
         with self.admit():
-            return await self._run_images(resolved, len(images))
+            return await self._run_images(request)
 
-    async def _run_images(self, resolved: ResolvedRequest, num_input_images: int) -> JobRecord:
+    async def _run_images(self, request: MediaRequest) -> JobRecord:
         record = self.ledger.new(
             "image",
-            resolved,
+            request,
             status=JobStatus.IN_PROGRESS,
-            num_input_images=num_input_images,
-            response_format=resolved.response_format,
+            num_input_images=len(request.params.condition_images),
+            response_format=request.response_format,
         )
         self.ledger.insert(record)
         opened = None
         try:
-            opened, _ = await self._open(self._message(record.id, resolved))
+            opened, _ = await self._open(self._message(record.id, request))
             async for reply in self._replies(opened):
                 if isinstance(reply, GenerationResult):
                     self.ledger.complete(record, reply)
@@ -238,7 +225,7 @@ class MediaService:
         return result
 
     async def generate_data(self, params: GenerationParams) -> GenerationResult:
-        """A data-only generation (Cosmos3 actions): no file, the result carries the data.
+        """A data-only generation (world-model actions): no file, the result carries the data.
         Interleaves with media requests like any other; a client that goes away cancels it."""
         msg = GenerateMedia(request_id=new_request_id("act"), params=params,
                             output_stem="actions", output_format=NO_FILE)
@@ -254,23 +241,20 @@ class MediaService:
 
     # ------------------------------------------------------------------ videos
 
-    async def create_video(self, inputs: VideoInputs) -> JobRecord:
-        body, caps = inputs.body, self.capabilities()
-        cosmos3.refuse_for_other_models(body, caps)
-        resolved = resolve_video(body, caps.defaults)
-        cosmos3.apply_video_fields(resolved.params, body, caps, resolved.fps)
-        resolved.params.condition_video = inputs.video
-        resolved = await self._resolved_prompt(resolved, body.enhance_prompt, inputs.images[:1])
-        record = self.ledger.new("video", resolved, model=body.model or DEFAULT_VIDEO_MODEL,
-                                 action=cosmos3.job_action(resolved.params.action, caps))
+    async def create_video(self, request: MediaRequest) -> JobRecord:
+        """Queue a video job; returns its record once the stage accepted it."""
+        await self._enhance(request)
+        record = self.ledger.new("video", request, model=request.model or DEFAULT_VIDEO_MODEL,
+                                 action=request.action)
         with self.admit(measured=False):
-            msg = self._message(record.id, resolved)
+            msg = self._message(record.id, request)
             opened, accepted = await self._open(msg)
         record.stage_request_id = msg.request_id
         record.size = f"{accepted.width}x{accepted.height}"
         record.num_frames = accepted.num_frames
-        record.seconds = str(round(accepted.num_frames / max(1, resolved.fps)))
+        record.seconds = str(round(accepted.num_frames / max(1, request.fps)))
         self.ledger.insert(record)
+        self.live[record.id] = record
         self.in_flight += 1  # a live job holds an admission slot until it ends
         self.tasks[record.id] = asyncio.get_running_loop().create_task(
             self._run_video(record, opened, self.slots.hold())
@@ -280,8 +264,8 @@ class MediaService:
     async def _run_video(self, record: JobRecord, opened: Opened, slot: int) -> None:
         try:
             async for reply in self._replies(opened):
-                if not self.ledger.refresh(record):
-                    break
+                if self.live.get(record.id) is not record:
+                    break  # deleted: nothing is left to update
                 if isinstance(reply, GenerationProgress):
                     self.ledger.progress(record, reply.progress)
                 elif isinstance(reply, GenerationResult):
@@ -292,15 +276,18 @@ class MediaService:
             self.ledger.fail(record, exc)
         except Exception as exc:  # the relay must always leave the job terminal
             log.exception("video job %s relay failed", record.id)
-            self.ledger.fail(record, InternalError(str(exc)))
+            self.ledger.fail(record, InternalError(f"the job relay failed ({type(exc).__name__})"))
         finally:
             opened[0].cancel()
             self.in_flight -= 1
             self.slots.release(slot)
             self.tasks.pop(record.id, None)
+            if self.live.get(record.id) is record:
+                del self.live[record.id]
 
     def get_video(self, video_id: str) -> JobRecord:
-        record = self.ledger.get(video_id, "video")
+        """The live record of a job being relayed, else the stored one."""
+        record = self.live.get(video_id) or self.ledger.get(video_id, "video")
         if record is None:
             raise NotFound("Video not found", param="video_id")
         return record
@@ -308,7 +295,8 @@ class MediaService:
     def list_videos(
         self, after: str | None, limit: int, descending: bool
     ) -> tuple[list[JobRecord], bool]:
-        return self.ledger.page("video", after, limit, descending)
+        records, has_more = self.ledger.page("video", after, limit, descending)
+        return [self.live.get(record.id, record) for record in records], has_more
 
     async def delete_video(self, video_id: str) -> JobRecord:
         record = self.get_video(video_id)
@@ -322,6 +310,7 @@ class MediaService:
                     log.warning(
                         "stage did not confirm cancelling %s in time; removing it", video_id
                     )
+        self.live.pop(video_id, None)
         self.ledger.remove(record)
         return record
 
@@ -384,7 +373,7 @@ class MediaService:
         """Orderly shutdown: live jobs become `cancelled` after the stage was asked to stop them."""
         self.ledger.stop_sweeper()
         for video_id, task in list(self.tasks.items()):
-            record = self.ledger.get(video_id, "video")
+            record = self.live.get(video_id)
             if record is not None and record.status.is_live:
                 self._cancel_on_stage(record)
                 self.ledger.cancel(record, "server shut down before the job finished")

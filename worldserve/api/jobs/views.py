@@ -14,9 +14,19 @@ from typing import Any
 
 import msgspec
 from starlette.requests import HTTPConnection
+from starlette.responses import Response
 
 from worldserve.api.jobs.records import JobRecord, JobStatus
 from worldserve.config import ServerConfig
+
+WARNING_HEADER = "X-Worldserve-Warning"
+
+
+def warn(response: Response, warnings: list[str]) -> None:
+    """One `X-Worldserve-Warning` header per thing the server ignored or changed (values are
+    ASCII: field names are quoted with `ascii()`)."""
+    for warning in warnings:
+        response.headers.append(WARNING_HEADER, warning)
 
 
 def public_base_url(connection: HTTPConnection, config: ServerConfig) -> str:

@@ -1,21 +1,22 @@
 """Video job routes (spec native-media.md §4): create, list, retrieve, content, delete.
 
-Each route parses (api/jobs/inputs.py), makes one MediaService call, and renders the record
-(api/jobs/views.py).
+Each route reads its request in one pass (api/jobs/inputs.py), makes one MediaService call,
+and renders the record (api/jobs/views.py), with what the server changed or ignored in
+`X-Worldserve-Warning`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse
 
 from worldserve.api.errors import NativeRoute
-from worldserve.api.jobs.inputs import read_video_request
+from worldserve.api.jobs.inputs import read_video
 from worldserve.api.jobs.records import JobRecord
 from worldserve.api.jobs.service import MediaService
-from worldserve.api.jobs.views import job_list, job_object, public_base_url
+from worldserve.api.jobs.views import job_list, job_object, public_base_url, warn
 from worldserve.api.services import ApiServices, media_service
 from worldserve.errors import InvalidRequest
 
@@ -43,13 +44,11 @@ def _view(request: Request, service: MediaService, record: JobRecord) -> dict[st
 
 
 @router.post("/v1/videos")
-async def create(request: Request) -> dict[str, Any]:
+async def create(request: Request, response: Response) -> dict[str, Any]:
     service = _service(request)
-    inputs = await read_video_request(
-        request, service.policy, service.runtime.config.max_upload_bytes,
-        service.capabilities().video_conditioning,
-    )
-    return _view(request, service, await service.create_video(inputs))
+    video = await read_video(request, service.request_context())
+    warn(response, video.warnings)
+    return _view(request, service, await service.create_video(video))
 
 
 def _page_params(limit: str | None, order: str | None) -> tuple[int, Literal["asc", "desc"]]:

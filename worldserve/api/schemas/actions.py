@@ -22,15 +22,17 @@ from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import LoraRef
 
 REFUSED_DTYPE_KINDS = "OVMm"
+MAX_ACTION_HORIZON = 1024  # an action run's clip has horizon + 1 frames (videos: 1025 at most)
+MAX_SEED = 2**63 - 1 - 16  # seeds are signed 64-bit; `seed + i` for each of 16 candidates
 
 
 class ActionParameters(BaseModel):
-    # extra="allow": Cosmos3 parameters reach models that declare them (spec §0.3).
+    # extra="allow": world-model parameters reach models that declare them (spec §0.3).
     model_config = ConfigDict(extra="allow")
     num_inference_steps: int | None = Field(default=None, gt=0, le=1000)
-    action_horizon: int | None = Field(default=None, gt=0)
+    action_horizon: int | None = Field(default=None, gt=0, le=MAX_ACTION_HORIZON)
     action_dim: int | None = Field(default=None, gt=0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-MAX_SEED, le=MAX_SEED)
     candidate_count: int | None = Field(default=None, ge=1, le=16)
     candidate_reducer: Literal["mean"] | None = None
     return_candidates: bool | None = False

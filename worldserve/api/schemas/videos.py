@@ -21,7 +21,7 @@ class VideoCreateRequest(SamplingFields):
     enable_frame_interpolation: bool | None = False
     frame_interpolation_exp: int | None = 1
     frame_interpolation_scale: float | None = 1.0
-    # Cosmos3 fields (spec §4.1); the generation stage checks them against the checkpoint.
+    # Fields a model must declare (spec §4.1 "Cosmos3 fields"): api/jobs/params.py.
     generate_sound: bool | None = None
     sound_duration: float | None = None
     condition_frame_indexes: list[int] | None = None

@@ -19,6 +19,7 @@ from starlette.requests import Request
 
 from worldserve.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
 from worldserve.media.frame_limits import MAX_FRAME_BYTES, check_frame_pixels, frame_too_large
+from worldserve.media.images import decode_failure
 
 # base64 of 8 MiB plus a JSON envelope (spec section 5.2)
 MAX_JSON_FRAME_BYTES = 11_184_812 + 4096
@@ -51,7 +52,7 @@ def check_frame(data: bytes) -> str:
     except Image.DecompressionBombError as exc:
         raise PayloadTooLarge(f"frame too large: {exc}") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        raise InvalidRequest(f"invalid {fmt} image: {exc}") from None
+        raise InvalidRequest(f"invalid {fmt} image: {decode_failure(exc)}") from None
     check_frame_pixels(width, height)
     return fmt
 

@@ -165,6 +165,7 @@ class GenerationAdmin:
             "memory": "released" if self.released else "resident",
             "memory_release": isinstance(runner, OffloadRunner),
             "paused": self.paused,
+            "rank_group": described.get("rank_group"),  # stages.generation.parallel: the ranks
         }
 
     def _lora(self) -> LoraRunner:

@@ -45,7 +45,6 @@ from worldserve.engines.generation.warmup import WarmupPlan
 from worldserve.enhancer_config import load_enhancer_config
 from worldserve.errors import InternalError, InvalidRequest, WorldserveError
 from worldserve.ipc.capabilities import (
-    ActionGenerationCapabilities,
     ActionHeadCapabilities,
     GenerationCapabilities,
     GenerationDefaults,
@@ -62,7 +61,7 @@ from worldserve.ipc.messages import (
     Request,
 )
 from worldserve.models import registry
-from worldserve.models.types import RunnerFeatures
+from worldserve.models.types import feature_capabilities
 from worldserve.runtime.engine import EngineState, ReplyFn
 
 log = logging.getLogger("worldserve.generation")
@@ -114,7 +113,7 @@ class GenerationEngine:
             max_input_images=4,
             output_dir=str(self.output_dir),
             actions=ActionHeadCapabilities(**self.actions.metadata()) if self.actions else None,
-            **_feature_capabilities(self.runner.features),
+            **feature_capabilities(self.runner.features, action_head=self.actions is not None),
         )
 
     def state(self) -> EngineState:
@@ -396,20 +395,6 @@ def _rows_per_batch(config: GenerationStageConfig, runner: GenerationRunner) -> 
     if runner.max_batch_size is None:
         return config.max_batch_size
     return max(1, min(config.max_batch_size, runner.max_batch_size))
-
-
-def _feature_capabilities(features: RunnerFeatures) -> dict[str, Any]:
-    """The runner's features as GenerationCapabilities fields."""
-    actions = None
-    if features.action_generation and features.padded_action_dim is not None:
-        actions = ActionGenerationCapabilities(
-            padded_action_dim=features.padded_action_dim,
-            domains=dict(features.action_domains or {}),
-            domain_ids=dict(features.action_domain_ids or {}))
-    return {"family": features.family, "image_edits": features.image_edits,
-            "exact_num_frames": features.exact_num_frames, "sound": features.sound,
-            "sound_sample_rate": features.sound_sample_rate,
-            "video_conditioning": features.video_conditioning, "action_generation": actions}
 
 
 def _load_actions(path: Path) -> ActionRunner | None:

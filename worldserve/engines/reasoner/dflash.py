@@ -5,7 +5,7 @@
 (prefill, re-prefill, decode, batched decode) records the tapped hidden states of the tokens it
 appended, and every eviction, truncation (rejected drafts) and reset of the target cache is
 applied to the drafter cache with the same indices. `DFlashProposer` then drafts from that
-cache; verification is the engine's (decoding.verify), the same as for n-gram drafts.
+cache; verification is the engine's (execute.StepRunner), the same as for n-gram drafts.
 """
 
 from __future__ import annotations
@@ -81,10 +81,10 @@ class DFlashRunner:
     def new_kv(self) -> DFlashKV:
         return DFlashKV(self.inner.new_kv(), self.drafter.new_state())
 
-    def forward(self, kv: DFlashKV, ids: list[int], images: Any = None, encoded: Any = None,
+    def forward(self, kv: DFlashKV, ids: list[int], media: Any = None, encoded: Any = None,
                 num_logits: int = 1) -> Any:
         with self.drafter.tap.capture() as seen:
-            logits = self.inner.forward(kv.inner, ids, images, encoded, num_logits)
+            logits = self.inner.forward(kv.inner, ids, media, encoded, num_logits)
         kv.appended({i: h[:, -len(ids):] for i, h in seen.items()}, len(ids))
         return logits
 
@@ -97,9 +97,9 @@ class DFlashRunner:
         return logits
 
     def forward_prefill_batch(self, kvs: list[DFlashKV], ids: list[list[int]],
-                              images: list[list[Any]]) -> list[Any]:
+                              media: list[list[Any]]) -> list[Any]:
         """One forward per chunk: the drafter records each chunk's hidden states."""
-        return [self.forward(kv, chunk, imgs)[-1] for kv, chunk, imgs in zip(kvs, ids, images)]
+        return [self.forward(kv, chunk, items)[-1] for kv, chunk, items in zip(kvs, ids, media)]
 
 
 class DFlashProposer:

@@ -1,8 +1,11 @@
-"""Reasoner stage engine (`hf` backend): Qwen-VL family models through transformers.
+"""Reasoner stage engine (`hf` backend): a vision-language model family through its runner.
 
 Live sessions keep a per-session KV cache (spec streaming-reasoning.md sections 10-13); chat
-completions run on a fresh cache. `step()` runs one unit of one job, round-robin over jobs,
-so a long prefill of one session delays another by at most one unit.
+completions run on a fresh cache. `step()` is schedule -> execute -> update: one unit of one job
+(or one batched prefill or decode step of several), round-robin over jobs, so a long prefill of
+one session delays another by at most one unit. `_execute` turns the scheduled jobs into typed
+rows for the step runner (`execute.py`, the only caller of the runner) and hands each job what
+its step produced.
 """
 
 from __future__ import annotations
@@ -12,13 +15,12 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-import torch
-
 from worldserve.config import ReasonerStageConfig, ServerConfig
 from worldserve.engines.common import ModelLoadError, model_dir, served_model_name, unsupported
 from worldserve.engines.reasoner import admission, dflash
 from worldserve.engines.reasoner.contract import ReasonerRunner
-from worldserve.engines.reasoner.decoding import NgramProposer, Proposer, sample_rows
+from worldserve.engines.reasoner.decoding import NgramProposer, Proposer
+from worldserve.engines.reasoner.execute import StepRunner
 from worldserve.engines.reasoner.guided import GrammarFactory
 from worldserve.engines.reasoner.jobs import ChatJob, EngineContext, FrameJob
 from worldserve.engines.reasoner.prompt import PromptBuilder
@@ -57,13 +59,15 @@ class ReasonerEngine:
             proposer = NgramProposer(stage_config.streaming.spec_num_tokens)
         self.config = stage_config
         self.runner = runner
+        self.steps = StepRunner(runner, proposer)
+        self.decode_path = self.steps.configure_decode(stage_config.static_decode,
+                                                       stage_config.compile_decode)
         self.model = runner.model
         self.model_name = served_model_name(stage_config, path)
         self.model_path = str(path)
         self.num_params = runner.num_params
-        self.prompts = PromptBuilder(runner.tokenizer, runner.image_processor,
-                                     runner.chat_template)
-        p = self.runner.max_position_embeddings
+        self.prompts = PromptBuilder(runner.tokenizer, runner.chat_template, runner.prompting)
+        p = runner.max_position_embeddings
         m = stage_config.max_model_len or p or 4096
         self.model_limits = admission.ModelLimits(m, p or m)
         self.limits = admission.streaming_limits(stage_config.streaming)
@@ -78,16 +82,17 @@ class ReasonerEngine:
                 f"stages.reasoner.streaming: the server retention policy can never be admitted "
                 f"for this model: {exc.message}") from None
         self.ctx = EngineContext(
-            runner=self.runner, tokenizer=runner.tokenizer, stop_ids=self._stop_ids(runner),
-            grammars=GrammarFactory(runner.tokenizer, self.runner.vocab_size), proposer=proposer,
-            max_model_len=m, max_position_embeddings=p or m,
-            max_prefill_tokens=stage_config.max_prefill_tokens,
+            tokenizer=runner.tokenizer, stop_ids=self._stop_ids(runner),
+            grammars=GrammarFactory(runner.tokenizer, runner.vocab_size),
+            vocab_size=runner.vocab_size, device=runner.device, max_model_len=m,
+            max_position_embeddings=p or m, max_prefill_tokens=stage_config.max_prefill_tokens,
             banned_ids=self.prompts.placeholder_ids,
         )
         self.sessions: dict[str, KVSession] = {}
         # Dead sessions moved out of capacity accounting: id -> frames, until CloseSession.
         self._tombstones: OrderedDict[str, int] = OrderedDict()
         self.scheduler = ReasonerScheduler(stage_config.batch_decode)
+        log.info("reasoner decode path: %s", self.decode_path)
         if stage_config.warmup_mode == "server":
             self._warmup()
 
@@ -145,12 +150,14 @@ class ReasonerEngine:
         running = self.scheduler.num_started()
         live = sum(1 for s in self.sessions.values() if s.state is not KVSessionState.DEAD)
         extra: dict[str, Any] = {"forwards": self.runner.num_forwards,
+                                 "decode_path": self.decode_path,
                                  "kv_tokens": sum(len(s.kv) for s in self.sessions.values()
                                                   if s.kv is not None)}
-        if self.ctx.proposer is not None:
-            extra["spec_drafted"] = self.ctx.proposer.num_drafted
-            extra["spec_accepted"] = self.ctx.proposer.num_accepted
-            extra["spec_steps"] = self.ctx.proposer.num_steps
+        proposer = self.steps.proposer
+        if proposer is not None:
+            extra["spec_drafted"] = proposer.num_drafted
+            extra["spec_accepted"] = proposer.num_accepted
+            extra["spec_steps"] = proposer.num_steps
         return {"queue_depth": len(self.scheduler) - running, "running": running, "sessions": live,
                 "extra": extra}
 
@@ -180,7 +187,7 @@ class ReasonerEngine:
         admission.check_capacity(live, req.retention.max_video_segments, self.limits)
         self.sessions[req.session_id] = KVSession(
             req.session_id, req.system_prompt, req.question, req.retention, req.sampling, grammar,
-            self.runner.new_kv())
+            self.steps.new_kv(), self.ctx.device)
         return SessionCreated(request_id=req.request_id, session_id=req.session_id,
                               retention=req.retention, sampling=req.sampling)
 
@@ -230,22 +237,22 @@ class ReasonerEngine:
 
     def _chat(self, req: ChatCompletion, reply: ReplyFn) -> None:
         grammar = self.ctx.grammars.compile(req.sampling)
-        messages, images = [], []
+        messages, media = [], []
         for message in req.messages:
             content: list[dict] = []
             for part in message.parts:
                 if part.type == "image" and part.image is not None:
                     content.append({"type": "image"})
-                    images.append(part.image)
+                    media.append(self.prompts.prompting.read_image(part.image))
                 elif part.type == "text":
                     content.append({"type": "text", "text": part.text or ""})
             messages.append({"role": message.role, "content": content})
-        prompt = self.prompts.chat_prompt(messages, images)
+        prompt = self.prompts.chat_prompt(messages, media)
         if len(prompt.input_ids) + req.sampling.max_tokens > self.model_limits.max_model_len:
             raise InvalidRequest(
                 f"prompt ({len(prompt.input_ids)} tokens) + max_tokens ({req.sampling.max_tokens})"
                 f" exceeds the model context length ({self.model_limits.max_model_len})")
-        self.scheduler.add(ChatJob(req, prompt, grammar, reply, self.ctx))
+        self.scheduler.add(ChatJob(req, prompt, grammar, reply, self.ctx, self.steps.new_kv()))
 
     def cancel(self, request_id: str) -> None:
         for job in self.scheduler.remove_where(lambda j: j.request_id == request_id):
@@ -257,69 +264,71 @@ class ReasonerEngine:
         return len(self.scheduler) > 0
 
     def step(self) -> None:
-        """schedule -> execute -> update: one unit of the head job (or one batched decode step
-        of several decoding jobs); unfinished jobs go back to the end of the queue."""
+        """schedule -> execute -> update: one unit of the head job (or one batched step of
+        several jobs); unfinished jobs go back to the end of the queue."""
         batch = self.scheduler.schedule()
         if batch is None:
             return
         try:
             self._execute(batch)
         except Exception as exc:  # a failing request must not take the stage down
-            self._failed(batch, exc)
+            self._failed(batch.jobs, exc)
         self.scheduler.update(batch)
 
     def _execute(self, batch: ReasonerBatch) -> None:
-        if batch.batched_decode:
-            self._decode_batch(batch.jobs)
-        elif batch.batched_prefill:
-            self._prefill_batch(batch.jobs)
+        """Rows in, tokens out: a decode step of decoding jobs, else a prefill step."""
+        start = time.perf_counter()
+        if batch.jobs[0].phase is JobPhase.DECODE:
+            jobs: list[Any] = batch.jobs
+            tokens = self.steps.decode([job.decode_row() for job in jobs])
+            self._finish(jobs, [(job, token) for job, token in zip(jobs, tokens)], start)
         else:
-            batch.jobs[0].step()
+            self._prefill(batch.jobs, start)
 
-    def _failed(self, batch: ReasonerBatch, exc: Exception) -> None:
-        if not isinstance(exc, (Conflict, NotFound, InvalidRequest)):
-            log.exception("request(s) %s failed", [j.request_id for j in batch.jobs])
-        for job in batch.jobs:
-            if job.phase is not JobPhase.DONE:
-                job.fail(exc)
-
-    def _prefill_batch(self, jobs: list[Any]) -> None:
-        """The next prefill group of several new frames in one forward (one vision-tower call
-        for their images). A frame that cannot start fails alone; a re-prefill runs alone."""
-        inputs = []
+    def _prefill(self, jobs: list[Any], start: float) -> None:
+        """The next prefill group of every job: new frames together in one forward, a
+        re-prefill or a chat prompt alone. A frame that cannot start fails alone."""
+        ready = []
         for job in jobs:
             try:
-                got = job.prefill_input()
-                if got is None:
-                    job.step()
+                if job.phase is JobPhase.QUEUED:
+                    self.steps.apply(job.kv, job.start())
+                ready.append(job)
             except Exception as exc:
-                self._failed(ReasonerBatch([job]), exc)
-                continue
-            if got is not None:
-                inputs.append((job, got))
-        if not inputs:
-            return
-        start = time.perf_counter()
-        kvs, ids, images = zip(*(got for _, got in inputs))
-        logits = self.runner.forward_prefill_batch(list(kvs), list(ids), list(images))
-        share = (time.perf_counter() - start) / len(inputs)
-        for (job, _), row in zip(inputs, logits):
-            job.apply_prefill(row, share)
+                if len(jobs) == 1:
+                    raise
+                self._failed([job], exc)
+        together = [job for job in ready if job.batchable_prefill]
+        groups = [together] if together else []
+        groups += [[job] for job in ready if not job.batchable_prefill]
+        done = []
+        for group in groups:
+            rows = [job.prefill_row() for job in group]
+            logits = self.steps.prefill(rows)
+            done += [(job, row_logits) for job, row, row_logits in zip(group, rows, logits)
+                     if job.prefilled(row)]
+        tokens = self.steps.first_tokens([job.decoder for job, _ in done],
+                                         [row_logits for _, row_logits in done]) if done else []
+        self._finish(ready, [(job, token) for (job, _), token in zip(done, tokens)], start)
 
-    def _decode_batch(self, jobs: list[Any]) -> None:
-        """One decode step (with its drafts, if speculating) of every job, in one forward;
-        every job's first position is sampled in one batched call."""
-        start = time.perf_counter()
-        kvs, fed = zip(*(j.batch_input() for j in jobs))
-        logits = self.runner.forward_decode_batch(list(kvs), list(fed))
-        firsts = sample_rows([j.decoder for j in jobs], torch.stack([row[0] for row in logits]))
-        share = (time.perf_counter() - start) / len(jobs)
-        for row, first, j in zip(logits, firsts, jobs):
-            j.apply_logits(row, share, first)
+    @staticmethod
+    def _finish(jobs: list[Any], sampled: list[tuple[Any, int]], start: float) -> None:
+        """Each job's share of the step's time, then its sampled token."""
+        share = (time.perf_counter() - start) / max(len(jobs), 1)
+        for job in jobs:
+            job.add_time(share)
+        for job, token in sampled:
+            job.accepted(token)
+
+    def _failed(self, jobs: list[Any], exc: Exception) -> None:
+        if not isinstance(exc, (Conflict, NotFound, InvalidRequest)):
+            log.exception("request(s) %s failed", [j.request_id for j in jobs])
+        for job in jobs:
+            if job.phase is not JobPhase.DONE:
+                job.fail(exc)
 
     def shutdown(self) -> None:
         self.scheduler.clear()
         for session in self.sessions.values():
             session.kill()
         self.sessions.clear()
-

@@ -1,7 +1,10 @@
-"""Units of engine work: a session frame and a one-shot chat completion.
+"""Units of engine work: a session frame and a one-shot chat completion, as state and
+transitions.
 
-Each job's `step()` does one bounded unit (one prefill group or one decode step) so the
-engine can round-robin between jobs. Jobs reply through the stage's reply function.
+A job says what its next step needs (`prefill_row()` / `decode_row()`, typed rows of
+`execute.py`) and takes what the step produced (`prefilled`, `accepted`); it never calls the
+runner. Each engine step runs one bounded unit of a job (one prefill group or one decode step),
+so the engine can round-robin between jobs. Jobs reply through the stage's reply function.
 """
 
 from __future__ import annotations
@@ -12,18 +15,12 @@ from typing import Any
 
 import torch
 
-from worldserve.engines.reasoner.contract import ReasonerRunner, SequenceKV
-from worldserve.engines.reasoner.decoding import (
-    Proposer,
-    ReplyDecoder,
-    decode_step,
-    propose,
-    verify,
-)
+from worldserve.engines.reasoner.decoding import ReplyDecoder
+from worldserve.engines.reasoner.execute import DecodeRow, PrefillRow
 from worldserve.engines.reasoner.guided import GrammarFactory
 from worldserve.engines.reasoner.prompt import ChatPrompt, FrameChunk
 from worldserve.engines.reasoner.scheduler import JobPhase
-from worldserve.engines.reasoner.session import KVSession
+from worldserve.engines.reasoner.session import CacheOps, KVSession, PrefillGroup
 from worldserve.errors import InvalidRequest, WorldserveError
 from worldserve.ipc.messages import (
     ChatCompletion,
@@ -31,6 +28,7 @@ from worldserve.ipc.messages import (
     ChatResult,
     ErrorReply,
     FrameResult,
+    ReasonerSampling,
     SessionFrame,
 )
 from worldserve.runtime.engine import ReplyFn
@@ -40,15 +38,21 @@ from worldserve.runtime.engine import ReplyFn
 class EngineContext:
     """What every job needs from the engine (one per engine)."""
 
-    runner: ReasonerRunner
     tokenizer: Any
     stop_ids: set[int]
     grammars: GrammarFactory
-    proposer: Proposer | None
+    vocab_size: int
+    device: Any  # where the runner leaves logits: decoders keep their state there
     max_model_len: int
     max_position_embeddings: int
     max_prefill_tokens: int
     banned_ids: tuple[int, ...] = ()
+
+    def decoder(self, sampling: ReasonerSampling, context_ids: list[int],
+                generator: torch.Generator, grammar: str | None) -> ReplyDecoder:
+        guide = self.grammars.matcher(grammar) if grammar else None
+        return ReplyDecoder(sampling, context_ids, self.stop_ids, self.tokenizer, self.vocab_size,
+                            generator, guide, self.banned_ids, self.device)
 
 
 class FrameJob:
@@ -71,106 +75,72 @@ class FrameJob:
         self.first_text_at: float | None = None
         self.decoder: ReplyDecoder | None = None
         self.pending = 0
-        self._fed: list[int] = []
-        self._group: list[Any] = []  # the segments of a batched prefill group
+        self._group: PrefillGroup | None = None
 
-    def step(self) -> None:
-        t0 = time.perf_counter()
-        try:
-            if self.phase is JobPhase.QUEUED:
-                self._start()
-            if self.phase is JobPhase.PREFILL:
-                self._prefill()
-            elif self.phase is JobPhase.DECODE:
-                assert self.decoder is not None and self.session.kv is not None
-                self.pending = decode_step(self.ctx.runner, self.session.kv, self.decoder,
-                                           self.pending, self.ctx.proposer)
-                self._after_token()
-        finally:
-            self.engine_s += time.perf_counter() - t0
-
-    def batch_input(self) -> tuple[SequenceKV, list[int]]:
-        """(cache, tokens to feed) for a batched decode step (phase DECODE only)."""
-        assert self.session.kv is not None and self.decoder is not None
-        self._fed = propose(self.session.kv, self.decoder, self.pending, self.ctx.proposer)
-        return self.session.kv, self._fed
-
-    def apply_logits(self, logits: torch.Tensor, engine_s: float, first: int) -> None:
-        """Finish a batched decode step from this job's logits rows (one per fed token) and
-        the token already sampled from the first row."""
-        assert self.decoder is not None and self.session.kv is not None
-        self.engine_s += engine_s
-        self.pending = verify(self.session.kv, self.decoder, self._fed, logits,
-                              self.ctx.proposer, first)
-        self._after_token()
-
-    def _start(self) -> None:
-        self.started = time.time()
-        session, r = self.session, self.session.retention
-        try:
-            self.evicted = session.add_chunk(self.chunk, session.sampling.max_tokens,
-                                             self.ctx.max_model_len)
-        except InvalidRequest:
-            session.end_frame()  # the frame is discarded; the session stays usable
-            raise
-        if session.needs_reprefill(r.reprefill_threshold * self.ctx.max_position_embeddings):
-            session.reset_cache()
-            self.reprefill_s = 0.0
-        self.phase = JobPhase.PREFILL
+    @property
+    def kv(self) -> Any:
+        return self.session.kv
 
     @property
     def batchable_prefill(self) -> bool:
-        """A new frame's prefill that may share a forward with others' (`prefill_input`);
-        a re-prefill runs on its own (it reuses the retained frames' image encodings)."""
+        """A new frame's prefill that may share a forward with others'; a re-prefill runs on
+        its own (it reuses the retained frames' image encodings)."""
         return self.phase is JobPhase.QUEUED or (self.phase is JobPhase.PREFILL
                                                  and self.reprefill_s is None)
 
-    def prefill_input(self) -> tuple[SequenceKV, list[int], list[Any]] | None:
-        """(cache, ids, images) of this job's next prefill group for a batched prefill, or
-        None when it must run alone (`step()`): a re-prefill. Starts the frame if queued."""
-        t0 = time.perf_counter()
+    def start(self) -> CacheOps:
+        """QUEUED -> PREFILL: the frame's segments join the session; returns what the cache
+        must undergo first (evictions, a reset for re-prefill)."""
+        self.started = time.time()
+        session, r = self.session, self.session.retention
         try:
-            if self.phase is JobPhase.QUEUED:
-                self._start()
-        finally:
-            self.engine_s += time.perf_counter() - t0
-        if not self.batchable_prefill:
-            return None
-        assert self.session.kv is not None
-        self._group, ids, image_seg = self.session.next_group(self.ctx.max_prefill_tokens)
-        return self.session.kv, ids, [image_seg.image] if image_seg is not None else []
+            ops, self.evicted = session.add_chunk(
+                self.chunk, session.sampling.max_tokens, self.ctx.max_model_len,
+                r.reprefill_threshold * self.ctx.max_position_embeddings)
+        except InvalidRequest:
+            session.end_frame()  # the frame is discarded; the session stays usable
+            raise
+        if ops.reset:
+            self.reprefill_s = 0.0
+        self.phase = JobPhase.PREFILL
+        return ops
 
-    def apply_prefill(self, logits: torch.Tensor, engine_s: float) -> None:
-        """Finish a batched prefill group from its last position's logits (V,)."""
-        self.engine_s += engine_s
+    def prefill_row(self) -> PrefillRow:
+        """The next prefill group; a group with a new image keeps its encoding (re-prefill)."""
+        self._group = group = self.session.next_group(self.ctx.max_prefill_tokens)
+        seg = group.image_segment
+        if seg is None:
+            return PrefillRow(self.session.kv, group.ids, [])
+        return PrefillRow(self.session.kv, group.ids, [seg.image], seg.encoded, keep_encoded=True)
+
+    def prefilled(self, row: PrefillRow) -> bool:
+        """The group is cached. True when the whole frame is: the reply starts."""
+        assert self._group is not None
+        if row.keep_encoded and self._group.image_segment is not None:
+            self._group.image_segment.encoded = row.encoded
         self.session.mark_cached(self._group)
-        self._after_prefill_group(logits)
-
-    def _prefill(self) -> None:
-        t0 = time.perf_counter()
-        logits = self.session.prefill_next(self.ctx.runner, self.ctx.max_prefill_tokens)
-        if self.reprefill_s is not None:
-            self.reprefill_s += time.perf_counter() - t0
-        self._after_prefill_group(logits)
-
-    def _after_prefill_group(self, logits: torch.Tensor) -> None:
-        """After a prefill group: once the frame is cached, sample the reply's first token."""
+        if self.session.has_uncached():
+            return False
         session = self.session
-        if session.has_uncached():
-            return
-        assert session.kv is not None
         session.begin_reply()
-        guide = self.ctx.grammars.matcher(session.grammar) if session.grammar else None
-        self.decoder = ReplyDecoder(session.sampling, session.kv.ids, self.ctx.stop_ids,
-                                    self.ctx.tokenizer, self.ctx.runner.vocab_size,
-                                    session.generator, guide, self.ctx.banned_ids)
-        self.pending = self.decoder.sample(logits)
-        self.decoder.accept(self.pending)
-        self.phase = JobPhase.DECODE
-        self._after_token()
+        self.decoder = self.ctx.decoder(session.sampling, session.kv.ids, session.generator,
+                                        session.grammar)
+        return True
 
-    def _after_token(self) -> None:
+    def decode_row(self) -> DecodeRow:
         assert self.decoder is not None
+        return DecodeRow(self.session.kv, self.pending, self.decoder)
+
+    def add_time(self, engine_s: float) -> None:
+        self.engine_s += engine_s
+        if self.reprefill_s is not None and self.phase is JobPhase.PREFILL:
+            self.reprefill_s += engine_s
+
+    def accepted(self, token: int) -> None:
+        """The step sampled (and the decoder accepted) `token`: it is pending, not fed."""
+        assert self.decoder is not None
+        self.pending = token
+        self.phase = JobPhase.DECODE
         if self.first_text_at is None and self.decoder.text.strip():
             self.first_text_at = time.time()
         if self.decoder.finish_reason is None:
@@ -224,7 +194,7 @@ class ChatJob:
     batchable_prefill = False
 
     def __init__(self, request: ChatCompletion, prompt: ChatPrompt, grammar: str | None,
-                 reply: ReplyFn, ctx: EngineContext) -> None:
+                 reply: ReplyFn, ctx: EngineContext, kv: Any) -> None:
         self.request_id = request.request_id
         self.request = request
         self.prompt = prompt
@@ -232,43 +202,34 @@ class ChatJob:
         self.reply = reply
         self.ctx = ctx
         self.phase = JobPhase.PREFILL
-        self.kv = ctx.runner.new_kv()
-        self.generator = torch.Generator()
+        self.kv = kv
+        self.generator = torch.Generator(device=ctx.device)
         if request.sampling.seed is not None:
             self.generator.manual_seed(request.sampling.seed)
         else:
             self.generator.seed()
         self.decoder: ReplyDecoder | None = None
         self.pending = 0
-        self._fed: list[int] = []
         self.sent_chars = 0
 
-    def step(self) -> None:
-        ctx = self.ctx
-        if self.phase is JobPhase.PREFILL:
-            logits = ctx.runner.forward(self.kv, self.prompt.input_ids, self.prompt.images)[-1]
-            guide = ctx.grammars.matcher(self.grammar) if self.grammar else None
-            self.decoder = ReplyDecoder(self.request.sampling, self.prompt.input_ids, ctx.stop_ids,
-                                        ctx.tokenizer, ctx.runner.vocab_size, self.generator, guide,
-                                        ctx.banned_ids)
-            self.pending = self.decoder.sample(logits)
-            self.decoder.accept(self.pending)
-            self.phase = JobPhase.DECODE
-        else:
-            assert self.decoder is not None
-            self.pending = decode_step(ctx.runner, self.kv, self.decoder, self.pending,
-                                       ctx.proposer)
-        self._emit()
+    def prefill_row(self) -> PrefillRow:
+        return PrefillRow(self.kv, self.prompt.input_ids, self.prompt.media)
 
-    def batch_input(self) -> tuple[SequenceKV, list[int]]:
-        assert self.decoder is not None
-        self._fed = propose(self.kv, self.decoder, self.pending, self.ctx.proposer)
-        return self.kv, self._fed
+    def prefilled(self, row: PrefillRow) -> bool:
+        self.decoder = self.ctx.decoder(self.request.sampling, self.prompt.input_ids,
+                                        self.generator, self.grammar)
+        return True
 
-    def apply_logits(self, logits: torch.Tensor, engine_s: float, first: int) -> None:
+    def decode_row(self) -> DecodeRow:
         assert self.decoder is not None
-        self.pending = verify(self.kv, self.decoder, self._fed, logits, self.ctx.proposer,
-                              first)
+        return DecodeRow(self.kv, self.pending, self.decoder)
+
+    def add_time(self, engine_s: float) -> None:
+        """Chat replies report no engine time."""
+
+    def accepted(self, token: int) -> None:
+        self.pending = token
+        self.phase = JobPhase.DECODE
         self._emit()
 
     def _emit(self) -> None:

@@ -1,35 +1,32 @@
-"""Prompt construction per frame (spec streaming-reasoning.md section 10) and image input.
+"""Prompt construction per frame (spec streaming-reasoning.md section 10): chat-template
+rendering and turn splicing.
 
-Every turn is rendered through the checkpoint's own chat template; the only token ids the
-engine knows by name are the image placeholder and the end-of-turn ids, both read from the
-tokenizer and the template.
+Every turn is rendered through the checkpoint's own chat template with `{"type": "image"}` /
+`{"type": "video"}` parts; what those placeholders become (token counts, processor outputs) is
+the family's (`contract.VisionPrompting`). The only token ids the engine knows by name are the
+end-of-turn ids, read from the template.
 """
 
 from __future__ import annotations
 
-import io
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from PIL import Image
+from worldserve.engines.reasoner.contract import VisionPrompting
+from worldserve.models.types import VisionInput
 
-from worldserve.errors import InvalidRequest, PayloadTooLarge
-from worldserve.models.types import ImageInput
-
-IMAGE_PAD = "<|image_pad|>"
-VIDEO_PAD = "<|video_pad|>"
-MAX_FRAME_PIXELS = 4_194_304
 _MARK = "\u2063worldserve\u2063"  # a marker no real prompt contains
 
 
 @dataclass
 class FrameChunk:
     """The tokens one frame adds: `closing_ids` close the previous reply (they extend its
-    assistant_text segment); `turn_ids` are the new user turn plus the assistant prefix."""
+    assistant_text segment); `turn_ids` are the new user turn plus the assistant prefix.
+    `decode_ms`: reading the frame (image decode and preprocessing); `build_ms`: the turn."""
 
     turn_ids: list[int]
-    image: ImageInput
+    image: VisionInput
     closing_ids: list[int] = field(default_factory=list)
     decode_ms: float = 0.0
     build_ms: float = 0.0
@@ -38,39 +35,17 @@ class FrameChunk:
 @dataclass
 class ChatPrompt:
     input_ids: list[int]
-    images: list[ImageInput]
-
-
-def decode_image(data: bytes) -> Image.Image:
-    """JPEG/PNG bytes -> RGB image; anything else, or a corrupt file, is a 400."""
-    try:
-        image = Image.open(io.BytesIO(data))
-        if image.format not in ("JPEG", "PNG"):
-            raise InvalidRequest(f"unsupported image format {image.format!r}; send JPEG or PNG")
-        if image.width * image.height > MAX_FRAME_PIXELS:
-            raise PayloadTooLarge(
-                f"frame too large: {image.width}x{image.height} is above {MAX_FRAME_PIXELS} pixels"
-            )
-        return image.convert("RGB")
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        if isinstance(exc, InvalidRequest):
-            raise
-        raise InvalidRequest(f"invalid image: {exc}") from None
+    media: list[VisionInput]
 
 
 class PromptBuilder:
-    """Chat template rendering, placeholder expansion and tokenisation for one checkpoint."""
+    """Chat template rendering and turn splicing for one checkpoint."""
 
-    def __init__(self, tokenizer: Any, image_processor: Any, chat_template: str) -> None:
+    def __init__(self, tokenizer: Any, chat_template: str, prompting: VisionPrompting) -> None:
         self.tokenizer = tokenizer
-        self.image_processor = image_processor
         self.chat_template = chat_template
-        self.image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_PAD)
-        video_token_id = tokenizer.convert_tokens_to_ids(VIDEO_PAD)
-        unk = getattr(tokenizer, "unk_token_id", None)
-        self.placeholder_ids = tuple(t for t in (self.image_token_id, video_token_id)
-                                     if isinstance(t, int) and t != unk)
-        self.merge = int(getattr(image_processor, "merge_size", 2)) ** 2
+        self.prompting = prompting
+        self.placeholder_ids = prompting.placeholder_ids
         self.later_turn_text = self._later_turn_text()
         self.end_of_turn_ids = self._end_of_turn_ids()
 
@@ -98,30 +73,8 @@ class PromptBuilder:
         messages = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _MARK}]
         text = self.render(messages, add_generation_prompt=False)
         tail = text[text.rfind(_MARK) + len(_MARK):] if _MARK in text else ""
-        ids = self.encode(tail)
+        ids = self.prompting.tokenize(tail, [])
         return ids or [self.tokenizer.eos_token_id]
-
-    # ------------------------------------------------------------------ tokens and images
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def preprocess(self, image: Image.Image) -> ImageInput:
-        out = self.image_processor(images=[image], return_tensors="pt")
-        grid = out["image_grid_thw"]
-        return ImageInput(out["pixel_values"], grid, int(grid.prod()) // self.merge)
-
-    def expand(self, text: str, images: list[ImageInput]) -> list[int]:
-        """Tokenise `text`, expanding the i-th image placeholder to image i's token count."""
-        pieces = text.split(IMAGE_PAD)
-        if len(pieces) - 1 != len(images):
-            raise InvalidRequest(
-                f"the prompt has {len(pieces) - 1} image placeholders for {len(images)} images"
-            )
-        out = pieces[0]
-        for image, piece in zip(images, pieces[1:]):
-            out += IMAGE_PAD * image.num_tokens + piece
-        return self.encode(out)
 
     # ------------------------------------------------------------------ frames and chats
 
@@ -129,9 +82,8 @@ class PromptBuilder:
                     closing_token: int | None, stop_ids: set[int]) -> FrameChunk:
         """The chunk of one frame. `system_prompt` is set for the first frame only."""
         start = time.perf_counter()
-        image = decode_image(data)
-        decoded = time.perf_counter()
-        processed = self.preprocess(image)
+        image = self.prompting.read_image(data)
+        read = time.perf_counter()
         if system_prompt is not None:
             content: list[dict] = [{"type": "image"}]
             if question:
@@ -143,13 +95,12 @@ class PromptBuilder:
             text = self.later_turn_text
             closing = [] if closing_token is None or closing_token in stop_ids else [closing_token]
             closing += self.end_of_turn_ids
-        turn_ids = self.expand(text, [processed])
+        turn_ids = self.prompting.tokenize(text, [image])
         done = time.perf_counter()
-        return FrameChunk(turn_ids, processed, closing, (decoded - start) * 1000,
-                          (done - decoded) * 1000)
+        return FrameChunk(turn_ids, image, closing, (read - start) * 1000, (done - read) * 1000)
 
-    def chat_prompt(self, messages: list[dict], images: list[bytes]) -> ChatPrompt:
-        """`messages` in chat-template form ({"type": "image"} parts); `images` in order."""
-        processed = [self.preprocess(decode_image(data)) for data in images]
+    def chat_prompt(self, messages: list[dict], media: list[VisionInput]) -> ChatPrompt:
+        """`messages` in chat-template form ({"type": "image"} / {"type": "video"} parts);
+        `media` the inputs of those parts, in order."""
         text = self.render(messages, add_generation_prompt=True)
-        return ChatPrompt(self.expand(text, processed), processed)
+        return ChatPrompt(self.prompting.tokenize(text, media), media)

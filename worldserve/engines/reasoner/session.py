@@ -1,13 +1,19 @@
-"""One live reasoning session: retained segments, its KV cache, and their bookkeeping."""
+"""One live reasoning session: retained segments beside its KV cache, and their bookkeeping.
+
+The session decides what its cache must become (ranges to evict, a reset for re-prefill, the
+next group of tokens to prefill); the step runner (`execute.py`) applies it to the cache. The
+session itself never calls the runner.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+from dataclasses import dataclass, field
 
 import torch
 
-from worldserve.engines.reasoner.contract import ReasonerRunner, SequenceKV
+from worldserve.engines.reasoner.contract import SequenceKV
 from worldserve.engines.reasoner.prompt import FrameChunk
 from worldserve.engines.reasoner.retention import (
     ASSISTANT_TEXT,
@@ -26,13 +32,31 @@ class KVSessionState(enum.Enum):
     DEAD = "dead"  # aborted or failed: cache released, only CloseSession is accepted
 
 
+@dataclass
+class CacheOps:
+    """What a sequence cache must undergo before its next prefill: token ranges to evict (in
+    this order) and whether to drop it all (re-prefill)."""
+
+    evict: list[tuple[int, int]] = field(default_factory=list)
+    reset: bool = False
+
+
+@dataclass
+class PrefillGroup:
+    """The next tokens of a session to prefill in one forward (at most one image)."""
+
+    segments: list[Segment]
+    ids: list[int]
+    image_segment: Segment | None
+
+
 class KVSession:
     """Segments and KV cache in lockstep: the cache holds `seg.ids[:seg.num_cached]` of every
     segment, in order; uncached tokens (the newest chunk) only ever follow cached ones."""
 
     def __init__(self, session_id: str, system_prompt: str, question: str,
                  retention: ReasonerRetention, sampling: ReasonerSampling, grammar: str | None,
-                 kv: SequenceKV) -> None:
+                 kv: SequenceKV, device: torch.device | str = "cpu") -> None:
         self.session_id = session_id
         self.system_prompt = system_prompt
         self.question = question
@@ -44,7 +68,7 @@ class KVSession:
         self.segments: list[Segment] = []
         self.pending_token: int | None = None  # the previous reply's last sampled token (not fed)
         self.frames = 0  # replies delivered
-        self.generator = torch.Generator()
+        self.generator = torch.Generator(device=device)
         if sampling.seed is not None:
             self.generator.manual_seed(sampling.seed)
         else:
@@ -84,9 +108,12 @@ class KVSession:
 
     # ------------------------------------------------------------------ frames
 
-    def add_chunk(self, chunk: FrameChunk, max_tokens: int, context_len: int) -> int:
-        """Append the frame's segments, then evict (spec 11.2). Returns the number of evicted
-        segments. Raises InvalidRequest (nothing changed) when the frame does not fit."""
+    def add_chunk(self, chunk: FrameChunk, max_tokens: int, context_len: int,
+                  position_limit: float) -> tuple[CacheOps, int]:
+        """Append the frame's segments and plan eviction (spec 11.2) and, past
+        `position_limit`, a re-prefill (spec 12). Returns the cache operations and the number
+        of evicted segments. Raises InvalidRequest (nothing changed) when the frame does not
+        fit."""
         assert self.kv is not None
         candidate = [dataclasses.replace(s, age=s.age + 1) for s in self.segments]
         if chunk.closing_ids and candidate and candidate[-1].kind == ASSISTANT_TEXT:
@@ -96,32 +123,25 @@ class KVSession:
         candidate.append(Segment(SYSTEM if first else VIDEO, list(chunk.turn_ids), pinned=first,
                                  image=chunk.image))
         plan = plan_eviction(candidate, self.retention, max_tokens, context_len)
+        ops = CacheOps()
         for index in reversed(plan.evict):
             start = sum(s.num_cached for s in candidate[:index])
-            self.kv.evict(start, start + candidate[index].num_cached)
+            ops.evict.append((start, start + candidate[index].num_cached))
         evicted = set(plan.evict)
         self.segments = [s for i, s in enumerate(candidate) if i not in evicted]
-        return len(plan.evict)
-
-    def needs_reprefill(self, position_limit: float) -> bool:
-        assert self.kv is not None
-        return len(self.kv) > 0 and self.kv.max_position > position_limit
-
-    def reset_cache(self) -> None:
-        """Re-prefill: drop the cache; every retained segment is prefilled again from 0."""
-        assert self.kv is not None
-        self.kv.reset()
-        for seg in self.segments:
-            seg.num_cached = 0
+        cached = len(self.kv) - sum(end - start for start, end in ops.evict)
+        ops.reset = cached > 0 and self.kv.max_position > position_limit
+        if ops.reset:
+            for seg in self.segments:
+                seg.num_cached = 0
+        return ops, len(plan.evict)
 
     def has_uncached(self) -> bool:
         return any(s.num_cached < len(s) for s in self.segments)
 
-    def next_group(self, max_group_tokens: int) -> tuple[list[Segment], list[int],
-                                                         Segment | None]:
+    def next_group(self, max_group_tokens: int) -> PrefillGroup:
         """The next group of uncached segment tails to prefill in one forward (at most one
-        image, about `max_group_tokens` tokens): (segments, their uncached ids, the segment
-        whose image the group holds, if any)."""
+        image, about `max_group_tokens` tokens)."""
         group: list[Segment] = []
         num_tokens = 0
         for seg in self.segments:
@@ -140,24 +160,12 @@ class KVSession:
             ids += seg.ids[seg.num_cached:]
             if seg.image is not None and seg.num_cached == 0:
                 image_seg = seg
-        return group, ids, image_seg
+        return PrefillGroup(group, ids, image_seg)
 
     @staticmethod
-    def mark_cached(group: list[Segment]) -> None:
-        for seg in group:
+    def mark_cached(group: PrefillGroup) -> None:
+        for seg in group.segments:
             seg.num_cached = len(seg)
-
-    def prefill_next(self, runner: ReasonerRunner, max_group_tokens: int) -> torch.Tensor:
-        """Prefill the next group (`next_group`) in one forward; returns the last position's
-        logits (V,). The group's image encoding is kept for re-prefills."""
-        assert self.kv is not None
-        group, ids, image_seg = self.next_group(max_group_tokens)
-        images = [image_seg.image] if image_seg is not None else []
-        if image_seg is not None and image_seg.encoded is None:
-            image_seg.encoded = runner.encode_images(images)
-        logits = runner.forward(self.kv, ids, images, image_seg.encoded if image_seg else None)
-        self.mark_cached(group)
-        return logits[-1]
 
     def begin_reply(self) -> None:
         assert self.kv is not None

@@ -19,6 +19,8 @@ FAMILY = ModelFamily(
     name="cosmos3",
     detect=detect,
     loaders={"generation": "worldserve.models.cosmos3.runner:load_runner",
-             "realtime": "worldserve.models.cosmos3.world:load_runner"},
-    explicit_kinds=frozenset({"realtime"}),
+             "realtime": "worldserve.models.cosmos3.world:load_runner",
+             # one rank of a generation rank group (stages.generation.parallel)
+             "generation_ranks": "worldserve.models.cosmos3.parallel:load_rank_runner"},
+    explicit_kinds=frozenset({"realtime", "generation_ranks"}),
 )

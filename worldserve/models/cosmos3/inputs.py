@@ -12,13 +12,15 @@ from PIL import Image
 
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import ActionCondition, GenerationParams
+from worldserve.media.images import decode_failure
 
 
 def decode_image(data: bytes, field: str = "input_reference") -> Image.Image:
     try:
         return Image.open(io.BytesIO(data)).convert("RGB")
     except Exception as exc:  # PIL raises assorted errors for bad bytes
-        raise InvalidRequest(f"{field} is not a readable image ({exc})", param=field) from None
+        raise InvalidRequest(f"{field} is not a readable image ({decode_failure(exc)})",
+                             param=field) from None
 
 
 def decode_video(data: bytes, field: str = "video") -> list[Image.Image]:
@@ -28,7 +30,8 @@ def decode_video(data: bytes, field: str = "video") -> list[Image.Image]:
     try:
         frames = decode_frames(data)
     except Exception as exc:  # PyAV raises assorted errors for bad bytes
-        raise InvalidRequest(f"{field} is not a readable video ({exc})", param=field) from None
+        raise InvalidRequest(f"{field} is not a readable video ({decode_failure(exc)})",
+                             param=field) from None
     if not frames:
         raise InvalidRequest(f"{field} has no video frames", param=field)
     return [Image.fromarray(frame) for frame in frames]

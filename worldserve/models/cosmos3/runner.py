@@ -24,6 +24,7 @@ import torch
 
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import GenerationParams
+from worldserve.ipc.rules import check_generation
 from worldserve.models import shared
 from worldserve.models.common import count_parameters
 from worldserve.models.cosmos3 import checks, inputs
@@ -110,6 +111,7 @@ class Cosmos3Runner(DiffusersAdminOps):
         self.sample_rate = (int(pipe.sound_tokenizer.config.sampling_rate)
                             if pipe.sound_tokenizer is not None else None)
         self.features = self._features()
+        self.declaration = checks.declaration(self)
         self.device = pipe._get_execution_device()
         self.lora = LoraAdapters(pipe)
 
@@ -123,6 +125,7 @@ class Cosmos3Runner(DiffusersAdminOps):
 
     def _features(self) -> RunnerFeatures:
         from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
+            _ACTION_RESOLUTION_BINS,
             _EMBODIMENT_TO_DOMAIN_ID,
             _EMBODIMENT_TO_RAW_ACTION_DIM,
         )
@@ -138,7 +141,9 @@ class Cosmos3Runner(DiffusersAdminOps):
             video_conditioning=True, action_generation=self.supports_actions,
             padded_action_dim=self.padded_action_dim, action_domains=domains,
             action_domain_ids=({name: _EMBODIMENT_TO_DOMAIN_ID[name] for name in domains}
-                               if domains is not None else None))
+                               if domains is not None else None),
+            action_api="world_model" if self.supports_actions else None,
+            action_resolution_tiers=tuple(sorted(int(k) for k in _ACTION_RESOLUTION_BINS)))
 
     # ------------------------------------------------------------------ checks
 
@@ -147,9 +152,9 @@ class Cosmos3Runner(DiffusersAdminOps):
         return max(1, num_frames)
 
     def check(self, params: GenerationParams) -> None:
-        """Every Cosmos3 rule of a request, checked once here at submission (-> 400 before a
-        job exists), with the pipeline's own reasons where it has one."""
-        checks.check_request(params, self)
+        """The declared rules of a request (the api checked them already; a backstop here at
+        submission, -> 400 before a job exists)."""
+        check_generation(params, self.declaration)
 
     # ------------------------------------------------------------------ phases
 
@@ -312,9 +317,7 @@ class Cosmos3Runner(DiffusersAdminOps):
             "action": (row.action_latents.to(device=device, dtype=dtype)
                        if row.action_latents is not None else None),
         }
-        cfg = guidance != 1.0
-        cond = self._velocities(row, row.cond, tokens, t, i, sigma, "cond")
-        uncond = self._velocities(row, row.uncond, tokens, t, i, sigma, "uncond") if cfg else None
+        cond, uncond = self._guided_velocities(row, tokens, t, i, sigma, guidance != 1.0)
         velocity = [_combine(c, u, guidance) for c, u in
                     zip(cond, uncond if uncond is not None else (None, None, None))]
         row.latents = row.scheduler.step(velocity[0].unsqueeze(0), t, row.latents.unsqueeze(0),
@@ -331,6 +334,14 @@ class Cosmos3Runner(DiffusersAdminOps):
                 return_dict=False)[0].squeeze(0)
             if row.raw_action_dim is not None:
                 row.action_latents[:, row.raw_action_dim:] = 0
+
+    def _guided_velocities(self, row: RowState, tokens: dict[str, Any], t: torch.Tensor,
+                           i: int, sigma: float, cfg: bool) -> tuple[list[Any], list[Any] | None]:
+        """The cond forward's velocities and, with CFG, the uncond one's (a rank group splits
+        them: models/cosmos3/parallel.py)."""
+        cond = self._velocities(row, row.cond, tokens, t, i, sigma, "cond")
+        uncond = self._velocities(row, row.uncond, tokens, t, i, sigma, "uncond") if cfg else None
+        return cond, uncond
 
     def _velocities(self, row: RowState, packed: dict[str, Any], tokens: dict[str, Any],
                     t: torch.Tensor, i: int, sigma: float, name: str) -> list[Any]:
@@ -393,12 +404,16 @@ class Cosmos3Runner(DiffusersAdminOps):
         mean = pipe._vae_latents_mean.to(device=latents.device, dtype=dtype)
         inv_std = pipe._vae_latents_inv_std.to(device=latents.device, dtype=dtype)
         z_raw = latents.to(dtype) / inv_std.view(1, -1, 1, 1, 1) + mean.view(1, -1, 1, 1, 1)
-        decoded = pipe.vae.decode(z_raw).sample.to(in_dtype)
+        decoded = self._vae_decode(z_raw).to(in_dtype)
         video = pipe.video_processor.postprocess_video(decoded, output_type="np")[0]
         if pipe.safety_checker is not None:
             video = pipe._apply_video_safety_check(video, output_type="np",
                                                    device=pipe._get_execution_device())
         return video
+
+    def _vae_decode(self, z_raw: torch.Tensor) -> torch.Tensor:
+        """(1, 3, T, H, W) in [-1, 1] (a rank group splits it: models/cosmos3/parallel.py)."""
+        return self.pipe.vae.decode(z_raw).sample
 
     @torch.no_grad()
     def extras(self, state: Cosmos3Batch, row: int) -> RowExtras | None:

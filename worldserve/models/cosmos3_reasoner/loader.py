@@ -12,15 +12,20 @@ from pathlib import Path
 from typing import Any
 
 from worldserve.models import shared
+from worldserve.models.cosmos3_reasoner.family import EDGE, OMNI
 from worldserve.models.cosmos3_reasoner.sharing import WeightMismatch, tie_text_pathway
 from worldserve.models.detect import read_json
 from worldserve.models.qwen_vl.processor import load_vlm
 from worldserve.models.qwen_vl.runner import QwenVLRunner
+from worldserve.models.qwen_vl.vision import VideoStyle
 from worldserve.models.types import ModelLoadError
 
 logger = logging.getLogger(__name__)
 
 MODELOPT_STATE = "modelopt_state.pth"
+# How each reasoner's processor writes a video into the prompt (qwen_vl.vision.VideoStyle): Omni
+# as Qwen3-VL (a timestamp before each frame group), Edge one timestamped span per frame.
+VIDEO_STYLES: dict[str, VideoStyle] = {OMNI: "timestamped", EDGE: "framewise"}
 
 
 def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu",
@@ -46,7 +51,7 @@ def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu",
         tie_text_pathway(model, generator, model.config.model_type)  # asked for: must work
     else:
         _share_published_generator(model, model_dir)
-    return QwenVLRunner(model, processor)
+    return QwenVLRunner(model, processor, VIDEO_STYLES[model.config.model_type])
 
 
 def _share_published_generator(model: Any, model_dir: Path) -> None:

@@ -21,15 +21,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from transformers import AutoModel, GenerationConfig
+from transformers import GenerationConfig
 from transformers.cache_utils import DynamicSlidingWindowLayer
 from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
 
-from worldserve.models.common import resolve_dtype
-from worldserve.models.detect import describe, transformers_type
+from worldserve.models.detect import describe, read_json
+from worldserve.models.dflash.layouts import layout_of, read_drafter
 from worldserve.models.types import ModelLoadError
 
-DRAFTER_MODEL_TYPES = frozenset({"muse_glimmer_assistant"})
 _NO_LENGTH_LIMIT = 1 << 40  # the session engine enforces lengths itself
 
 
@@ -42,15 +41,15 @@ def load_drafter(drafter_dir: Path, target: Any, *, dtype: str = "float32",
     if not drafter_dir.is_dir():
         raise ModelLoadError(f"streaming.spec_model_path {str(drafter_dir)!r} is not a "
                              "directory (a DFlash drafter checkpoint folder)")
-    found = transformers_type(drafter_dir)
-    if found not in DRAFTER_MODEL_TYPES:
+    if layout_of(read_json(drafter_dir / "config.json") or {}) is None:
         raise ModelLoadError(
             f"streaming.spec_model_path {drafter_dir} is not a DFlash drafter directory: found "
-            f"{describe(drafter_dir)}; expected config.json with model_type "
-            f"{' or '.join(sorted(DRAFTER_MODEL_TYPES))}")
+            f"{describe(drafter_dir)}; expected config.json of a DFlash drafter (model_type "
+            f"muse_glimmer_assistant, z-lab's DFlashDraftModel or speculators_model_type dflash)")
     try:
-        model = AutoModel.from_pretrained(drafter_dir, dtype=resolve_dtype(dtype),
-                                          local_files_only=True)
+        model = read_drafter(drafter_dir, dtype)
+    except ModelLoadError:
+        raise
     except Exception as exc:
         raise ModelLoadError(f"cannot load the DFlash drafter from {drafter_dir}: {exc}") from exc
     check_fits(model.config, target, drafter_dir)
@@ -85,8 +84,12 @@ class HiddenTap:
         layers = target.get_decoder().layers
         self.layer_ids = list(layer_ids)
         self._seen: dict[int, torch.Tensor] | None = None
-        for i in self.layer_ids:
-            layers[i].register_forward_hook(self._hook(i))
+        self._handles = [layers[i].register_forward_hook(self._hook(i)) for i in self.layer_ids]
+
+    def remove(self) -> None:
+        """Take the hooks off the target's layers."""
+        for handle in self._handles:
+            handle.remove()
 
     def _hook(self, layer_id: int) -> Any:
         def record(_module: Any, _args: Any, output: Any) -> None:

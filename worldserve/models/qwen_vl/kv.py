@@ -53,8 +53,10 @@ class GrowableLayer(DynamicLayer):
         capacity = max(capacity, MIN_CAPACITY)
         k_shape = (*key_states.shape[:2], capacity, key_states.shape[-1])
         v_shape = (*value_states.shape[:2], capacity, value_states.shape[-1])
-        new_k = key_states.new_empty(k_shape)
-        new_v = value_states.new_empty(v_shape)
+        # zeros, not empty: a static step attends over whole buffers (masked), and 0 x NaN of
+        # uninitialised memory would still poison its output
+        new_k = key_states.new_zeros(k_shape)
+        new_v = value_states.new_zeros(v_shape)
         if self.length:
             new_k[:, :, : self.length] = self._k[:, :, : self.length]
             new_v[:, :, : self.length] = self._v[:, :, : self.length]
@@ -257,6 +259,23 @@ class PackedBatch:
             if id(kv) not in kept and self.attached(b):
                 for layer in kv.cache.layers:
                     layer._k, layer._v = layer._k.clone(), layer._v.clone()
+
+    def lengths(self) -> torch.Tensor:
+        """(B,) cached tokens of each row."""
+        return torch.tensor([len(kv) for kv in self.kvs])
+
+    def positions(self, width: int) -> torch.Tensor:
+        """(3, B, width) positions of `width` new tokens per row, each row's `next_pos` on."""
+        pos = torch.tensor([kv.next_pos for kv in self.kvs]).view(-1, 1) + torch.arange(width)
+        return pos.unsqueeze(0).repeat(3, 1, 1)
+
+    @staticmethod
+    def mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
+        """(B, 1, width, longest + width): key j is visible to new token i of row b when
+        j < lengths[b] + i + 1 (the row's own cache, then its new tokens causally)."""
+        steps = torch.arange(width)
+        visible = lengths.view(-1, 1, 1, 1) + steps.view(1, 1, -1, 1) + 1
+        return torch.arange(int(lengths.max()) + width).view(1, 1, 1, -1) < visible
 
     def prepare(self, lengths: torch.Tensor, width: int) -> None:
         """Set this step's write positions: row b writes at lengths[b] + [0, width)."""

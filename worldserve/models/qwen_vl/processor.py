@@ -25,13 +25,15 @@ from transformers import (
 )
 
 from worldserve.models.common import require_local_dir, resolve_dtype
+from worldserve.models.qwen_vl.vision import (
+    IMAGE_PAD,
+    IMAGE_TOKEN_TYPE,
+    VIDEO_PAD,
+    VIDEO_TOKEN_TYPE,
+)
 
 logger = logging.getLogger(__name__)
 
-IMAGE_PAD = "<|image_pad|>"
-VIDEO_PAD = "<|video_pad|>"
-# Token types the Qwen-VL models read from `mm_token_type_ids` to build 3-D (M-RoPE) positions.
-TEXT_TOKEN_TYPE, IMAGE_TOKEN_TYPE, VIDEO_TOKEN_TYPE = 0, 1, 2
 # Raised by AutoProcessor for video-capable models when torchvision is missing (transformers 5.x),
 # or when the directory has no processor files it recognises.
 _PROCESSOR_BUILD_ERRORS = (AttributeError, ImportError, OSError, TypeError, ValueError, KeyError)

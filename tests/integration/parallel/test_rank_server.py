@@ -1,0 +1,62 @@
+"""`worldserve serve --generation-parallel cfg=2` (a real server: api process, stage process as
+rank 0, one peer rank): images and video jobs are served; killing the peer mid-job fails that
+job with a message naming the rank (no hang), the group restarts with a new peer and the next
+job completes; model_info shows the group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from worldserve.media.video import decode_frames
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+
+
+def wait(http: httpx.Client, job_id: str, until=("completed", "failed", "cancelled")) -> dict:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        job = http.get(f"/v1/videos/{job_id}").json()
+        if job["status"] in until:
+            return job
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} stuck: {job}")
+
+
+def ranks(http: httpx.Client) -> dict:
+    return http.get("/admin/model_info").json()["stages"]["generation"]["rank_group"]
+
+
+def test_a_killed_rank_fails_its_job_and_the_group_restarts(server_factory, cosmos3_dir):
+    server = server_factory(config={"stages": {"reasoner": {"enabled": False},
+                                               "realtime": {"enabled": False}}},
+                            args=["--model-path", str(cosmos3_dir),
+                                  "--generation-parallel", "cfg=2"])
+    with httpx.Client(base_url=server.base_url, timeout=120) as http:
+        group = ranks(http)
+        assert group["world_size"] == 2 and group["epoch"] == 0 and group["backend"] == "gloo"
+        assert http.post("/v1/images/generations", json={"prompt": "a cup"}).status_code == 200
+
+        long = http.post("/v1/videos", json={"prompt": "a robot", "size": "48x32",
+                                             "num_frames": 9,
+                                             "num_inference_steps": 400}).json()
+        wait(http, long["id"], until=("in_progress",))
+        os.kill(group["pids"]["1"], signal.SIGKILL)
+        failed = wait(http, long["id"])
+        assert failed["status"] == "failed"
+        assert failed["error"]["code"] == "stage_unavailable"
+        message = failed["error"]["message"]
+        assert "rank 1" in message and "killed by signal SIGKILL" in message, message
+        assert "restart" in message
+
+        job = http.post("/v1/videos", json={"prompt": "a robot", "size": "48x32",
+                                            "num_frames": 5}).json()
+        job = wait(http, job["id"])
+        assert job["status"] == "completed", job
+        assert len(decode_frames(http.get(job["url"]).content)) == 5
+        restarted = ranks(http)
+        assert restarted["epoch"] == 1 and restarted["pids"]["1"] != group["pids"]["1"]

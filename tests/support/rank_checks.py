@@ -1,0 +1,132 @@
+"""Checks of the generic rank-group collectives (models/parallel), run in each process of a
+real gloo group by tests/unit/parallel/test_collectives.py. Every check computes the
+one-process answer with plain torch in the same process and returns how far the parallel
+answer is from it."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+WORLD = 2
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """(L, H, D) attention with GQA, the one-device way."""
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                         v.transpose(0, 1)[None], enable_gqa=True)
+    return out[0].transpose(0, 1)
+
+
+def check_ulysses(mesh: Any) -> float:
+    """Chunks of q (4 heads) and GQA k, v (2 heads) -> head groups in one all-to-all ->
+    attention -> back == the full attention's chunk."""
+    from worldserve.models.parallel.attention import gather_heads, scatter_heads_many
+
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(12, 4, 8, generator=g)
+    k, v = (torch.randn(12, 2, 8, generator=g) for _ in range(2))
+    chunk = 12 // WORLD
+    mine = slice(mesh.rank * chunk, (mesh.rank + 1) * chunk)
+    heads_q, heads_k, heads_v = scatter_heads_many([q[mine], k[mine], v[mine]], mesh.world)
+    out = gather_heads(_sdpa(heads_q, heads_k, heads_v), mesh.world)
+    return float((out - _sdpa(q, k, v)[mine]).abs().max())
+
+
+def check_ring(mesh: Any) -> float:
+    """Ring attention over padded, unequal chunks plus a replicated prefix == full attention."""
+    from worldserve.models.parallel.attention import repeat_kv, ring_attention
+
+    g = torch.Generator().manual_seed(2)
+    real, chunk = 11, 6  # rank 1's chunk has 5 real rows and one padding row
+    q = torch.randn(real, 4, 8, generator=g)
+    k, v = (torch.randn(real, 2, 8, generator=g) for _ in range(2))
+    pk, pv = (torch.randn(3, 2, 8, generator=g) for _ in range(2))
+    pad = lambda x: torch.cat((x, x.new_zeros((WORLD * chunk - real, *x.shape[1:]))))  # noqa: E731
+    mine = slice(mesh.rank * chunk, (mesh.rank + 1) * chunk)
+    out = ring_attention(pad(q)[mine], repeat_kv(pad(k)[mine], 4), repeat_kv(pad(v)[mine], 4),
+                         mesh.world, [chunk, real - chunk], prefix=(repeat_kv(pk, 4),
+                                                                    repeat_kv(pv, 4)))
+    ref = _sdpa(q, torch.cat((pk, k)), torch.cat((pv, v)))
+    rows = min(chunk, real - mesh.rank * chunk)
+    return float((out[:rows] - ref[mine][:rows]).abs().max())
+
+
+def check_shard(mesh: Any) -> dict[str, float]:
+    """Blocks sharded over the group give the same output as the whole blocks, holding half."""
+    from worldserve.models.parallel.shard import ShardedBlocks
+
+    torch.manual_seed(3)
+    blocks = [torch.nn.Sequential(torch.nn.Linear(5, 5), torch.nn.LayerNorm(5)) for _ in range(3)]
+    x = torch.randn(4, 5)
+    ref = x
+    for block in blocks:
+        ref = block(ref)
+    full_bytes = sum(p.nbytes for b in blocks for p in b.parameters())
+    shards = ShardedBlocks.from_module(blocks, mesh.world)
+    out = x
+    with torch.no_grad():
+        for block in blocks:
+            out = block(out)
+    empty = all(p.numel() == 0 for b in blocks for p in b.parameters())
+    return {"diff": float((out - ref.detach()).abs().max()), "released": float(empty),
+            "local_fraction": shards.local_bytes() / full_bytes}
+
+
+def check_halo(mesh: Any) -> float:
+    """Two 3x3 convolutions on row strips with halo exchange == on the whole picture."""
+    from worldserve.models.parallel.halo import gather_rows, split_rows, with_halo
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 3, 9, 7, generator=g)
+    w1, w2 = torch.randn(4, 3, 3, 3, generator=g), torch.randn(3, 4, 3, 3, generator=g)
+    ref = F.conv2d(F.conv2d(x, w1, padding=1), w2, padding=1)
+    first, end = split_rows(9, WORLD)[mesh.rank]  # 5 and 4 rows: unequal strips
+    strip = x[:, :, first:end]
+    strip = F.conv2d(with_halo(strip, mesh.world, 1, 2), w1, padding=(0, 1))
+    strip = F.conv2d(with_halo(strip, mesh.world, 1, 2), w2, padding=(0, 1))
+    whole, start = gather_rows(strip, mesh.world, 2)
+    assert start == first
+    return float((whole - ref).abs().max())
+
+
+def check_dead_peer(mesh: Any) -> dict[str, Any]:
+    """Rank 1 exits; rank 0's next collective fails with CollectiveError, promptly."""
+    from worldserve.models.parallel.comm import CollectiveError, all_gather
+
+    if mesh.rank == 1:
+        time.sleep(0.3)
+        os._exit(0)
+    start = time.monotonic()
+    try:
+        all_gather(torch.ones(3), mesh.world)
+    except CollectiveError as exc:
+        return {"raised": True, "seconds": time.monotonic() - start, "message": str(exc)}
+    return {"raised": False, "seconds": time.monotonic() - start, "message": ""}
+
+
+def entry(rank: int, port: int, results: Any) -> None:
+    """One rank: join the gloo group, run every check, put rank 0's results on the queue."""
+    import torch.distributed as dist
+
+    from worldserve.models.parallel.mesh import ParallelLayout, RankMesh
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    store = dist.TCPStore("127.0.0.1", port, WORLD, is_master=rank == 0,
+                          timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD,
+                            timeout=datetime.timedelta(seconds=30))
+    mesh = RankMesh(ParallelLayout(ulysses=WORLD), rank)
+    mesh.build(30)
+    out = {"ulysses": check_ulysses(mesh), "ring": check_ring(mesh),
+           "shard": check_shard(mesh), "halo": check_halo(mesh)}
+    if rank == 0:
+        results.put(out)
+    out_dead = check_dead_peer(mesh)
+    results.put({"dead_peer": out_dead})

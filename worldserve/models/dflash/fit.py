@@ -1,0 +1,92 @@
+"""Fit a DFlash drafter to a target's own continuations (dev drafters for tests and benchmarks).
+
+A real drafter is trained on a large corpus; a dev drafter only has to draft what one tiny
+random target says, so it is fitted on that target's replies: for every position t of a reply,
+the drafter sees what it sees while serving (the target's hidden states at `target_layer_ids`
+of every token before t, the anchor token t, then masks) and learns the target's next
+`block_size - 1` tokens through the target's own frozen `lm_head`. A few hundred Adam steps on
+one batch overfit it: drafts of the fitted replies are then mostly right, which is what tests of
+acceptance (and the benchmark's acceptance figures) need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from worldserve.models.dflash.drafter import HiddenTap
+
+IGNORE = -100
+
+
+@dataclass
+class DraftExample:
+    context: torch.Tensor  # (T, len(target_layer_ids) * hidden): taps of the tokens before
+    positions: torch.Tensor  # (T,) their positions
+    anchor: int  # the last sampled token
+    labels: list[int]  # the target's next tokens (up to block_size - 1)
+
+
+def examples(runner: Any, layer_ids: list[int], ids: list[int], media: list[Any],
+             first_anchor: int, block_size: int) -> list[DraftExample]:
+    """The draft examples of one sequence (`ids` holding `media`): anchors from
+    `first_anchor` on, contexts from one forward of the target with its layers tapped."""
+    tap = HiddenTap(runner.model, layer_ids)
+    kv = runner.new_kv()
+    with tap.capture() as seen:
+        runner.forward(kv, ids, media)
+    tap.remove()
+    hidden = torch.cat([seen[i][0] for i in layer_ids], dim=-1).float().clone()  # (N, L*H)
+    positions = kv.positions[0].clone()
+    return [DraftExample(hidden[:t], positions[:t], ids[t], ids[t + 1:t + block_size])
+            for t in range(max(first_anchor, 1), len(ids) - 1)]
+
+
+def fit(drafter: Any, target: Any, data: list[DraftExample], steps: int = 150,
+        lr: float = 1e-2, seed: int = 0) -> float:
+    """Train `drafter` (a MuseGlimmerAssistantModel) on `data` in place; returns the last
+    loss. The target's embeddings and lm_head stay frozen."""
+    torch.manual_seed(seed)
+    batch = _batch(drafter.config, target, data)
+    head = target.get_output_embeddings().weight.detach().float()
+    drafter.float().train()
+    optimizer = torch.optim.Adam(drafter.parameters(), lr=lr)
+    loss = torch.tensor(0.0)
+    for _ in range(steps):
+        out = drafter(noise_embeds=batch["noise"], context_hidden_states=batch["context"],
+                      attention_mask=batch["mask"], position_ids=batch["positions"])
+        logits = F.linear(out.last_hidden_state[:, 1:], head)  # (B, block - 1, V)
+        loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(),
+                               ignore_index=IGNORE)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    drafter.eval()
+    return float(loss.detach())
+
+
+@torch.no_grad()
+def _batch(config: Any, target: Any, data: list[DraftExample]) -> dict[str, torch.Tensor]:
+    """Contexts right-padded to one length (padding masked out), blocks after them."""
+    size, longest = int(config.block_size), max(len(ex.positions) for ex in data)
+    width = data[0].context.shape[-1]
+    context = torch.zeros(len(data), longest, width)
+    mask = torch.zeros(len(data), longest + size, dtype=torch.long)
+    positions = torch.zeros(len(data), longest + size, dtype=torch.long)
+    noise_ids = torch.full((len(data), size), int(config.mask_token_id))
+    labels = torch.full((len(data), size - 1), IGNORE)
+    for b, ex in enumerate(data):
+        n = len(ex.positions)
+        context[b, :n] = ex.context
+        mask[b, :n] = 1
+        mask[b, longest:] = 1
+        positions[b, :n] = ex.positions
+        positions[b, longest:] = ex.positions[-1] + 1 + torch.arange(size)
+        noise_ids[b, 0] = ex.anchor
+        labels[b, :len(ex.labels)] = torch.tensor(ex.labels, dtype=torch.long)
+    noise = target.get_input_embeddings()(noise_ids).float()
+    return {"context": context, "mask": mask, "positions": positions, "noise": noise,
+            "labels": labels}

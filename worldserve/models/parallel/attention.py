@@ -1,0 +1,108 @@
+"""Sequence-parallel attention pieces: Ulysses (all-to-all from sequence chunks to head groups
+and back) and Ring (each rank's queries meet every chunk's keys, one neighbour exchange per
+chunk, partial results merged by log-sum-exp).
+
+Tensors are (tokens, heads, head_dim) here, the layout of the packed Cosmos3 sequence.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from worldserve.models.parallel.comm import all_to_all, ring_shift
+from worldserve.models.parallel.mesh import GroupHandle
+
+
+def scatter_heads(x: torch.Tensor, handle: GroupHandle) -> torch.Tensor:
+    """(chunk, H, D) on each rank -> (size * chunk, H / size, D): every rank's chunk, in axis
+    order, for this rank's group of heads."""
+    return scatter_heads_many([x], handle)[0]
+
+
+def scatter_heads_many(tensors: list[torch.Tensor], handle: GroupHandle) -> list[torch.Tensor]:
+    """`scatter_heads` of several (chunk, H_i, D) tensors in one all-to-all."""
+    size = handle.size
+    if size == 1:
+        return tensors
+    chunk, dim = tensors[0].shape[0], tensors[0].shape[2]
+    widths = [t.shape[1] // size for t in tensors]
+    parts = torch.cat([t.reshape(chunk, size, w, dim).permute(1, 0, 2, 3)
+                       for t, w in zip(tensors, widths)], dim=2)  # (size, chunk, sum H/s, D)
+    out = all_to_all(parts, handle)
+    return [piece.reshape(size * chunk, w, dim)
+            for piece, w in zip(out.split(widths, dim=2), widths)]
+
+
+def gather_heads(x: torch.Tensor, handle: GroupHandle) -> torch.Tensor:
+    """The inverse of `scatter_heads`: (size * chunk, H / size, D) -> (chunk, H, D)."""
+    size = handle.size
+    if size == 1:
+        return x
+    tokens, heads, dim = x.shape
+    parts = x.view(size, tokens // size, heads, dim)  # slice i: rank i's chunk, my heads
+    out = all_to_all(parts, handle)  # slice j: my chunk, rank j's heads
+    return out.permute(1, 0, 2, 3).reshape(tokens // size, size * heads, dim)
+
+
+def head_slice(x: torch.Tensor, handle: GroupHandle) -> torch.Tensor:
+    """This rank's group of heads of a replicated (tokens, H, D) tensor."""
+    per = x.shape[1] // handle.size
+    return x[:, handle.index * per:(handle.index + 1) * per]
+
+
+def repeat_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """GQA key/value heads repeated to `num_heads` (what `enable_gqa` does implicitly)."""
+    groups = num_heads // x.shape[1]
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+def attention_lse(q: torch.Tensor, k: torch.Tensor,
+                  v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full (non-causal) attention and its log-sum-exp: q (Lq, H, D), k/v (Lk, H, D) ->
+    out (Lq, H, D), lse (Lq, H) in float32."""
+    qh, kh, vh = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # (1, H, L, D)
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qh, kh, vh)[:2]
+    elif q.device.type == "cuda":  # unverified here (no GPU in CI)
+        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
+            qh, kh, vh, None, True)[:2]
+        lse = lse[..., :q.shape[0]]  # the kernel pads its lse rows to a multiple of 32
+    else:
+        scale = q.shape[-1] ** -0.5
+        scores = (qh.float() @ kh.float().transpose(-1, -2)) * scale
+        lse = torch.logsumexp(scores, dim=-1)
+        out = (torch.softmax(scores, dim=-1) @ vh.float()).to(q.dtype)
+    return out.squeeze(0).transpose(0, 1), lse.squeeze(0).transpose(0, 1).float()
+
+
+def merge_lse(out: torch.Tensor | None, lse: torch.Tensor | None, block_out: torch.Tensor,
+              block_lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine two partial softmax-attention results over disjoint key sets (float32)."""
+    block_out = block_out.float()
+    if out is None or lse is None:
+        return block_out, block_lse
+    new_lse = torch.logaddexp(lse, block_lse)
+    out = out * torch.exp(lse - new_lse).unsqueeze(-1) \
+        + block_out * torch.exp(block_lse - new_lse).unsqueeze(-1)
+    return out, new_lse
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: GroupHandle,
+                   valid_keys: list[int], prefix: tuple[torch.Tensor, torch.Tensor] | None = None
+                   ) -> torch.Tensor:
+    """Queries `q` (this rank's chunk) against the keys of every rank's chunk plus an optional
+    replicated `prefix` (k, v). k/v chunks are padded to one size; `valid_keys[i]` rows of
+    ring position i's chunk are real. Heads of q, k, v must match (use `repeat_kv`)."""
+    out, lse = None, None
+    if prefix is not None and prefix[0].shape[0] > 0:
+        out, lse = merge_lse(out, lse, *attention_lse(q, prefix[0], prefix[1]))
+    kv = torch.stack((k, v))  # one exchange per hop carries both
+    for hop in range(handle.size):
+        owner = (handle.index - hop) % handle.size
+        if hop:
+            kv = ring_shift(kv, handle)
+        n = valid_keys[owner]
+        if n > 0:
+            out, lse = merge_lse(out, lse, *attention_lse(q, kv[0, :n], kv[1, :n]))
+    assert out is not None  # the prefix or this rank's own chunk always has keys
+    return out.to(q.dtype)

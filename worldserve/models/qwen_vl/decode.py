@@ -1,0 +1,278 @@
+"""The static decode step: the text decoder's decode forward written against the model's own
+weights, with a fraction of the host ops transformers' modules dispatch.
+
+A decode step feeds a few text tokens (the last sampled token, plus drafts) per sequence. For
+that, transformers' forward dispatches about 75 aten ops per decoder layer (module calls, dtype
+round trips, rotate_half, mask building); this step does about 26 with the same arithmetic:
+RMSNorm by `F.rms_norm`, rotary embedding as one matmul with a per-position rotation matrix
+built once per step, K/V written in place into the sequence's cache buffers (`kv.GrowableLayer`
+of one sequence, the rows of a `kv.PackedBatch` for several), attention by SDPA over exactly
+the filled part (no mask for one sequence and one token; a boolean mask only for several
+sequences or several tokens), each residual add inside its projection's `addmm` (no bias).
+Forward hooks of the decoder layers still see every layer's
+output (DFlash reads hidden states through them). Logits equal transformers' to float rounding;
+the tests hold the decoded tokens equal to the eager path's.
+
+`compile_step` wraps the per-layer function in `torch.compile` (one graph for every layer:
+weights are arguments). Shapes then have to stay fixed, so attention runs over each buffer's
+whole capacity with a mask. Off by default; on CUDA `mode="reduce-overhead"` asks for CUDA
+graphs: not verified on a GPU (none was available).
+
+Architectures: decoder layers with q/k/v/o projections (biases optional), optional per-head
+q/k RMSNorm, a gated (gate/up/down) or two-projection (fc1/fc2) MLP, full attention only —
+Qwen2.5-VL, Qwen3-VL, Cosmos3 Omni and Edge. Anything else keeps transformers' forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from worldserve.models.qwen_vl.kv import GrowableLayer, KVState, PackedBatch
+
+if TYPE_CHECKING:
+    from worldserve.models.qwen_vl.runner import QwenVLRunner
+
+MAX_WIDTH = 16  # tokens per sequence a static step feeds (a decode token and its drafts)
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One decoder layer's tensors (the model's own parameters, not copies)."""
+
+    module: Any  # the decoder layer (its forward hooks see the step's hidden states)
+    norms: tuple[Any, ...]  # (input, post-attention, q or None, k or None): (weight, eps)
+    qkvo: tuple[Any, ...]  # weights and biases of q, k, v, o
+    mlp: tuple[Any, ...]  # gated: (gate, up, down); plain: (fc1 w, fc1 b, fc2 w, fc2 b)
+    act: Any
+    gated: bool
+    out_t: tuple[Any, Any]  # o_proj and down/fc2 weights transposed (views, made once)
+
+
+@dataclass(frozen=True)
+class Shapes:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scaling: float
+
+
+class StaticDecoder:
+    """Decode steps of one model (see the module doc); `build` says whether it applies."""
+
+    def __init__(self, model: Any, layers: list[LayerWeights], shapes: Shapes,
+                 compile_step: bool) -> None:
+        self.text = model.model.language_model
+        self.lm_head = model.get_output_embeddings()
+        self.layers = layers
+        self.shapes = shapes
+        self.full_buffers = compile_step  # static shapes: attend over whole buffers, masked
+        self.layer_fn = _compiled(_layer) if compile_step else _layer
+        d = shapes.head_dim
+        half = torch.arange(d // 2)
+        rotate = torch.zeros(d, d)  # x @ rotate == rotate_half(x) == cat(-x2, x1)
+        rotate[half + d // 2, half] = -1.0
+        rotate[half, half + d // 2] = 1.0
+        self.rotate = rotate
+
+    @classmethod
+    def build(cls, model: Any, compile_step: bool = False) -> StaticDecoder | None:
+        """The static decoder of `model`, or None when its text decoder is not one it knows."""
+        text = getattr(getattr(model, "model", None), "language_model", None)
+        config = getattr(text, "config", None)
+        if text is None or any(t != "full_attention"
+                               for t in getattr(config, "layer_types", None) or []):
+            return None
+        try:
+            layers = [_weights(layer) for layer in text.layers]
+            attn = text.layers[0].self_attn
+            shapes = Shapes(config.num_attention_heads, config.num_key_value_heads,
+                            attn.head_dim, float(attn.scaling))
+        except AttributeError:
+            return None
+        return cls(model, layers, shapes, compile_step)
+
+    def fits(self, kvs: list[KVState], width: int = 1) -> bool:
+        """True when every cache is a filled dense one (`GrowableLayer`s) and at most
+        MAX_WIDTH tokens are fed per sequence."""
+        return width <= MAX_WIDTH and all(
+            isinstance(layer, GrowableLayer) and layer._k is not None
+            for kv in kvs for layer in kv.cache.layers)
+
+    @torch.inference_mode()
+    def step(self, runner: QwenVLRunner, kvs: list[KVState], fed: list[list[int]],
+             packed: PackedBatch | None = None) -> list[torch.Tensor]:
+        """Append `fed[i]` to `kvs[i]`; (len(fed[i]), V) float32 logits per sequence. Several
+        sequences must be the members of `packed` (their rows, in any order)."""
+        members = packed.kvs if packed is not None else kvs
+        by_row = [fed[kvs.index(kv)] for kv in members] if packed is not None else fed
+        width = max(len(f) for f in by_row)
+        lengths = torch.tensor([len(kv) for kv in members])
+        start = torch.tensor([kv.next_pos for kv in members])
+        device = runner.device
+        tokens = torch.tensor([f + [f[-1]] * (width - len(f)) for f in by_row], device=device)
+        steps = torch.arange(width)
+        x = self.text.embed_tokens(tokens)  # (B, W, H)
+        rotation = self._rotation(x, (start.view(-1, 1) + steps).to(device))
+        views = _Views(self, members, packed, lengths, width, device)
+        x = x.view(len(members) * width, -1)  # (B * W, H)
+        for i, weights in enumerate(self.layers):
+            k_buf, v_buf = views.buffers(i)
+            out = self.layer_fn(x, weights.norms, weights.qkvo, weights.mlp, weights.act,
+                                weights.gated, weights.out_t, self.shapes, width, rotation,
+                                k_buf, v_buf, views.index, views.length, views.mask)
+            for hook in weights.module._forward_hooks.values():  # as the layer's own output
+                hook(weights.module, (x,), out.view(len(members), width, -1))
+            x = out
+        logits = self.lm_head(self.text.norm(x)).float().view(len(members), width, -1)
+        runner.num_forwards += 1
+        for b, kv in enumerate(members):
+            n = len(by_row[b])
+            views.advance(b, n)
+            position = start[b] + steps[:n]
+            kv.record(by_row[b], position.expand(3, -1))
+        rows = {id(kv): b for b, kv in enumerate(members)}
+        return [logits[rows[id(kv)], : len(f)] for kv, f in zip(kvs, fed)]
+
+    def _rotation(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """(B, 1, W, D, D) or, for W = 1, (B, 1, D, D): q @ R == q * cos + rotate_half(q) * sin
+        at each token's position (text tokens: the three M-RoPE axes agree)."""
+        cos, sin = self.text.rotary_emb(x, positions.unsqueeze(0).expand(3, -1, -1))
+        rotate = self.rotate.to(device=x.device, dtype=x.dtype)
+        rotation = torch.diag_embed(cos) + rotate * sin.unsqueeze(-2)  # (B, W, D, D)
+        return rotation[:, None, 0] if x.shape[1] == 1 else rotation[:, None]
+
+
+class _Views:
+    """Where one step writes and reads each layer's K/V: a single sequence's own buffers or
+    the packed rows, the write index, the attended length and the mask (None when not needed)."""
+
+    def __init__(self, decoder: StaticDecoder, members: list[KVState], packed: PackedBatch | None,
+                 lengths: torch.Tensor, width: int, device: torch.device) -> None:
+        self.members, self.packed = members, packed
+        self.width = width
+        longest = int(lengths.max())
+        if packed is None:
+            for layer in members[0].cache.layers:
+                _reserve(layer, longest + width)
+        self.capacity = self._k(0).shape[2]
+        self.length = self.capacity if decoder.full_buffers else longest + width
+        steps = torch.arange(width)
+        write = (lengths.view(-1, 1) + steps).to(device)  # (B, W)
+        shapes = decoder.shapes
+        self.index = write.view(len(members), 1, width, 1).expand(
+            -1, shapes.num_kv_heads, -1, shapes.head_dim)
+        self.mask = None
+        if len(members) > 1 or width > 1 or decoder.full_buffers:
+            visible = (lengths.view(-1, 1, 1, 1) + steps.view(1, 1, -1, 1) + 1).to(device)
+            self.mask = torch.arange(self.length, device=device).view(1, 1, 1, -1) < visible
+
+    def _k(self, i: int) -> torch.Tensor:
+        if self.packed is not None:
+            return self.packed.cache.layers[i].k_buf
+        return self.members[0].cache.layers[i]._k
+
+    def buffers(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.packed is not None:
+            layer = self.packed.cache.layers[i]
+            return layer.k_buf, layer.v_buf
+        layer = self.members[0].cache.layers[i]
+        return layer._k, layer._v
+
+    def advance(self, b: int, num_tokens: int) -> None:
+        """Row b keeps `num_tokens` of the tokens this step wrote."""
+        for layer in self.members[b].cache.layers:
+            layer.length += num_tokens
+
+
+def _reserve(layer: GrowableLayer, capacity: int) -> None:
+    if layer._k.shape[-2] < capacity:
+        layer.reserve(layer._k[:, :, :1], layer._v[:, :, :1], 2 * capacity)
+
+
+def _weights(layer: Any) -> LayerWeights:
+    attn, mlp = layer.self_attn, layer.mlp
+    norms = tuple(_norm(m) for m in (layer.input_layernorm, layer.post_attention_layernorm,
+                                     getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)))
+    qkvo = tuple(t for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
+                 for t in (proj.weight, proj.bias))
+    if hasattr(mlp, "gate_proj"):
+        down = mlp.down_proj.weight
+        return LayerWeights(layer, norms, qkvo, (mlp.gate_proj.weight, mlp.up_proj.weight, down),
+                            mlp.act_fn, True, (attn.o_proj.weight.mT, down.mT))
+    return LayerWeights(layer, norms, qkvo, (mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight,
+                                             mlp.fc2.bias), mlp.activation_fn, False,
+                        (attn.o_proj.weight.mT, mlp.fc2.weight.mT))
+
+
+def _norm(module: Any) -> tuple[Any, float] | None:
+    if module is None:
+        return None
+    eps = getattr(module, "variance_epsilon", None) or getattr(module, "eps")
+    return module.weight, float(eps)
+
+
+def _rms(x: torch.Tensor, norm: tuple[Any, float]) -> torch.Tensor:
+    """RMSNorm as the Qwen-family modules compute it: in float32, cast back, then scaled."""
+    weight, eps = norm
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
+
+
+def _layer(x: torch.Tensor, norms: tuple, qkvo: tuple, mlp: tuple, act: Any, gated: bool,
+           out_t: tuple, shapes: Shapes, width: int, rotation: torch.Tensor, k_buf: torch.Tensor,
+           v_buf: torch.Tensor, index: torch.Tensor, length: int,
+           mask: torch.Tensor | None) -> torch.Tensor:
+    """One decoder layer over the new tokens x (B * W, H), `width` W per sequence; writes
+    their K/V at `index`. A projection without bias adds its residual in the same op."""
+    wq, bq, wk, bk, wv, bv, wo, bo = qkvo
+    h = _rms(x, norms[0])
+    q = _heads(F.linear(h, wq, bq), width, shapes.num_heads, shapes.head_dim)  # (B, nh, W, D)
+    k = _heads(F.linear(h, wk, bk), width, shapes.num_kv_heads, shapes.head_dim)
+    v = _heads(F.linear(h, wv, bv), width, shapes.num_kv_heads, shapes.head_dim)
+    if norms[2] is not None:
+        q, k = _rms(q, norms[2]), _rms(k, norms[3])
+    q, k = _rotate(q, rotation), _rotate(k, rotation)
+    k_buf.scatter_(2, index, k)
+    v_buf.scatter_(2, index, v)
+    attn = F.scaled_dot_product_attention(
+        q, k_buf[:, :, :length], v_buf[:, :, :length], attn_mask=mask, scale=shapes.scaling,
+        enable_gqa=shapes.num_heads != shapes.num_kv_heads)
+    attn = attn.view(x.shape[0], -1) if width == 1 else \
+        attn.transpose(1, 2).reshape(x.shape[0], -1)
+    x = _plus_linear(x, attn, wo, out_t[0], bo)
+    h = _rms(x, norms[1])
+    if gated:
+        return _plus_linear(x, act(F.linear(h, mlp[0])) * F.linear(h, mlp[1]), mlp[2],
+                            out_t[1], None)
+    return _plus_linear(x, act(F.linear(h, mlp[0], mlp[1])), mlp[2], out_t[1], mlp[3])
+
+
+def _plus_linear(x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor,
+                 weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x + a @ weight.T (+ bias): one addmm when there is no bias."""
+    if bias is None:
+        return torch.addmm(x, a, weight_t)
+    return x + F.linear(a, weight, bias)
+
+
+def _heads(t: torch.Tensor, width: int, num_heads: int, head_dim: int) -> torch.Tensor:
+    """(B * W, nh * D) -> (B, nh, W, D); for W = 1 the same memory, one view."""
+    if width == 1:
+        return t.view(-1, num_heads, 1, head_dim)
+    return t.view(-1, width, num_heads, head_dim).transpose(1, 2)
+
+
+def _rotate(t: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    if rotation.dim() == 4:  # one token: (B, nh, 1, D) @ (B, 1, D, D)
+        return t @ rotation
+    return (t.unsqueeze(-2) @ rotation).squeeze(-2)  # (B, nh, W, 1, D) @ (B, 1, W, D, D)
+
+
+def _compiled(fn: Any) -> Any:
+    mode = "reduce-overhead" if torch.cuda.is_available() else None
+    return torch.compile(fn, dynamic=False, mode=mode)
