@@ -4,11 +4,17 @@
     same diffusers pipeline called directly in this process with the same parameters
     (median of --n sequential requests each, after one warm-up call on both sides);
 (b) batching: images/s with --concurrency clients against a server with max_batch_size 4 and
-    against one with max_batch_size 1.
+    against one with max_batch_size 1, both up at once, their rounds alternating (--repeats
+    each; the median of each side is compared), the stage process's CPU seconds per image on
+    each side (`batch_speedup_cpu`: the work batching saves, which a loaded shared machine
+    hides from the wall clock), and the batched server's rows per denoising step (its
+    `/admin/stats` telemetry: how full its batches really were).
 
-    .venv/bin/python benchmarks/generation.py [--n 10] [--size 128x128] [--steps 8]
+    .venv/bin/python benchmarks/generation.py [--n 10] [--size 128x128] [--steps 8] [--repeats 3]
+        [--threads 2]
 
-Prints one JSON line at the end: {"server_overhead_ratio": ..., "batch_speedup_c4": ...}.
+Prints one JSON line at the end: {"server_overhead_ratio": ..., "batch_speedup_c4": ...,
+"batch_speedup_cpu": ..., "rows_per_denoise_step_batch4": ...}.
 
 `--model cosmos3` measures Cosmos3 instead (benchmarks/generation_cosmos3.py): server over
 direct-pipeline latency and the interleaving ratio, e.g.
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -44,14 +51,10 @@ def dev_generation_dir() -> Path:
     return root / "wan"
 
 
-# Stage and in-process baseline use the same number of torch threads.
-THREADS = "2"
-
-
-def start(model: Path, workdir: Path, **generation) -> ServerProcess:
+def start(model: Path, workdir: Path, threads: int, **generation) -> ServerProcess:
     config = {"stages": {"reasoner": {"enabled": False},
                          "generation": {"model_path": str(model), **generation}}}
-    server = ServerProcess(workdir, config, env={"WORLDSERVE_TORCH_THREADS": THREADS})
+    server = ServerProcess(workdir, config, env={"WORLDSERVE_TORCH_THREADS": str(threads)})
     server.wait_healthy(timeout_s=300)
     return server
 
@@ -66,13 +69,15 @@ def paired_ms(server: ServerProcess, model: Path, args: argparse.Namespace) -> t
     """Direct pipeline call and server request, alternating, so load drift hits both alike."""
     import torch
 
-    from worldserve.engines.generation.defaults import sampling_defaults
+    from worldserve.models.dev import checkpoint_defaults
+    from worldserve.models.wan.family import DEFAULTS, DEV_DEFAULTS
     from worldserve.models.wan.loader import load_pipeline
 
-    torch.set_num_threads(int(THREADS))
+    torch.set_num_threads(args.threads)  # the stage's torch threads too
     w, h = (int(v) for v in args.size.split("x"))
     pipe = load_pipeline(str(model), torch.float32, "cpu")
-    defaults = sampling_defaults(model)  # what the server fills in (negative prompt, text length)
+    # What the server fills in (negative prompt, text length): the Wan family's declaration.
+    defaults = checkpoint_defaults(model, DEFAULTS, DEV_DEFAULTS)
 
     def direct() -> float:
         started = time.perf_counter()
@@ -111,6 +116,50 @@ def throughput(server: ServerProcess, args: argparse.Namespace) -> float:
     return total / (time.perf_counter() - started)
 
 
+def denoise_counters(server: ServerProcess) -> tuple[int, int]:
+    """(denoising steps, rows they advanced) so far: the stage's batching telemetry ((0, 0)
+    from a server without it, e.g. when measuring an older checkout)."""
+    stats = httpx.get(server.base_url + "/admin/stats", timeout=30).json()
+    extra = stats["stages"]["generation"]
+    return extra.get("denoise_steps", 0), extra.get("denoise_rows", 0)
+
+
+def stage_cpu_s(server: ServerProcess) -> float:
+    """CPU seconds (user + system) the generation stage process has used so far (Linux)."""
+    pid = server.stage_pids()["generation"]
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def batching(batched: ServerProcess, single: ServerProcess, args: argparse.Namespace) -> dict:
+    """Images/s of both servers, rounds alternating (max_batch_size 4, then 1) so that the
+    load of a shared machine hits both alike; the stage's CPU seconds per image (what the wall
+    clock of a shared machine cannot show: the work batching saves); rows per denoising step
+    of the batched one."""
+    servers = {"batch4": batched, "batch1": single}
+    rounds: dict[str, list[float]] = {"batch4": [], "batch1": []}
+    cpu_s = {"batch4": 0.0, "batch1": 0.0}
+    steps0, rows0 = denoise_counters(batched)
+    for _ in range(args.repeats):
+        for arm, server in servers.items():
+            cpu0 = stage_cpu_s(server)
+            rounds[arm].append(throughput(server, args))
+            cpu_s[arm] += stage_cpu_s(server) - cpu0
+    steps1, rows1 = denoise_counters(batched)
+    ips4, ips1 = (statistics.median(rounds[k]) for k in ("batch4", "batch1"))
+    images = args.repeats * (args.concurrency * args.rounds + 1)
+    cpu4, cpu1 = (1000 * cpu_s[k] / images for k in ("batch4", "batch1"))
+    return {
+        "images_per_s_batch4_c4": round(ips4, 2), "images_per_s_batch1_c4": round(ips1, 2),
+        "batch_speedup_c4": round(ips4 / ips1, 3),
+        "batch_speedup_per_round": [round(a / b, 3) for a, b in zip(*rounds.values())],
+        "stage_cpu_ms_per_image_batch4": round(cpu4, 1),
+        "stage_cpu_ms_per_image_batch1": round(cpu1, 1),
+        "batch_speedup_cpu": round(cpu1 / cpu4, 3),
+        "rows_per_denoise_step_batch4": round((rows1 - rows0) / max(1, steps1 - steps0), 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", choices=("wan", "cosmos3"), default="wan")
@@ -121,6 +170,10 @@ def main() -> None:
     parser.add_argument("--guidance", type=float, default=1.0)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="throughput rounds per server, alternating between the two")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="torch threads of the stages and of the in-process baseline")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-generation-"))
     if args.model == "cosmos3":
@@ -129,26 +182,21 @@ def main() -> None:
         print(json.dumps(run(args, work)))
         return
     model = args.model_path or dev_generation_dir()
-    batched = start(model, work, max_batch_size=4)
+    batched = start(model, work, args.threads, max_batch_size=4)
+    single = start(model, work, args.threads, max_batch_size=1)
     try:
         direct, via_server = paired_ms(batched, model, args)
-        ips_batched = throughput(batched, args)
+        gain = batching(batched, single, args)
     finally:
         batched.stop()
-    single = start(model, work, max_batch_size=1)
-    try:
-        ips_single = throughput(single, args)
-    finally:
         single.stop()
     result = {
-        "size": args.size, "steps": args.steps, "n": args.n,
+        "size": args.size, "steps": args.steps, "n": args.n, "threads": args.threads,
         "direct_median_ms": round(statistics.median(direct), 2),
         "server_median_ms": round(statistics.median(via_server), 2),
         "server_overhead_ratio": round(
             statistics.median(via_server) / statistics.median(direct), 3),
-        "images_per_s_batch4_c4": round(ips_batched, 2),
-        "images_per_s_batch1_c4": round(ips_single, 2),
-        "batch_speedup_c4": round(ips_batched / ips_single, 3),
+        **gain,
     }
     print(json.dumps(result))
 

@@ -3,12 +3,17 @@
 
 The api process must never load model libraries; engines reach models only through the family
 registry and the shared types; model families know nothing about scheduling, HTTP or ZeroMQ.
+No module imports itself through others (no import circles). The api and the engines read what
+a family declares and never spell a family's name (issue 21).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
+
+from worldserve.models import registry
 
 PACKAGE = Path(__file__).resolve().parents[2] / "worldserve"
 MODEL_LIBRARIES = ("torch", "transformers", "diffusers")
@@ -104,3 +109,150 @@ def test_model_classes_live_under_models() -> None:
 def test_the_walk_sees_function_level_imports() -> None:
     tree = ast.parse("def f():\n    from worldserve.api.jobs import enhancer\n")
     assert "worldserve.api.jobs.enhancer" in imported(tree)
+
+
+# ---------------------------------------------------------------- import circles
+
+
+def module_name(path: str) -> str:
+    parts = list(Path(path).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the worldserve modules it imports (anywhere in the file)."""
+    trees = {module_name(path): tree for path, tree in modules()}
+    graph: dict[str, set[str]] = {}
+    for name, tree in trees.items():
+        names = imported(tree)
+        graph[name] = {n for n in names if n in trees and n != name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+# Circles that landed from a branch merged meanwhile, to break there (the coordinator deletes an
+# entry once its circle is gone; a stale entry fails below). The qwen_vl helpers type their
+# runner under TYPE_CHECKING (issue 21 follow-up for NAME=rsn: a Protocol in the helper, or the
+# runner passing what they use).
+CIRCLES_PENDING: list[list[str]] = [
+    ["worldserve.models.qwen_vl.batch", "worldserve.models.qwen_vl.decode",
+     "worldserve.models.qwen_vl.runner"],
+]
+
+
+def test_no_import_circles() -> None:
+    found = circles(import_graph())
+    new = [c for c in found if c not in CIRCLES_PENDING]
+    assert not new, "import circles:\n" + "\n".join(" <-> ".join(c) for c in new)
+    stale = [c for c in CIRCLES_PENDING if c not in found]
+    assert not stale, "CIRCLES_PENDING entries that are no circle any more: " + str(stale)
+
+
+def test_the_circle_check_finds_a_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(graph) == [["a", "b", "c"]]
+
+
+# ---------------------------------------------------------------- family names
+
+# The registry's family names, and the short names and aliases the families go by.
+FAMILY_ALIASES = ("cosmos", "qwen", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "sana", "lingbot",
+                  "self_forcing", "helios", "anyflow")
+FAMILY_NAMES = tuple(sorted({family.name for family in registry.FAMILIES} | set(FAMILY_ALIASES)))
+FAMILY_WORD = re.compile(r"(?<![a-z0-9])(" + "|".join(FAMILY_NAMES) + r")(?![a-z0-9])",
+                         re.IGNORECASE)
+FAMILY_FREE_LAYERS = ("api", "engines")
+# Literals that spell a family name but are not one, as (file, literal).
+NOT_A_FAMILY: set[tuple[str, str]] = {
+    # a field of the /admin/model_info answer (the action head's shapes), not a family branch
+    ("worldserve/engines/generation/admin.py", "action_head"),
+}
+def docstrings(tree: ast.Module) -> set[int]:
+    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, kinds) and node.body and isinstance(node.body[0], ast.Expr)}
+
+
+def compared_strings(tree: ast.Module) -> set[int]:
+    """String constants that are compared or matched on (`== "x"`, `in ("x", ...)`, `case "x"`)."""
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        operands: list[ast.AST] = []
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+        elif isinstance(node, ast.MatchValue):
+            operands = [node.value]
+        for operand in operands:
+            found |= {id(c) for c in ast.walk(operand) if isinstance(c, ast.Constant)}
+    return found
+
+
+def family_literals(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, literal) of every string that is a family name, or names one in a comparison."""
+    skip, compared = docstrings(tree), compared_strings(tree)
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Constant) or not isinstance(node.value, str):
+            continue
+        if id(node) in skip:
+            continue
+        named = node.value.strip().lower() in FAMILY_NAMES
+        if named or (id(node) in compared and FAMILY_WORD.search(node.value)):
+            found.append((node.lineno, node.value))
+    return found
+
+
+def test_api_and_engines_never_spell_a_family_name() -> None:
+    found = [f"{path}:{line}: {value!r}" for path, tree in modules()
+             if layer_of(path) in FAMILY_FREE_LAYERS
+             for line, value in family_literals(tree) if (path, value) not in NOT_A_FAMILY]
+    assert not found, ("family names in api/ or engines/ (branch on a declared capability "
+                       "instead):\n" + "\n".join(found))
+
+
+def test_the_family_check_sees_branches_and_tables() -> None:
+    tree = ast.parse('"""About Wan."""\n'
+                     'TABLE = {"cosmos3": 1}\n'
+                     'if caps.family == "Wan": pass\n'
+                     'if name in ("a", "qwen_vl"): pass\n'
+                     'ok = "refused on this model"\n'
+                     'prose = "a Wan 2.2 LoRA file"\n')
+    assert [value for _, value in family_literals(tree)] == ["cosmos3", "Wan", "qwen_vl"]
+    assert {"cosmos3", "wan", "qwen_vl", "sana_wm", "causal_dit"} <= set(FAMILY_NAMES)

@@ -1,8 +1,8 @@
-"""`RayStageClient`: the api's stage client over the replicas of one stage deployment.
+"""`RayStageClient`: the `StageClient` transport over the replicas of one stage deployment.
 
-Same interface as `StageClient` / `InProcessStageClient` (call, stream, send_nowait, info,
-state, down_reason), so the api services run unchanged. Per request it picks the routing key
-(ids.py) the `OwnerRouter` acts on:
+It implements the one stage-client interface (`ipc/client.py`: call, stream, send_nowait,
+handshake, info, state, down_reason), so the api services run unchanged. Per request it picks
+the routing key (ids.py) the `OwnerRouter` acts on:
 
 - a new session (`CreateSession`, a realtime chunk 0 of an unknown session): `place`;
 - every later call of a session, and a cancel: `pin:<owner>`; the owner comes from the id the
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ from worldserve.errors import (
     WorldserveError,
     from_code,
 )
-from worldserve.ipc.client import ReplyStream, StageClient, StatusListener
+from worldserve.ipc.client import ReplyStream, StageClient
 from worldserve.ipc.codec import MessageCodec
 from worldserve.ipc.messages import (
     Cancel,
@@ -62,20 +61,12 @@ REPLICA_ERRORS = (OwnerGone, RayActorError, ActorUnavailableError)
 class RayStageClient(StageClient):
     def __init__(self, stage: str, handle: DeploymentHandle, *,
                  output_dir: Path | None = None) -> None:
-        # Deliberately not StageClient.__init__: no ZeroMQ context or socket.
-        self.stage = stage
-        self.address = f"ray://{stage}"
-        self.client_id = uuid.uuid4().hex
-        self.state = "starting"
-        self.info: StageInfo | None = None
-        self.down_reason: str | None = None
+        super().__init__(stage, f"ray://{stage}")
         self.output_dir = output_dir
         self._handle = handle
         self._codec = MessageCodec()
         self._owners: dict[str, str] = {}  # api-minted session id or request id -> replica
-        self._streams: dict[str, ReplyStream] = {}
         self._pumps: dict[str, asyncio.Task[None]] = {}
-        self._listeners: list[StatusListener] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -90,9 +81,6 @@ class RayStageClient(StageClient):
         self.info = info
         self._set_state(info.state)
         return info
-
-    def add_status_listener(self, listener: StatusListener) -> None:
-        self._listeners.append(listener)
 
     async def close(self) -> None:
         for task in list(self._pumps.values()):
@@ -182,16 +170,16 @@ class RayStageClient(StageClient):
                     await self._fetch_outputs(replica, reply.file_names)
                 if reply.terminal:  # the stream ends here: finishing it must not cancel us
                     self._pumps.pop(request.request_id, None)
-                stream._push(from_code(reply.code, reply.message)
-                             if isinstance(reply, ErrorReply) else reply)
+                stream.push(from_code(reply.code, reply.message)
+                            if isinstance(reply, ErrorReply) else reply)
         except asyncio.CancelledError:
             generator.cancel()
             raise
         except REPLICA_ERRORS as exc:
-            stream._push(self._lost(request, key, exc))
+            stream.push(self._lost(request, key, exc))
         except Exception as exc:  # a failure of the Ray path itself
             log.exception("stream %s failed", request.request_id)
-            stream._push(StageUnavailable(f"stage '{self.stage}' failed: {exc}", stage=self.stage))
+            stream.push(StageUnavailable(f"stage '{self.stage}' failed: {exc}", stage=self.stage))
         finally:
             self._pumps.pop(request.request_id, None)
             self._owners.pop(request.request_id, None)
@@ -218,9 +206,9 @@ class RayStageClient(StageClient):
             return  # the target already finished (or never reached a replica)
         self._handle.options(session_id=key).send.remote(self._codec.encode(request))
 
-    def _forget(self, request_id: str) -> None:
+    def stream_finished(self, request_id: str) -> None:
         """The stream finished or was cancelled: stop pumping it (this also stops it there)."""
-        self._streams.pop(request_id, None)
+        super().stream_finished(request_id)
         pump = self._pumps.get(request_id)
         if pump is not None and pump is not asyncio.current_task():
             pump.cancel()

@@ -69,8 +69,7 @@ class StageReplica:
         return ErrorReply(request_id=request_id, code=exc.code, message=exc.message)
 
     async def info(self) -> Answer:
-        self.client.info = self.client._stage_loop.info("cluster")
-        return self._answer(self.client.info)
+        return self._answer(self.client.refresh_info("cluster"))
 
     async def call(self, data: bytes, timeout_s: float | None = None) -> Answer:
         request = self._decode(data)

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from worldserve.config import StageConfig
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import Request
+from worldserve.models import registry
 from worldserve.models.types import ModelLoadError
 
 __all__ = ["ModelLoadError", "model_dir", "served_model_name", "unsupported"]
-
-DEV_MARKER = "worldserve_dev.json"
 
 
 def model_dir(stage_config: StageConfig) -> Path:
@@ -31,15 +29,8 @@ def served_model_name(stage_config: StageConfig, path: Path) -> str:
     """Configured name, else the dev marker's name, else the directory name."""
     if stage_config.served_model_name:
         return stage_config.served_model_name
-    marker = path / DEV_MARKER
-    if marker.is_file():
-        try:
-            name = json.loads(marker.read_text()).get("served_model_name")
-        except (OSError, ValueError):
-            name = None
-        if isinstance(name, str) and name:
-            return name
-    return path.name
+    name = (registry.dev_marker(path) or {}).get("served_model_name")
+    return name if isinstance(name, str) and name else path.name
 
 
 def unsupported(request: Request, stage: str) -> InvalidRequest:

@@ -51,8 +51,13 @@ class StageCapabilities(msgspec.Struct, kw_only=True, tag_field="kind"):
 # --------------------------------------------------------------------------- generation
 
 
-class GenerationDefaults(msgspec.Struct, kw_only=True):
-    """Sampling defaults the api fills omitted request fields from (Wan 2.1/2.2 at 480p)."""
+class GenerationDefaults(msgspec.Struct, kw_only=True, frozen=True):
+    """Sampling defaults the api fills omitted request fields from: the one defaults type.
+
+    Each generation family declares its own (real and dev checkpoint) in
+    `models/<family>/family.py`; the runner carries the checkpoint's in `RunnerFeatures` and the
+    engine copies them here. The values below are what the api uses before a stage's hello.
+    """
 
     width: int = 832
     height: int = 480
@@ -111,7 +116,7 @@ class GenerationCapabilities(StageCapabilities, tag="generation"):
     output_dir: str = ""
     # None: the checkpoint has no action_head/ folder (actions routes answer 404).
     actions: ActionHeadCapabilities | None = None
-    family: str = "wan"
+    family: str = ""  # the family's name, information only (never branched on)
     image_edits: bool = True  # False (Cosmos3): /v1/images/edits is a 400 naming /v1/videos
     exact_num_frames: bool = False  # an explicit num_frames must be 1 mod temporal_stride
     sound: bool = False  # generate_sound accepted

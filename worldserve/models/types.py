@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from worldserve.ipc.capabilities import ActionGenerationCapabilities
+from worldserve.ipc.capabilities import ActionGenerationCapabilities, GenerationDefaults
 
 
 class ModelLoadError(RuntimeError):
@@ -125,10 +125,14 @@ class RowExtras:
 
 @dataclass(frozen=True)
 class RunnerFeatures:
-    """What a generation runner's checkpoint can do beyond plain text-to-image/video (the
-    engine copies it into the stage's capabilities; the api validates requests against it)."""
+    """What a generation runner's checkpoint declares: its family's name (information only),
+    the sampling defaults of this checkpoint (the family's real or dev ones, from
+    `models/<family>/family.py` through `models.dev.checkpoint_defaults`), and what it can do
+    beyond plain text-to-image/video. The engine copies it into the stage's capabilities; the
+    api fills omitted fields from `defaults` and validates requests against the rest."""
 
-    family: str = "wan"
+    family: str
+    defaults: GenerationDefaults
     image_edits: bool = True  # /v1/images/edits (Cosmos3: no, condition videos instead)
     exact_num_frames: bool = False  # an explicit num_frames must be 1 mod temporal_stride
     sound: bool = False
@@ -156,7 +160,8 @@ def feature_capabilities(features: RunnerFeatures, *, action_head: bool = False)
             domains=dict(features.action_domains or {}),
             domain_ids=dict(features.action_domain_ids or {}), **tiers)
     action_api = features.action_api or ("flow_head" if action_head else None)
-    return {"family": features.family, "image_edits": features.image_edits,
+    return {"family": features.family, "defaults": features.defaults,
+            "image_edits": features.image_edits,
             "exact_num_frames": features.exact_num_frames, "sound": features.sound,
             "sound_sample_rate": features.sound_sample_rate,
             "video_conditioning": features.video_conditioning, "action_generation": actions,

@@ -1,11 +1,11 @@
-"""`InProcessStageClient`: a `StageClient` whose stage is an engine object in this process.
+"""`InProcessStageClient`: the `StageClient` transport whose stage is an engine in this process.
 
-Same interface and reply semantics as the ZeroMQ client (it is one, minus the socket): the
-requests go through the stage's own `StageLoop` dispatch (Hello, stats, echo, cancel, submit),
-and every message crosses the same msgpack codec in both directions, so what an engine or the
-api sees is exactly what the wire would carry. The engine is stepped by an asyncio task on the
-caller's loop, one `step()` per turn. For tests that are not about the wire (vLLM's
-`InprocClient`): the api against a fake engine, without sockets or threads.
+Same interface and reply semantics as the ZeroMQ client (both are `MessageStageClient`s): the
+requests go through the stage's own `StageLoop` (Hello, stats, echo, cancel, submit), and every
+message crosses the same msgpack codec in both directions, so what an engine or the api sees is
+exactly what the wire would carry. The engine is stepped by an asyncio task on the caller's
+loop, one `StageLoop.beat()` per turn, the very turn a stage process runs. For tests that are
+not about the wire, and for each Ray replica (vLLM's `InprocClient`).
 """
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import uuid
 from typing import Callable
 
-from worldserve.ipc.client import ReplyStream, StageClient, StatusListener
+from worldserve.ipc.client import MessageStageClient
 from worldserve.ipc.codec import MessageCodec
-from worldserve.ipc.messages import Message, Reply, Request
+from worldserve.ipc.messages import Message, Request, StageInfo
 from worldserve.runtime.engine import Engine
 from worldserve.runtime.stage import StageLoop
 
@@ -26,7 +25,7 @@ PEER = b"inprocess"
 
 
 class _Mailbox:
-    """What `StageLoop` takes for its socket: an inbox, and delivery back to the client."""
+    """The stage loop's socket (a `StageSocket`): an inbox, and delivery back to the client."""
 
     def __init__(self, deliver: Callable[[Message], None]) -> None:
         self.inbox: collections.deque[Message] = collections.deque()
@@ -34,7 +33,7 @@ class _Mailbox:
         self._codec = MessageCodec()
 
     def receive(self, timeout_ms: float) -> list[tuple[bytes, Message | None]]:
-        items = [(PEER, msg) for msg in self.inbox]
+        items: list[tuple[bytes, Message | None]] = [(PEER, msg) for msg in self.inbox]
         self.inbox.clear()
         return items
 
@@ -45,35 +44,32 @@ class _Mailbox:
         self.inbox.clear()
 
 
-class InProcessStageClient(StageClient):
+class InProcessStageClient(MessageStageClient):
     """A stage client for `engine`, already handshaken (the engine is loaded)."""
 
     def __init__(self, stage: str, engine: Engine, *, client_id: str | None = None) -> None:
-        # Deliberately not StageClient.__init__: no ZeroMQ context or socket.
-        self.stage = stage
-        self.address = f"inprocess://{stage}"
-        self.client_id = client_id or uuid.uuid4().hex
+        super().__init__(stage, f"inprocess://{stage}", client_id=client_id)
         self.engine = engine
-        self.down_reason: str | None = None
-        self._codec = MessageCodec()
-        self._futures: dict[str, asyncio.Future[Reply]] = {}
-        self._streams: dict[str, ReplyStream] = {}
-        self._listeners: list[StatusListener] = []
-        self._recv_task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None
         self._mailbox = _Mailbox(self._route)
-        self._stage_loop = StageLoop(stage, self._mailbox, engine)  # type: ignore[arg-type]
+        self._stage_loop = StageLoop(stage, self._mailbox, engine)
         self._wake = asyncio.Event()
-        self.info = self._stage_loop.info("inprocess")
+        self.refresh_info("inprocess")
+
+    def refresh_info(self, request_id: str) -> StageInfo:
+        """The stage's `StageInfo` as a Hello would answer it now (also kept as `info`)."""
+        self.info = self._stage_loop.info(request_id)
         self.state = self.info.state
+        return self.info
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        if self._recv_task is None:
-            self._recv_task = asyncio.get_running_loop().create_task(self._run())
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def close(self) -> None:
-        task, self._recv_task = self._recv_task, None
+        task, self._task = self._task, None
         if task is not None:
             if task.done() and not task.cancelled():
                 task.exception()  # an engine failure, already reported through mark_down
@@ -103,26 +99,19 @@ class InProcessStageClient(StageClient):
             raise
 
     async def _beat(self) -> None:
-        """The stage loop's beat: dispatch what arrived, one engine step, report state."""
-        loop = self._stage_loop
+        """The stage loop's beats: at once while the engine is busy (yielding to the api side
+        between two), else when a request arrives or an echo falls due."""
         while True:
             self._wake.clear()
-            for peer, msg in self._mailbox.receive(0):
-                loop._dispatch(peer, msg)
-            loop._send_due_echoes()
-            busy = self.engine.has_work()
-            if busy:
-                loop.step_engine()
-            loop._broadcast_state_change()
-            if busy:
-                await asyncio.sleep(0)  # let the api side run between engine steps
+            if self._stage_loop.beat(0):
+                await asyncio.sleep(0)
             else:
-                await self._idle(loop)
+                await self._idle()
 
-    async def _idle(self, loop: StageLoop) -> None:
-        wait_s = loop._echo_wait_ms(1000.0) / 1000 if loop._echoes else None
+    async def _idle(self) -> None:
+        due_ms = self._stage_loop.next_due_ms()
         try:
-            async with asyncio.timeout(wait_s):
+            async with asyncio.timeout(None if due_ms is None else due_ms / 1000):
                 await self._wake.wait()
         except TimeoutError:
-            pass  # an echo fell due: the next turn sends it
+            pass  # an echo fell due: the next beat sends it

@@ -18,6 +18,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Protocol
 
 from worldserve import envs
 from worldserve.config import ServerConfig
@@ -58,10 +59,24 @@ def _die_with_parent() -> None:
         pass
 
 
-class StageLoop:
-    """Owns the socket and the engine; routes replies back to the peer that asked."""
+class StageSocket(Protocol):
+    """What the stage loop receives from and replies through: the ZeroMQ `StageServer` of a
+    stage process, or the in-process client's mailbox (`runtime/inprocess.py`)."""
 
-    def __init__(self, stage: str, server: StageServer, engine: Engine) -> None:
+    def receive(self, timeout_ms: float) -> list[tuple[bytes, Message | None]]:
+        """Every message waiting (after at most `timeout_ms`); undecodable ones as None."""
+
+    def send(self, peer: bytes, msg: Message) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class StageLoop:
+    """Owns the socket and the engine; routes replies back to the peer that asked. One
+    `beat()` is one turn of the stage: the stage process runs it in a loop, the in-process
+    client runs it on its event loop."""
+
+    def __init__(self, stage: str, server: StageSocket, engine: Engine) -> None:
         self.stage = stage
         self.server = server
         self.engine = engine
@@ -93,17 +108,23 @@ class StageLoop:
 
     def run(self) -> None:
         while self.running:
-            self.tick(IDLE_POLL_MS)
+            self.beat(IDLE_POLL_MS)
 
-    def tick(self, idle_ms: float) -> None:
-        """Receive (waiting up to `idle_ms` when idle), answer, run one engine step."""
-        timeout_ms = 0 if self.engine.has_work() else self._echo_wait_ms(idle_ms)
+    def beat(self, idle_ms: float) -> bool:
+        """One turn: receive (waiting up to `idle_ms` when idle), answer, send the echoes that
+        fell due, run one engine step, broadcast a state change. True when the engine had work
+        (then the caller turns again at once)."""
+        due_ms = self.next_due_ms()
+        wait_ms = idle_ms if due_ms is None else min(idle_ms, due_ms)
+        timeout_ms = 0 if self.engine.has_work() else wait_ms
         for peer, msg in self.server.receive(timeout_ms):
             self._dispatch(peer, msg)
         self._send_due_echoes()
-        if self.engine.has_work():
+        busy = self.engine.has_work()
+        if busy:
             self.step_engine()
         self._broadcast_state_change()
+        return busy
 
     def step_engine(self) -> None:
         """One engine step, timed for /metrics (runtime/telemetry.py)."""
@@ -111,10 +132,12 @@ class StageLoop:
         self.engine.step()
         self.telemetry.observe_step(time.perf_counter() - started)
 
-    def _echo_wait_ms(self, default_ms: float) -> float:
+    def next_due_ms(self) -> float | None:
+        """Milliseconds until the next echo falls due (0 when overdue); None when none waits.
+        An idle stage waits for messages at most this long."""
         if not self._echoes:
-            return default_ms
-        return max(0.0, min(default_ms, (self._echoes[0][0] - time.monotonic()) * 1000))
+            return None
+        return max(0.0, (self._echoes[0][0] - time.monotonic()) * 1000)
 
     def _dispatch(self, peer: bytes, msg: Message | None) -> None:
         self._peers.add(peer)
@@ -186,7 +209,7 @@ def run_together(loops: list[StageLoop]) -> None:
     while all(loop.running for loop in loops):
         busy = any(loop.engine.has_work() for loop in loops)
         for loop in loops:
-            loop.tick(0 if busy else idle_ms)
+            loop.beat(0 if busy else idle_ms)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:

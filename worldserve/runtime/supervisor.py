@@ -25,7 +25,7 @@ from typing import Callable
 import worldserve
 from worldserve import envs
 from worldserve.config import ServerConfig, StageConfig
-from worldserve.ipc.client import StageClient
+from worldserve.ipc.client import StageClient, ZmqStageClient
 from worldserve.ipc.messages import StageInfo
 from worldserve.runtime.restart import RestartPolicy
 
@@ -60,7 +60,7 @@ class StageProcess:
     name: str
     config: StageConfig
     address: str
-    client: StageClient
+    client: ZmqStageClient
     proc: asyncio.subprocess.Process | None = None
     stderr_tail: collections.deque[str] = field(
         default_factory=lambda: collections.deque(maxlen=STDERR_TAIL_LINES)
@@ -137,7 +137,7 @@ class Supervisor:
         for name, stage_config in self.config.stages.enabled().items():
             address = self._address(name, stage_config)
             self.stages[name] = StageProcess(
-                name, stage_config, address, StageClient(name, address)
+                name, stage_config, address, ZmqStageClient(name, address)
             )
         hosts = colocated_hosts(self.config)
         try:
@@ -261,7 +261,7 @@ class Supervisor:
         """The new process's handshake, through a client of its own (the stage's client
         refuses requests while the stage is down); None when it failed (a process hung while
         loading is killed: its watcher counts that as a death)."""
-        probe = StageClient(stage.name, stage.address)
+        probe = ZmqStageClient(stage.name, stage.address)
         try:
             await self._handshake(stage, probe)
         except StageStartError as exc:

@@ -10,7 +10,7 @@ import pytest
 
 from tests.support.server import ServerProcess
 from worldserve.errors import NotFound
-from worldserve.ipc.client import StageClient
+from worldserve.ipc.client import StageClient, ZmqStageClient
 from worldserve.ipc.messages import RealtimeChunk, RealtimeChunkResult, RealtimeRelease
 
 
@@ -29,7 +29,7 @@ def realtime_server(tmp_path_factory: pytest.TempPathFactory, dev_models_dir: Pa
 
 
 async def _client(socket_path: Path) -> StageClient:
-    client = StageClient("realtime", f"ipc://{socket_path}")
+    client = ZmqStageClient("realtime", f"ipc://{socket_path}")
     await client.handshake(timeout_s=30)
     return client
 

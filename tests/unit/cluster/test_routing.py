@@ -174,3 +174,12 @@ def test_client_remembers_realtime_owners_from_chunk_zero() -> None:
                                                      existed=True))
     with pytest.raises(SessionLost):
         client._key(chunk1)
+
+
+def test_the_ray_client_is_a_stage_client() -> None:
+    from worldserve.ipc.client import StageClient
+
+    client = RayStageClient("generation", handle=None)  # type: ignore[arg-type]
+    assert isinstance(client, StageClient)
+    assert client.address == "ray://generation" and client.state == "starting"
+    assert client.client_id and client.info is None and client.down_reason is None

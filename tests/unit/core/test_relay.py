@@ -14,7 +14,7 @@ import pytest
 
 from worldserve.errors import InvalidRequest, RequestTimeout, StageUnavailable
 from worldserve.ipc.capabilities import GenerationCapabilities
-from worldserve.ipc.client import StageClient, new_request_id
+from worldserve.ipc.client import StageClient, ZmqStageClient, new_request_id
 from worldserve.ipc.messages import (
     ChatCompletion,
     ChatDelta,
@@ -106,7 +106,8 @@ def stage(request: pytest.FixtureRequest,
 async def client(stage: tuple[str | None, Any]) -> AsyncIterator[StageClient]:
     """A handshaken client, always closed (an open ZeroMQ socket would block interpreter exit)."""
     address, loop = stage
-    client = StageClient("test", address) if address else InProcessStageClient("test", loop.engine)
+    client = (ZmqStageClient("test", address) if address
+              else InProcessStageClient("test", loop.engine))
     try:
         await client.handshake(timeout_s=5)
         yield client
@@ -210,5 +211,21 @@ async def test_inprocess_engine_crash_fails_waiters_like_a_dead_stage() -> None:
             async for _ in await client.stream(chat()):
                 pass
         assert client.state == "failed"
+    finally:
+        await client.close()
+
+
+async def test_every_transport_is_the_one_interface() -> None:
+    """The api types against `StageClient`; each transport implements it through its
+    `__init__` (no subclass skips it), and the interface alone cannot be built."""
+    with pytest.raises(TypeError, match="abstract"):
+        StageClient("test", "nowhere")  # type: ignore[abstract]
+    client = InProcessStageClient("test", CountingEngine())
+    try:
+        assert isinstance(client, StageClient) and client.client_id and client.info is not None
+        seen: list[str] = []
+        client.add_status_listener(lambda stage, state: seen.append(state))
+        client.mark_down("gone")  # the base class's liveness, shared by every transport
+        assert seen == ["failed"] and client.down_reason == "gone"
     finally:
         await client.close()

@@ -1,6 +1,6 @@
 """A request sent to a stage that just died stays queued in the api's DEALER socket and reaches
 the stage restarted on the same address (what the soak found: sessions created on a restarted
-reasoner that nothing released). `StageClient.reconnect()`, which the supervisor calls before
+reasoner that nothing released). `ZmqStageClient.reconnect()`, which the supervisor calls before
 a restart, drops it. Real ZeroMQ sockets on an ipc address; the stage is a bare StageServer."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from worldserve.ipc.client import StageClient
+from worldserve.ipc.client import ZmqStageClient
 from worldserve.ipc.messages import Cancel, Message
 from worldserve.ipc.transport import StageServer
 
@@ -29,7 +29,7 @@ def received_by_a_new_server(address: str, wait_s: float = 1.0) -> list[Message 
 async def sent_while_dead(tmp_path: Path, reconnect: bool) -> list[Message | None]:
     address = f"ipc://{tmp_path / 'stage.sock'}"
     first = StageServer(address)
-    client = StageClient("reasoner", address)
+    client = ZmqStageClient("reasoner", address)
     client.send_nowait(Cancel(request_id="before", target_id="x"))
     assert [m.request_id for _, m in first.receive(2000) if m] == ["before"]
     first.close()  # the stage process dies

@@ -111,7 +111,7 @@ def test_interleaved_adapters_equal_fresh_pipelines(engine, tiny_wan_dir, admin_
     most_running = 0
     while engine.has_work():
         engine.step()
-        most_running = max(most_running, len(engine.running))
+        most_running = max(most_running, len(engine.scheduler.running))
     assert most_running == 3  # different selections never share a batch; they interleave
     got = {rid: pixels(engine, log.last(rid)) for rid in requests}
     assert_same = fx.assert_close_uint8

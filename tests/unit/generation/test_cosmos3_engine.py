@@ -98,7 +98,7 @@ def test_interleaved_requests_equal_their_solo_runs_and_sound_is_written(cosmos3
     engine.submit(image, on_reply("i"))
     order = []
     while engine.has_work():
-        running = [b.requests[0].request_id for b in engine.running]
+        running = [b.requests[0].request_id for b in engine.scheduler.running]
         engine.step()
         order.append(tuple(running))
     assert finished == ["i", "v"]  # the 2-step image finished before the 6-step video
@@ -127,7 +127,7 @@ def test_cancel_mid_run_never_decodes_nor_writes(cosmos3_dir, tmp_path):
     engine.submit(media("c", num_inference_steps=10, generate_sound=True), replies)
     for _ in range(4):  # prepare + 3 steps
         engine.step()
-    assert engine.running and engine.running[0].state.step_index == 3
+    assert engine.scheduler.running and engine.scheduler.running[0].state.step_index == 3
     engine.cancel("c")
     drain(engine)
     assert isinstance(replies.last, GenerationCancelled)

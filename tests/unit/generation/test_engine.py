@@ -95,7 +95,7 @@ def test_batched_equals_sequential_and_progress(engine):
     for rid, prompt in (("b0", "a red car"), ("b1", "a wooden table"), ("b2", "a cube")):
         engine.submit(media(rid, prompt=prompt), replies.fn(rid))
     engine.step()  # starts one batch with all three
-    assert [len(batch.requests) for batch in engine.running] == [3]
+    assert [len(batch.requests) for batch in engine.scheduler.running] == [3]
     drain(engine)
     b0 = replies.terminal("b0")
     assert isinstance(b0, GenerationResult) and b0.file_names == ["b0.png"]

@@ -12,6 +12,7 @@ import pytest
 
 from worldserve.config import GenerationStageConfig, ServerConfig
 from worldserve.engines.generation.engine import GenerationEngine
+from worldserve.ipc.capabilities import GenerationDefaults
 from worldserve.ipc.messages import GenerateMedia, GenerationParams, GenerationResult
 from worldserve.models.types import RunnerFeatures
 
@@ -39,7 +40,9 @@ class FakeRunner:
     size_multiple: int = 16
     temporal_stride: int = 4
     num_params: int = 0
-    features: RunnerFeatures = RunnerFeatures()
+    features: RunnerFeatures = RunnerFeatures(
+        family="fake", defaults=GenerationDefaults(width=16, height=16, num_frames=1,
+                                                   num_inference_steps=2))
     steps: list[tuple[str, ...]] = field(default_factory=list)
 
     def snap_frames(self, num_frames: int) -> int:
@@ -104,8 +107,12 @@ def test_one_row_runner_interleaves_requests_round_robin(tmp_path):
 def test_batching_runner_keeps_compatible_requests_in_one_batch(tmp_path):
     runner = FakeRunner(max_batch_size=None)
     engine = make_engine(tmp_path, runner, max_batch_size=4)
+    before = engine.stats()["extra"]
     run(engine, ["a", "b", "c"])
     assert runner.steps == [("a", "b", "c")] * 3
+    after = engine.stats()["extra"]  # the batching telemetry: 3 steps of 3 rows
+    assert after["denoise_steps"] - before["denoise_steps"] == 3
+    assert after["denoise_rows"] - before["denoise_rows"] == 9
 
 
 def test_incompatible_requests_run_as_interleaved_batches(tmp_path):
@@ -116,7 +123,7 @@ def test_incompatible_requests_run_as_interleaved_batches(tmp_path):
     engine.submit(media("wide", width=32), lambda r: None)
     engine.step()  # starts the a+b batch
     engine.step()  # room left: starts the second batch too
-    assert [len(batch.requests) for batch in engine.running] == [2, 1]
+    assert [len(batch.requests) for batch in engine.scheduler.running] == [2, 1]
     while engine.has_work():
         engine.step()
     assert sorted(runner.steps[:2]) == [("a", "b"), ("wide",)]

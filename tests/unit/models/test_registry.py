@@ -87,3 +87,52 @@ def test_one_directory_serves_generation_and_reasoner(tmp_path):
     generator_only = write(tmp_path / "gen", "model_index.json", {"_class_name": "WanPipeline"})
     assert _model_overrides(generator_only) == {
         "stages.generation.model_path": str(generator_only)}
+
+
+def plugin_site(site: Path, entries: dict[str, str]) -> Path:
+    """An installed plugin distribution's metadata: entry points in `registry.PLUGIN_GROUP`."""
+    dist = site / "worldserve_test_plugin-0.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: worldserve-test-plugin\n"
+                                   "Version: 0.0\n")
+    lines = "".join(f"{name} = {target}\n" for name, target in entries.items())
+    (dist / "entry_points.txt").write_text(f"[{registry.PLUGIN_GROUP}]\n{lines}")
+    return site
+
+
+@pytest.fixture
+def plugins(tmp_path, monkeypatch):
+    """Install plugin entry points for one test (the registry caches what it found)."""
+    def install(**entries: str) -> None:
+        monkeypatch.syspath_prepend(str(plugin_site(tmp_path / "site", entries)))
+        registry._plugin_families.cache_clear()
+
+    yield install
+    registry._plugin_families.cache_clear()
+
+
+def test_a_plugin_family_comes_after_the_built_in_ones(tmp_path, plugins):
+    plugins(toy="tests.integration.generation.toy_family:FAMILY")
+    assert [f.name for f in registry.families()] == [f.name for f in registry.FAMILIES] + ["toy"]
+    model = write(tmp_path / "toy", "model_index.json", {"_class_name": "ToyPipeline"})
+    assert registry.resolve("generation", model).name == "toy"
+    assert registry.supported("generation") == ["cosmos3", "wan", "toy"]
+
+
+def test_a_plugin_that_is_not_a_family_is_refused_by_name(plugins):
+    plugins(broken="tests.integration.generation.toy_family:DEFAULTS")
+    with pytest.raises(ModelLoadError, match="plugin broken .* is a GenerationDefaults"):
+        registry.families()
+
+
+def test_checkpoint_defaults_real_dev_and_marker_overrides(tmp_path):
+    from worldserve.models.dev import MARKER_NAME, checkpoint_defaults
+    from worldserve.models.wan.family import DEFAULTS, DEV_DEFAULTS
+
+    assert checkpoint_defaults(tmp_path, DEFAULTS, DEV_DEFAULTS) == DEFAULTS
+    (tmp_path / MARKER_NAME).write_text("not json")
+    assert checkpoint_defaults(tmp_path, DEFAULTS, DEV_DEFAULTS) == DEV_DEFAULTS
+    marker = {"sampling_defaults": {"num_inference_steps": 100, "unknown": 1}}
+    (tmp_path / MARKER_NAME).write_text(json.dumps(marker))
+    got = checkpoint_defaults(tmp_path, DEFAULTS, DEV_DEFAULTS)
+    assert got.num_inference_steps == 100 and got.width == DEV_DEFAULTS.width

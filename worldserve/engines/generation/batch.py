@@ -1,18 +1,73 @@
-"""The generation engine's step vocabulary (vLLM's SchedulerOutput / RunnerOutput, one phase at a
-time): which running batch advances, which runner phase it runs, and what that phase produced."""
+"""The generation engine's vocabulary (vLLM's Request / SchedulerOutput / RunnerOutput, one phase
+at a time): a request as the scheduler tracks it, the batches that denoise together, which
+batch advances next and which runner phase it runs, and what that phase produced."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any, Hashable
 
 import numpy as np
 
 from worldserve.engines.generation.contract import RunnerBatch
-from worldserve.engines.generation.scheduler import ScheduledRequest
-from worldserve.ipc.messages import ActionsResult, GenerateActions, GenerateMedia
+from worldserve.ipc.messages import ActionsResult, GenerateActions, GenerateMedia, GenerationParams
 from worldserve.models.types import RowExtras
 from worldserve.runtime.engine import ReplyFn
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+_ALLOWED = {
+    RequestStatus.WAITING: {RequestStatus.RUNNING, RequestStatus.CANCELLED, RequestStatus.FAILED},
+    RequestStatus.RUNNING: {RequestStatus.FINISHED, RequestStatus.FAILED, RequestStatus.CANCELLED,
+                            RequestStatus.WAITING},  # WAITING: requeued alone after a batch failure
+}
+
+
+def batch_key(params: GenerationParams) -> Hashable | None:
+    """Requests with equal keys can share a batch; None means "always alone"."""
+    if params.condition_images:
+        return None
+    return (params.width, params.height, params.num_frames, params.num_inference_steps,
+            params.guidance_scale, params.guidance_scale_2, params.max_sequence_length,
+            tuple((ref.name, ref.scale) for ref in params.lora))
+
+
+@dataclass(eq=False)
+class ScheduledRequest:
+    """One request as the scheduler and engine track it. `payload` is the engine's business."""
+
+    request_id: str
+    params: GenerationParams
+    arrival_s: float
+    payload: Any = None
+    solo: bool = False
+    status: RequestStatus = RequestStatus.WAITING
+    steps_done: int = 0
+    last_progress: int = 0
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.params.seeds)
+
+    @property
+    def key(self) -> Hashable | None:
+        return None if self.solo else batch_key(self.params)
+
+    def transition(self, status: RequestStatus) -> None:
+        if status not in _ALLOWED.get(self.status, set()):
+            raise RuntimeError(f"request {self.request_id}: illegal transition "
+                               f"{self.status.value} -> {status.value}")
+        self.status = status
 
 
 @dataclass
@@ -45,6 +100,11 @@ class RunningBatch:
     def num_rows(self) -> int:
         return sum(r.num_rows for r in self.requests)
 
+    @property
+    def key(self) -> Hashable | None:
+        """The batch key its requests share (None: a request that runs alone)."""
+        return self.requests[0].key if self.requests else None
+
     def phase(self) -> Phase:
         if self.state is None:
             return Phase.PREPARE
@@ -70,13 +130,16 @@ class RunningBatch:
         self.state.keep_rows(keep)
 
 
+ActionJob = tuple[GenerateActions, ReplyFn]
+
+
 @dataclass
 class SchedulerOutput:
     """What one engine step runs: one phase of one running batch, or one action request."""
 
     batch: RunningBatch | None = None
     phase: Phase | None = None
-    action: tuple[GenerateActions, ReplyFn] | None = None
+    action: ActionJob | None = None
 
 
 @dataclass

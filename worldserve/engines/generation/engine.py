@@ -1,12 +1,12 @@
 """Generation stage engine: each `step()` is `schedule -> execute -> update`.
 
-`schedule` picks one unit: an action request, a new batch to start (when fewer than
-`max_running_requests` requests run), or the next phase of a running batch, round-robin over
-the running batches. `execute` runs that one runner phase (prepare, one denoising step, one
-row's decode, or writing one request's files); `update` turns its output into replies.
-Several batches run at once, each advanced one phase per turn, so a short request is not stuck
-behind a long one; cancellation applies at the next step boundary; a request that fails inside
-a batch is retried alone and then fails alone.
+`schedule` (the `Scheduler`, which owns every queue and the pause state) picks one unit: an
+action request, a new batch to start (when fewer than `max_running_requests` requests run), or
+the next phase of a running batch, round-robin over the running batches. `execute` runs that
+one runner phase (prepare, one denoising step, one row's decode, or writing one request's
+files); `update` turns its output into replies. Several batches run at once, each advanced one
+phase per turn, so a short request is not stuck behind a long one; cancellation applies at the
+next step boundary; a request that fails inside a batch is retried alone and then fails alone.
 """
 
 from __future__ import annotations
@@ -14,40 +14,34 @@ from __future__ import annotations
 import logging
 import resource
 import time
-from pathlib import Path
 from typing import Any
 
 from worldserve.config import GenerationStageConfig, ServerConfig
 from worldserve.engines.common import model_dir, served_model_name
-from worldserve.engines.generation.admin import GenerationAdmin
+from worldserve.engines.generation.admin import GenerationAdmin, ServedModel
 from worldserve.engines.generation.batch import (
     MediaJob,
     Phase,
+    RequestStatus,
     RunnerOutput,
     RunningBatch,
+    ScheduledRequest,
     SchedulerOutput,
 )
 from worldserve.engines.generation.contract import ActionRunner, GenerationRunner
-from worldserve.engines.generation.defaults import sampling_defaults
 from worldserve.engines.generation.outputs import (
     action_output,
     output_names,
     to_uint8,
     write_output,
 )
-from worldserve.engines.generation.scheduler import (
-    RequestStatus,
-    ScheduledRequest,
-    Scheduler,
-    denoise_progress,
-)
+from worldserve.engines.generation.scheduler import Scheduler, denoise_progress
 from worldserve.engines.generation.warmup import WarmupPlan
 from worldserve.enhancer_config import load_enhancer_config
 from worldserve.errors import InternalError, InvalidRequest, WorldserveError
 from worldserve.ipc.capabilities import (
     ActionHeadCapabilities,
     GenerationCapabilities,
-    GenerationDefaults,
 )
 from worldserve.ipc.messages import (
     AdminRequest,
@@ -67,7 +61,6 @@ from worldserve.runtime.engine import EngineState, ReplyFn
 log = logging.getLogger("worldserve.generation")
 
 MAX_WAIT_SLEEP_S = 0.002
-ACTION_HEAD_DIR = "action_head"  # optional sub-directory of the generation checkpoint
 
 
 class GenerationEngine:
@@ -82,30 +75,34 @@ class GenerationEngine:
             "generation", path, dtype=stage_config.dtype, device=stage_config.device,
             safety_checker=stage_config.safety_checker)
         self.pipe = self.runner.pipe
-        self.actions = _load_actions(path)
-        self.defaults = sampling_defaults(path, self.runner.features.family)
+        self.actions: ActionRunner | None = registry.load_actions(path)
+        self.defaults = self.runner.features.defaults  # the family's, for this checkpoint
         self.model_name = served_model_name(stage_config, path)
         self.model_path = str(path)
         self.num_params = self.runner.num_params
         self.scheduler = Scheduler(_rows_per_batch(stage_config, self.runner),
-                                   stage_config.batch_wait_ms / 1000)
-        self.running: list[RunningBatch] = []
-        self._turn = 0  # round-robin cursor over `running`
-        self.by_id: dict[str, ScheduledRequest] = {}
-        self.action_queue: list[tuple[GenerateActions, ReplyFn]] = []
+                                   stage_config.batch_wait_ms / 1000,
+                                   stage_config.max_running_requests)
         self.num_finished = 0
-        self.admin = GenerationAdmin(self)
+        self.denoise_steps = 0  # batched denoising steps run, and the rows they advanced:
+        self.denoise_rows = 0  # rows / steps is how well batching works (stats, benchmarks)
+        self.admin = GenerationAdmin(self.runner, self.scheduler, self._served())
         self.warmup = WarmupPlan.create(stage_config, self.defaults, self.runner)
         for params in self.warmup.requests():
-            self._enqueue(f"warmup-{len(self.by_id)}", params,
+            self._enqueue(f"warmup-{len(self.scheduler.requests)}", params,
                           MediaJob(msg=None, reply=self._on_warmup))
+
+    def _served(self) -> ServedModel:
+        return ServedModel(
+            name=self.model_name, path=self.model_path, dtype=self.config.dtype,
+            device=self.config.device, num_params=self.num_params,
+            action_head=self.actions.metadata() if self.actions is not None else None)
 
     # ------------------------------------------------------------------ protocol
 
     def capabilities(self) -> GenerationCapabilities:
         return GenerationCapabilities(
             pipeline=type(self.pipe).__name__,
-            defaults=GenerationDefaults(**self.defaults.as_dict()),
             size_multiple=self.runner.size_multiple,
             temporal_stride=self.runner.temporal_stride,
             max_batch_size=self.config.max_batch_size,
@@ -138,7 +135,7 @@ class GenerationEngine:
         if msg.lora:
             raise InvalidRequest("this model's action head does not use LoRA adapters (they "
                                  "apply to the generation transformer)", param="lora")
-        self.action_queue.append((msg, reply))
+        self.scheduler.add_action((msg, reply))
 
     def _submit_media(self, msg: GenerateMedia, reply: ReplyFn) -> None:
         self.admin.check_servable()
@@ -154,41 +151,25 @@ class GenerationEngine:
     def _enqueue(self, request_id: str, params: Any, job: MediaJob) -> int:
         request = ScheduledRequest(request_id=request_id, params=params,
                                    arrival_s=self.scheduler.clock(), payload=job)
-        self.by_id[request_id] = request
         return self.scheduler.add(request)
 
     def cancel(self, request_id: str) -> None:
-        request = self.by_id.get(request_id)
-        if request is None:
-            return
-        if request.status == RequestStatus.WAITING:
-            self.scheduler.remove(request_id)
-        elif request.status == RequestStatus.RUNNING:
-            self._drop_from_batch(request)
-        else:
-            return
-        request.transition(RequestStatus.CANCELLED)
-        self._finish(request)
-        request.payload.reply(GenerationCancelled(request_id=request_id))
-
-    def _drop_from_batch(self, request: ScheduledRequest) -> None:
-        for batch in self.running:
-            if request in batch.requests:
-                batch.drop(request)
-                if not batch.requests:
-                    self.running.remove(batch)
-                return
+        request = self.scheduler.abort(request_id)
+        if request is not None:
+            self.num_finished += 1
+            request.payload.reply(GenerationCancelled(request_id=request_id))
 
     def has_work(self) -> bool:
-        if self.admin.paused:
+        if self.scheduler.paused:
             return False  # running batches hold at this step boundary until continue
-        return bool(self.running or len(self.scheduler) or self.action_queue
-                    or self.admin.pending)
+        return self.scheduler.has_work() or bool(self.admin.pending)
 
     def step(self) -> None:
-        if self.admin.paused or self.admin.apply_due():
+        if self.scheduler.paused or self.admin.apply_due():
             return
-        scheduled = self._schedule()
+        # A blocking warmup runs alone: requests queue behind it.
+        warming_alone = self.state() == "warming" and bool(self.scheduler.running)
+        scheduled = self.scheduler.schedule(admit=not warming_alone)
         if scheduled is None:
             time.sleep(min(MAX_WAIT_SLEEP_S, self.scheduler.wait_s()))
             return
@@ -199,55 +180,29 @@ class GenerationEngine:
             return
         self._update(scheduled, output)
 
+    @property
+    def running(self) -> list[RunningBatch]:
+        """The running batches (the scheduler's; read them, never change them)."""
+        return self.scheduler.running
+
+    def num_running(self) -> int:
+        return self.scheduler.num_running()
+
     def stats(self) -> dict[str, Any]:
-        return {"queue_depth": len(self.scheduler) + len(self.action_queue),
-                "running": self.num_running(),
+        scheduler = self.scheduler
+        return {"queue_depth": len(scheduler) + len(scheduler.actions),
+                "running": scheduler.num_running(),
                 "extra": {"finished": self.num_finished, "warmup_done": self.warmup.done,
-                          "running_batches": len(self.running), "paused": self.admin.paused,
+                          "running_batches": len(scheduler.running), "paused": scheduler.paused,
+                          "denoise_steps": self.denoise_steps, "denoise_rows": self.denoise_rows,
                           "memory": "released" if self.admin.released else "resident"}}
 
     def shutdown(self) -> None:
-        for request in list(self.by_id.values()):
+        for request in self.scheduler.drop_all():
             if request.payload.msg is not None:
                 request.payload.reply(ErrorReply(request_id=request.request_id,
                                                  code="stage_unavailable",
                                                  message="the generation stage is shutting down"))
-        self.by_id.clear()
-
-    # ------------------------------------------------------------------ schedule
-
-    def _schedule(self) -> SchedulerOutput | None:
-        """Actions first; then a new batch while there is room; else the next running batch."""
-        if self.action_queue:
-            return SchedulerOutput(action=self.action_queue.pop(0))
-        batch = self._admit() or self._next_running()
-        if batch is None:
-            return None
-        return SchedulerOutput(batch=batch, phase=batch.phase())
-
-    def num_running(self) -> int:
-        return sum(len(batch.requests) for batch in self.running)
-
-    def _admit(self) -> RunningBatch | None:
-        room = self.config.max_running_requests - self.num_running()
-        if room <= 0 or self.admin.blocks_admission():
-            return None  # full, or an admin operation waits for the running batches to finish
-        if self.running and self.state() == "warming":
-            return None  # a blocking warmup runs alone: requests queue behind it
-        requests = self.scheduler.schedule(max_requests=room)
-        if requests is None:
-            return None
-        batch = RunningBatch(requests)
-        self.running.append(batch)
-        return batch
-
-    def _next_running(self) -> RunningBatch | None:
-        if not self.running:
-            return None
-        self._turn %= len(self.running)
-        batch = self.running[self._turn]
-        self._turn += 1
-        return batch
 
     # ------------------------------------------------------------------ execute
 
@@ -324,6 +279,8 @@ class GenerationEngine:
         state = batch.state
         assert state is not None
         progress = denoise_progress(state.step_index, state.num_steps)
+        self.denoise_steps += 1
+        self.denoise_rows += len(state.row_owner)
         for request in batch.requests:
             request.steps_done = state.step_index
         self._report(batch.requests, progress, "denoising", state.step_index, state.num_steps)
@@ -345,18 +302,13 @@ class GenerationEngine:
         rows = batch.rows_of(request.request_id)
         frames = batch.decoded[rows[0]]
         actions = [action_output(batch.extras.get(row)) for row in rows]
-        request.transition(RequestStatus.FINISHED)
-        self._drop_from_batch(request)
-        self._finish(request)
+        self.scheduler.finish(request, RequestStatus.FINISHED)
+        self.num_finished += 1
         job.reply(GenerationResult(
             request_id=request.request_id, file_names=names, width=int(frames.shape[2]),
             height=int(frames.shape[1]), num_frames=int(frames.shape[0]),
             inference_time_s=time.perf_counter() - job.started_s, peak_memory_mb=_peak_memory_mb(),
             actions=[a for a in actions if a is not None]))
-
-    def _finish(self, request: ScheduledRequest) -> None:
-        self.by_id.pop(request.request_id, None)
-        self.num_finished += 1
 
     # ------------------------------------------------------------------ failures
 
@@ -371,17 +323,13 @@ class GenerationEngine:
         self._batch_failed(scheduled.batch, exc)
 
     def _batch_failed(self, batch: RunningBatch, exc: Exception) -> None:
-        if batch in self.running:
-            self.running.remove(batch)
-        if len(batch.requests) > 1:
+        failed = self.scheduler.batch_failed(batch)
+        if not failed:
             log.warning("a batch of %d requests failed (%s); retrying each alone",
                         len(batch.requests), exc)
-            self.scheduler.requeue_alone(batch.requests)
-            return
-        for request in batch.requests:
+        for request in failed:
             log.warning("request %s failed: %s", request.request_id, exc)
-            request.transition(RequestStatus.FAILED)
-            self._finish(request)
+            self.num_finished += 1
             error = _as_error(exc)
             request.payload.reply(ErrorReply(request_id=request.request_id, code=error.code,
                                              message=error.message))
@@ -397,11 +345,6 @@ def _rows_per_batch(config: GenerationStageConfig, runner: GenerationRunner) -> 
     return max(1, min(config.max_batch_size, runner.max_batch_size))
 
 
-def _load_actions(path: Path) -> ActionRunner | None:
-    head_dir = path / ACTION_HEAD_DIR
-    if not (head_dir / "config.json").is_file():
-        return None
-    return registry.load_runner("actions", head_dir)
 
 
 def _as_error(exc: Exception) -> WorldserveError:

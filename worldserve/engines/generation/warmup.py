@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 from worldserve.config import GenerationStageConfig
-from worldserve.engines.generation.defaults import SamplingDefaults
+from worldserve.ipc.capabilities import GenerationDefaults
 from worldserve.ipc.messages import ErrorReply, GenerationParams, Message, Reply
 
 log = logging.getLogger("worldserve.generation.warmup")
@@ -37,7 +37,7 @@ class WarmupPlan:
 
     @classmethod
     def create(
-        cls, config: GenerationStageConfig, defaults: SamplingDefaults, runner
+        cls, config: GenerationStageConfig, defaults: GenerationDefaults, runner
     ) -> "WarmupPlan":
         explicit = bool(config.warmup_resolutions)
         blocking = config.warmup_mode == "server" or explicit

@@ -8,6 +8,7 @@ from worldserve.models.detect import CONFIG, read_json
 from worldserve.models.types import ModelFamily
 
 _KEYS = ("action_dim", "action_horizon", "state_dim")
+SUBDIR = "action_head"  # where a generation checkpoint carries its (optional) action head
 
 
 def detect(model_dir: Path) -> bool:

@@ -5,10 +5,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from worldserve.ipc.capabilities import GenerationDefaults
 from worldserve.models.detect import diffusers_class
 from worldserve.models.types import ModelFamily
 
 PIPELINE_CLASS = "Cosmos3OmniPipeline"
+
+# Cosmos3OmniPipeline.__call__'s own defaults (so an omitted field is the pipeline's default);
+# images default to b64_json responses (spec §3.1).
+DEFAULTS = GenerationDefaults(width=1280, height=720, num_frames=189, fps=24,
+                              num_inference_steps=35, guidance_scale=6.0, max_sequence_length=512,
+                              image_width=1280, image_height=720,
+                              image_response_format="b64_json")
+# The tiny dev Cosmos3 checkpoint: the pipeline's guidance, small sizes and few steps.
+DEV_DEFAULTS = GenerationDefaults(width=48, height=32, num_frames=9, fps=8, num_inference_steps=4,
+                                  guidance_scale=6.0, max_sequence_length=512, image_width=32,
+                                  image_height=32, image_response_format="b64_json")
 
 
 def detect(model_dir: Path) -> bool:

@@ -28,7 +28,9 @@ from worldserve.ipc.rules import check_generation
 from worldserve.models import shared
 from worldserve.models.common import count_parameters
 from worldserve.models.cosmos3 import checks, inputs
+from worldserve.models.cosmos3.family import DEFAULTS, DEV_DEFAULTS, FAMILY
 from worldserve.models.cosmos3.loader import load_pipeline
+from worldserve.models.dev import checkpoint_defaults
 from worldserve.models.diffusers_admin import DiffusersAdminOps, LoraAdapters
 from worldserve.models.types import RowExtras, RunnerFeatures
 
@@ -117,7 +119,7 @@ class Cosmos3Runner(DiffusersAdminOps):
 
     def describe(self) -> dict[str, Any]:
         """GET /admin/model_info facts."""
-        return {"family": "cosmos3", "pipeline": type(self.pipe).__name__,
+        return {"family": FAMILY.name, "pipeline": type(self.pipe).__name__,
                 "dtype": str(self.pipe.transformer.dtype).removeprefix("torch."),
                 "device": str(self.device), "lora_supported": True,
                 "lora": self.lora.describe(), "sound": self.supports_sound,
@@ -134,8 +136,10 @@ class Cosmos3Runner(DiffusersAdminOps):
         if self.supports_actions:  # the domains whose width fits the model's padded width
             domains = {name: width for name, width in _EMBODIMENT_TO_RAW_ACTION_DIM.items()
                        if width <= (self.padded_action_dim or 0)}
+        defaults = (checkpoint_defaults(self.model_dir, DEFAULTS, DEV_DEFAULTS)
+                    if self.model_dir is not None else DEFAULTS)
         return RunnerFeatures(
-            family="cosmos3", image_edits=False, exact_num_frames=True,
+            family=FAMILY.name, defaults=defaults, image_edits=False, exact_num_frames=True,
             sound=self.supports_sound,
             sound_sample_rate=self.sample_rate if self.supports_sound else None,
             video_conditioning=True, action_generation=self.supports_actions,

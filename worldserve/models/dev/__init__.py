@@ -23,6 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from worldserve.ipc.capabilities import GenerationDefaults
+
 logger = logging.getLogger(__name__)
 
 # Bump whenever a builder's output changes: a marker with another version is rebuilt.
@@ -92,6 +96,20 @@ def read_marker(model_dir: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return marker if isinstance(marker, dict) else None
+
+
+def checkpoint_defaults(model_dir: Path, real: GenerationDefaults,
+                        dev: GenerationDefaults) -> GenerationDefaults:
+    """A generation family's sampling defaults for `model_dir`: `dev` for a dev checkpoint (it
+    has a marker; the marker's `sampling_defaults` object overrides single fields), else `real`.
+    A marker that cannot be read still marks a dev checkpoint."""
+    if not (Path(model_dir) / MARKER_NAME).is_file():
+        return real
+    overrides = (read_marker(model_dir) or {}).get("sampling_defaults")
+    if not isinstance(overrides, dict):
+        return dev
+    known = {k: v for k, v in overrides.items() if k in GenerationDefaults.__struct_fields__}
+    return msgspec.structs.replace(dev, **known)
 
 
 def dev_model_ready(model_dir: Path, name: str) -> bool:

@@ -23,10 +23,13 @@ import torch
 from PIL import Image
 
 from worldserve.errors import InvalidRequest
+from worldserve.ipc.capabilities import GenerationDefaults
 from worldserve.ipc.messages import GenerationParams
 from worldserve.models.common import count_parameters
+from worldserve.models.dev import checkpoint_defaults
 from worldserve.models.diffusers_admin import DiffusersAdminOps, LoraAdapters
 from worldserve.models.types import ModelLoadError, RowExtras, RunnerFeatures
+from worldserve.models.wan.family import DEFAULTS, DEV_DEFAULTS, FAMILY
 from worldserve.models.wan.loader import load_pipeline
 
 DEFAULT_MAX_SEQUENCE_LENGTH = 512
@@ -78,7 +81,8 @@ def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu",
     if safety_checker:
         raise ModelLoadError(f"{model_dir}: stages.generation.safety_checker applies to Cosmos3 "
                              "checkpoints; Wan pipelines have none (set it to false)")
-    return DiffusionRunner(load_pipeline(model_dir, dtype, device))
+    return DiffusionRunner(load_pipeline(model_dir, dtype, device),
+                           defaults=checkpoint_defaults(model_dir, DEFAULTS, DEV_DEFAULTS))
 
 
 class DiffusionRunner(DiffusersAdminOps):
@@ -90,10 +94,10 @@ class DiffusionRunner(DiffusersAdminOps):
 
     # Rows of one forward: no limit of its own (the stage's `max_batch_size` decides).
     max_batch_size: int | None = None
-    features = RunnerFeatures(family="wan")
 
-    def __init__(self, pipe: Any) -> None:
+    def __init__(self, pipe: Any, defaults: GenerationDefaults = DEFAULTS) -> None:
         self.pipe = pipe
+        self.features = RunnerFeatures(family=FAMILY.name, defaults=defaults)
         self.num_params = count_parameters(pipe)
         self.device = pipe._execution_device
         transformer = pipe.transformer if pipe.transformer is not None else pipe.transformer_2
@@ -113,7 +117,7 @@ class DiffusionRunner(DiffusersAdminOps):
     # ------------------------------------------------------------------ admin (optional contract)
 
     def describe(self) -> dict[str, Any]:
-        return {"family": "wan", "pipeline": type(self.pipe).__name__,
+        return {"family": FAMILY.name, "pipeline": type(self.pipe).__name__,
                 "dtype": str(self.transformer_dtype).removeprefix("torch."),
                 "device": str(self.device), "lora_supported": True,
                 "lora": self.lora.describe()}
