@@ -16,10 +16,16 @@ BROWSER ?= 1
 .PHONY: serve serve-qwen test mutations lint install dev-models clean
 
 $(BIN)/python:
+	@command -v $(PYTHON) >/dev/null || { echo "make: $(PYTHON) not found: install Python \
+	3.11, or name one with make PYTHON=/path/to/python3.11"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 
+# pip's own progress (one line per package, a bar per download): the first install fetches
+# about 1 GB (CPU torch, transformers, diffusers, Ray) into a 2 GB .venv, a few minutes.
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q torch==2.13.0 -e ".[dev,ray]"
+	@echo "make: installing worldserve and its dependencies into $(VENV) (first time: about \
+	1 GB to download, 2 GB on disk, a few minutes)"
+	$(BIN)/pip install --progress-bar on torch==2.13.0 -e ".[dev,ray]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -31,7 +37,9 @@ DEV_MODELS = $$($(BIN)/python -c 'from worldserve import envs; print(envs.dev_mo
 
 # Images, videos, actions and live reasoning from the one Cosmos3 dev directory (generator +
 # reasoner, as a published Cosmos3 checkpoint); the realtime stage serves the dev causal model.
+# HOST= and PORT= pick the address (make serve PORT=8001).
 serve: dev-models
+	@echo "make: serving on http://$(HOST):$(PORT) (the stages load first: about 10-40 s)"
 	$(BIN)/worldserve serve --host $(HOST) --port $(PORT)
 
 # The same with the Qwen2.5-VL dev reasoner (`worldserve-dev-reasoner`) on the reasoner stage.

@@ -118,6 +118,9 @@ def serve(
         None, help="Allowed remote media host (repeatable, comma-separated allowed)."
     ),
     log_level: Optional[str] = typer.Option(None, help="debug | info | warning | error."),
+    no_access_log: bool = typer.Option(
+        False, "--no-access-log",
+        help="No log line per HTTP request and WebSocket handshake (uvicorn's access log)."),
     admin_key_file: Optional[Path] = typer.Option(
         None, help="File holding the admin bearer key (else $WORLDSERVE_ADMIN_KEY)."
     ),
@@ -216,6 +219,7 @@ def serve(
         "host": host,
         "port": port,
         "log_level": log_level,
+        "access_log": False if no_access_log else None,
         "stages.generation.output_dir": str(output_dir) if output_dir else None,
         "stages.generation.parallel": generation_parallel,
         "allowed_local_media_path": str(allowed_local_media_path)

@@ -389,6 +389,8 @@ class ServerConfig(_Frozen):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # uvicorn's access log: one line per HTTP request and WebSocket handshake (--no-access-log).
+    access_log: bool = True
     allowed_local_media_path: Path | None = None
     allowed_media_domains: list[str] = Field(default_factory=list)
     max_upload_bytes: int = Field(default=32 * 1024 * 1024, ge=1)

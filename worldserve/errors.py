@@ -70,8 +70,16 @@ class UpstreamError(WorldserveError):
 
 
 class CapacityExceeded(WorldserveError):
+    """Load shed by an admission point; `retry_after_s` is its estimate of when a slot frees
+    (api/retry_after.py), sent as `Retry-After`."""
+
     code = "capacity_exceeded"
     error_type = "server_overloaded"
+
+    def __init__(self, message: str, *, param: str | None = None,
+                 retry_after_s: float | None = None) -> None:
+        super().__init__(message, param=param)
+        self.retry_after_s = retry_after_s
 
 
 class StageUnavailable(WorldserveError):

@@ -227,4 +227,23 @@ PLANTS: tuple[Plant, ...] = (
         replacement="        self.inner.truncate(length)\n",
         caught_by=(DFLASH_SAMPLED,),
     ),
+    # ---------------------------------------------------------------- cluster job ids and listing
+    Plant(
+        name="merged-listing-ignores-the-replica-order",
+        claim="GET /v1/videos over several api replicas equals one sort of all their jobs",
+        path="worldserve/cluster/listing.py",
+        anchor="    return (created_at, 0) if replica > owner else (created_at, LAST_SEQ)\n",
+        replacement="    return created_at, seq\n",
+        caught_by=("tests/unit/cluster/test_listing.py"
+                   "::test_walking_the_pages_gives_the_reference_order",),
+    ),
+    Plant(
+        name="output-stem-allows-a-path",
+        claim="an output stem (a job id) can never name a path outside the output directory",
+        path="worldserve/engines/generation/outputs.py",
+        anchor='_STEM = re.compile(rf"{_WORD}(\\.{_WORD})?")\n',
+        replacement='_STEM = re.compile(r"[A-Za-z0-9._/-]+")\n',
+        caught_by=("tests/unit/cluster/test_job_ids.py"
+                   "::test_stems_outside_the_id_alphabet_are_refused",),
+    ),
 )

@@ -16,6 +16,7 @@ renders them, in the envelope each surface's clients read:
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable, Coroutine
 
 from fastapi import FastAPI, Request, Response
@@ -24,9 +25,10 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import HTTPConnection
 
+from worldserve.api.retry_after import FLOOR_S, header_value
 from worldserve.errors import (
-    CapacityExceeded,
     InternalError,
     InvalidRequest,
     StageUnavailable,
@@ -73,11 +75,31 @@ def challenge_headers(status: int) -> dict[str, str] | None:
     return {"WWW-Authenticate": "Bearer"} if status == 401 else None
 
 
+def retry_after_s(request: HTTPConnection, exc: WorldserveError) -> float:
+    """When to retry a 503: the shedding admission point's estimate, the restart the
+    supervisor expects for a dead stage, else 1 s (api/retry_after.py)."""
+    estimate = getattr(exc, "retry_after_s", None)
+    if estimate is not None:
+        return estimate
+    runtime = getattr(request.app.state, "runtime", None)
+    stage = getattr(exc, "stage", None)
+    back_at = runtime.stage_back_at.get(stage) if runtime is not None and stage else None
+    return back_at - time.monotonic() if back_at is not None else FLOOR_S
+
+
+def status_headers(request: HTTPConnection, status: int,
+                   exc: WorldserveError) -> dict[str, str] | None:
+    """Headers a status asks for: `WWW-Authenticate` on 401, `Retry-After` on every 503."""
+    if status == 503:
+        return {"Retry-After": header_value(retry_after_s(request, exc))}
+    return challenge_headers(status)
+
+
 async def _worldserve_error(request: Request, exc: WorldserveError) -> JSONResponse:
     status = http_status(exc)
     _log_server_error(request, status, exc)
     return JSONResponse(status_code=status, content=error_body(exc),
-                        headers=challenge_headers(status))
+                        headers=status_headers(request, status, exc))
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -123,9 +145,8 @@ def native_response(request: Request, exc: WorldserveError) -> JSONResponse:
     detail = STAGE_STOPPED_DETAIL if isinstance(exc, StageUnavailable) else exc.message
     # `detail` keeps the contract's fixed 503 text; the message says why the weights are gone.
     message = exc.message if isinstance(exc, WeightsReleased) else detail
-    headers = {"Retry-After": "1"} if isinstance(exc, CapacityExceeded) else None
     _log_server_error(request, status, exc)
-    return JSONResponse(status_code=status, headers=headers,
+    return JSONResponse(status_code=status, headers=status_headers(request, status, exc),
                         content=native_envelope(status, detail, message, exc.param))
 
 
@@ -206,14 +227,15 @@ def ws_error(exc: WorldserveError, *, fatal: bool) -> dict[str, Any]:
 def nim_response(request: Request, exc: WorldserveError) -> JSONResponse:
     status = http_status(exc)
     _log_server_error(request, status, exc)
-    return JSONResponse(status_code=status, content=nim_body(exc))
+    return JSONResponse(status_code=status, content=nim_body(exc),
+                        headers=status_headers(request, status, exc))
 
 
 def openai_response(request: Request, exc: WorldserveError) -> JSONResponse:
     status = http_status(exc)
     _log_server_error(request, status, exc)
     return JSONResponse(status_code=status, content=error_body(exc),
-                        headers=challenge_headers(status))
+                        headers=status_headers(request, status, exc))
 
 
 def _enveloped(handler: Handler, render: Renderer) -> Handler:

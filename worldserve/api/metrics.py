@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
 
 
 class Metrics:
@@ -34,9 +43,65 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.stage_figures = StageFigures()
+        self.registry.register(self.stage_figures)
+
     def observe(self, route: str, method: str, status: int, seconds: float) -> None:
         self.requests.labels(route, method, str(status)).inc()
         self.latency.labels(route, method).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class StageFigures(Collector):
+    """The engine figures of each stage's last stats reply (`extra`, runtime/telemetry.py),
+    rendered at scrape time: sessions, KV cache size, generated tokens (its `rate()` is tokens
+    per second), step time and per-request latency (a realtime chunk's is
+    `request="realtime_chunk"`). A stage that did not answer has no figures in that scrape."""
+
+    def __init__(self) -> None:
+        self._stats: dict[str, dict[str, Any]] = {}
+
+    def update(self, stage: str, stats: dict[str, Any] | None) -> None:
+        if stats is None:
+            self._stats.pop(stage, None)
+        else:
+            self._stats[stage] = stats
+
+    def collect(self) -> Iterator[Metric]:
+        gauges = {
+            "sessions": GaugeMetricFamily("worldserve_stage_sessions",
+                                          "Live sessions the stage holds", labels=["stage"]),
+            "kv_bytes": GaugeMetricFamily("worldserve_stage_kv_bytes",
+                                          "Bytes of the sessions' KV caches", labels=["stage"]),
+            "kv_tokens": GaugeMetricFamily("worldserve_stage_kv_tokens",
+                                           "Tokens in the sessions' KV caches", labels=["stage"]),
+        }
+        tokens = CounterMetricFamily("worldserve_stage_generated_tokens",
+                                     "Tokens decoded (frame replies and chat completions)",
+                                     labels=["stage"])
+        steps = HistogramMetricFamily("worldserve_stage_step_seconds",
+                                      "Duration of one engine step", labels=["stage"])
+        requests = HistogramMetricFamily(
+            "worldserve_stage_request_seconds",
+            "From a request's arrival in the stage to its last reply", labels=["stage", "request"])
+        for stage, stats in self._stats.items():
+            for key, family in gauges.items():
+                value = stats.get(key)
+                if isinstance(value, (int, float)):
+                    family.add_metric([stage], value)
+            telemetry = stats.get("telemetry") or {}
+            if not telemetry:
+                continue
+            tokens.add_metric([stage], telemetry["generated_tokens"])
+            steps.add_metric([stage], *_buckets(telemetry["step_seconds"]))
+            for kind, histogram in telemetry["request_seconds"].items():
+                requests.add_metric([stage, kind], *_buckets(histogram))
+        yield from (*gauges.values(), tokens, steps, requests)
+
+
+def _buckets(snapshot: dict[str, Any]) -> tuple[list[tuple[str, float]], float]:
+    """A telemetry histogram snapshot as HistogramMetricFamily's (buckets, sum)."""
+    bounds = [*(repr(float(b)) for b in snapshot["le"]), "+Inf"]
+    return list(zip(bounds, snapshot["cumulative"])), snapshot["sum"]

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
 from worldserve.api.metrics import Metrics
 from worldserve.config import ServerConfig
@@ -18,6 +18,14 @@ from worldserve.ipc.client import StageClient
 log = logging.getLogger("worldserve.api")
 
 ShutdownHook = Callable[[], Awaitable[None]]
+
+
+class JobLister(Protocol):
+    """`GET /v1/videos` over several api replicas, each holding its own records
+    (cluster/listing.py); the same page, order and cursor rules as one replica's listing."""
+
+    async def page(self, after: str | None, limit: int, descending: bool,
+                   base_url: str) -> dict[str, Any]: ...
 SHUTDOWN_HOOK_TIMEOUT_S = 5.0
 
 
@@ -32,11 +40,16 @@ class ServerRuntime:
     started_at: float = field(default_factory=time.time)
     # pid per stage, filled by the supervisor (shown in /admin/server_info)
     stage_pids: dict[str, int | None] = field(default_factory=dict)
+    # While the supervisor restarts a stage: when (time.monotonic()) it should be back; the
+    # stage's 503s say so in Retry-After (api/errors.py).
+    stage_back_at: dict[str, float] = field(default_factory=dict)
     # Awaited on orderly shutdown, before the stages stop (e.g. live jobs become `cancelled`).
     shutdown_hooks: list[ShutdownHook] = field(default_factory=list)
     # Appended to the ids this api mints (job and session ids). Cluster mode sets
     # ".<api replica>" so that its ingress router can send later calls to this replica.
     id_tag: str = ""
+    # Cluster mode with several api replicas: lists every replica's video jobs.
+    job_lister: JobLister | None = None
 
     async def run_shutdown_hooks(self) -> None:
         """Run every hook with a time bound; one failing hook does not stop the others."""

@@ -23,9 +23,12 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 
 from worldserve.api.app import create_app
+from worldserve.api.jobs.service import MediaService
 from worldserve.api.runtime import ServerRuntime
+from worldserve.api.server import PortUnavailable, bind_listener
 from worldserve.cluster.client import RayStageClient
 from worldserve.cluster.ids import api_tag
+from worldserve.cluster.listing import KIND, ClusterJobLister, Row, local_rows
 from worldserve.cluster.replica import StageReplica
 from worldserve.cluster.router import ApiRouter, OwnerRouter
 from worldserve.config import ServerConfig
@@ -33,6 +36,7 @@ from worldserve.config import ServerConfig
 log = logging.getLogger("worldserve.cluster")
 
 API_APP = "worldserve"
+API_DEPLOYMENT = "api"
 HANDSHAKE_TIMEOUT_S = 600.0
 ROUTING_STATS_PERIOD_S = 1.0
 MAX_ONGOING_REQUESTS = 256  # a replica queues in its engine; Serve must not hold calls back
@@ -107,11 +111,32 @@ class WorldserveApi:
             for stage in stages
         }
         await asyncio.gather(*(c.handshake(HANDSHAKE_TIMEOUT_S) for c in self.clients.values()))
+        lister = ClusterJobLister(serve.get_deployment_handle(API_DEPLOYMENT, API_APP), API_APP,
+                                  API_DEPLOYMENT) if num_api_replicas > 1 else None
+        self.replica = replica
         self.runtime = ServerRuntime(config=self.config, clients=dict(self.clients),
-                                     admin_key=admin_key, id_tag=api_tag(replica))
+                                     admin_key=admin_key, id_tag=api_tag(replica),
+                                     job_lister=lister)
+        self.asgi_app: FastAPI | None = None  # (`app` is Serve's ingress property)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return create_app(self.runtime)
+        self.asgi_app = create_app(self.runtime)
+        return self.asgi_app
+
+    # The merged `GET /v1/videos` (cluster/listing.py) asks every api replica for these.
+
+    async def job_position(self, job_id: str) -> tuple[int, int] | None:
+        return self._media().ledger.position(job_id, KIND)
+
+    async def job_rows(self, anchor: tuple[int, int] | None, limit: int, descending: bool,
+                       base_url: str) -> list[Row]:
+        return local_rows(self._media(), self.replica, anchor, limit, descending, base_url)
+
+    def _media(self) -> MediaService:
+        assert self.asgi_app is not None  # built by Serve before any call
+        media = self.asgi_app.state.services.media
+        assert media is not None  # the generation stage is enabled (jobs were listed)
+        return media
 
 
 def own_output_dir(config: ServerConfig, name: str) -> ServerConfig:
@@ -125,7 +150,7 @@ def own_output_dir(config: ServerConfig, name: str) -> ServerConfig:
 def api_application(config: ServerConfig, admin_key: str | None, options: ClusterOptions) -> Any:
     stages = list(config.stages.enabled())
     deployment = serve.deployment(
-        WorldserveApi, name="api", num_replicas=options.api_replicas,
+        WorldserveApi, name=API_DEPLOYMENT, num_replicas=options.api_replicas,
         max_ongoing_requests=MAX_ONGOING_REQUESTS, ray_actor_options={"num_cpus": 0},
         request_router_config=RequestRouterConfig(request_router_class=ApiRouter))
     return deployment.bind(config.model_dump_json(), stages, admin_key, options.api_replicas)
@@ -149,6 +174,11 @@ def shutdown() -> None:
 
 def run(config: ServerConfig, admin_key: str | None, options: ClusterOptions) -> int:
     """`worldserve serve --cluster ray`: deploy, serve until SIGINT/SIGTERM, undeploy."""
+    try:  # Serve's proxy binds it later: say now, before Ray and the replicas start
+        bind_listener(config.host, config.port).close()
+    except PortUnavailable as exc:
+        print(f"worldserve: {exc}", file=sys.stderr, flush=True)
+        return 1
     ray.init(address=options.ray_address, include_dashboard=False)
     try:
         try:

@@ -24,6 +24,7 @@ from worldserve.ipc.codec import MessageCodec
 from worldserve.ipc.messages import CreateSession, ErrorReply, Message, Request
 from worldserve.runtime.engine import Engine, create_engine
 from worldserve.runtime.inprocess import InProcessStageClient
+from worldserve.runtime.quiet import quiet_benign_messages
 
 log = logging.getLogger("worldserve.cluster")
 
@@ -42,6 +43,8 @@ def build_engine(stage: str, config: ServerConfig, engine_target: str | None) ->
 class StageReplica:
     def __init__(self, stage: str, config_json: str, engine_target: str | None = None) -> None:
         config = ServerConfig.model_validate_json(config_json)
+        if config.log_level != "debug":
+            quiet_benign_messages()
         self.stage = stage
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.engine = build_engine(stage, config, engine_target)

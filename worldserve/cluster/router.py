@@ -42,21 +42,11 @@ class OwnerRouter(RequestRouter):
         key = pending_request.metadata.session_id if pending_request is not None else ""
         owner = pinned_replica(key)
         if owner is not None:
-            return self._owner(owner, candidate_replicas, pending_request)
+            return _pinned(owner, candidate_replicas, pending_request)
         if key == PLACE:
             return [[r] for r in sorted(candidate_replicas, key=self._session_load)]
         k = min(2, len(candidate_replicas))
         return [random.sample(candidate_replicas, k)]
-
-    def _owner(self, owner: str, candidates: List[RunningReplica],
-               pending_request: Optional[PendingRequest]) -> List[List[RunningReplica]]:
-        match = [r for r in candidates if r.replica_id.unique_id == owner]
-        if match:
-            return [match]
-        if pending_request is not None and not pending_request.future.done():
-            # Fail the caller now; the routing loop stops at its next check of the future.
-            pending_request.future.set_exception(OwnerGone(owner))
-        return [candidates[:1]]
 
     def _session_load(self, replica: RunningReplica) -> tuple[int, int, float]:
         rid = replica.replica_id.unique_id
@@ -81,19 +71,41 @@ class ApiRouter(RequestRouter):
     """The api ingress's router: a REST call whose path names an id minted by an api replica
     goes to that replica (it holds the session or job record); anything else, including a
     WebSocket connect, goes to the shorter queue of two random replicas. An id whose api
-    replica is gone is not an error here: any replica answers (404 for a record it lacks)."""
+    replica is gone is not an error here: any replica answers (404 for a record it lacks).
+    A call from one api replica to another (the merged job listing, cluster/listing.py) is
+    pinned (`pin:<replica>`): that replica only, or `OwnerGone` at once."""
 
     async def choose_replicas(
         self,
         candidate_replicas: List[RunningReplica],
         pending_request: Optional[PendingRequest] = None,
     ) -> List[List[RunningReplica]]:
-        owners = api_owners_in(request_path(pending_request)) if pending_request else []
+        path = request_path(pending_request) if pending_request is not None else ""
+        # Only a call between api replicas may pin (the proxy takes a request's session id
+        # from a client header: a client must not pin, or fail its request by naming a gone
+        # replica).
+        key = pending_request.metadata.session_id if pending_request and not path else ""
+        owner = pinned_replica(key or "")
+        if owner is not None:
+            return _pinned(owner, candidate_replicas, pending_request)
+        owners = api_owners_in(path)
         for owner in owners:
             match = [r for r in candidate_replicas if r.replica_id.unique_id == owner]
             if match:
                 return [match]
         return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
+
+
+def _pinned(owner: str, candidates: List[RunningReplica],
+            pending_request: Optional[PendingRequest]) -> List[List[RunningReplica]]:
+    """The replica `owner` only; when it is not a live replica, the call fails at once."""
+    match = [r for r in candidates if r.replica_id.unique_id == owner]
+    if match:
+        return [match]
+    if pending_request is not None and not pending_request.future.done():
+        # Fail the caller now; the routing loop stops at its next check of the future.
+        pending_request.future.set_exception(OwnerGone(owner))
+    return [candidates[:1]]
 
 
 def request_path(pending_request: PendingRequest) -> str:

@@ -265,16 +265,38 @@ class ZmqStageClient(MessageStageClient):
     def __init__(self, stage: str, address: str, *, client_id: str | None = None) -> None:
         super().__init__(stage, check_address(address), client_id=client_id)
         self._ctx = zmq.asyncio.Context()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.SNDHWM, SOCKET_HWM)
-        self._sock.setsockopt(zmq.RCVHWM, SOCKET_HWM)
-        self._sock.connect(self.address)
+        self._sock = self._connect()
         self._recv_task: asyncio.Task[None] | None = None
+
+    def _connect(self) -> zmq.asyncio.Socket:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, SOCKET_HWM)
+        sock.setsockopt(zmq.RCVHWM, SOCKET_HWM)
+        sock.connect(self.address)
+        return sock
 
     def start(self) -> None:
         if self._recv_task is None:
             self._recv_task = asyncio.get_running_loop().create_task(self._receive_loop())
+
+    def reconnect(self) -> None:
+        """A new connection, for a stage that died and will be restarted on the same address.
+        The old one is dropped with what it still queued: a DEALER keeps unsent requests across
+        a reconnect, and a restarted stage must not run requests whose callers already got 503
+        (a session created there would hold a slot that nothing ever releases)."""
+        if self._recv_task is not None:
+            self._recv_task.cancel()
+            self._recv_task = None
+        self._sock.close(0)
+        self._sock = self._connect()
+
+    def revive(self, info: StageInfo) -> None:
+        """The supervisor restarted the stage and it answered the handshake: serve again."""
+        self.down_reason = None
+        self.info = info
+        self._set_state(info.state)
+        self.start()
 
     async def close(self) -> None:
         if self._recv_task is not None:

@@ -8,6 +8,7 @@ with status 1 (a traceback too with --log-level debug).
 from __future__ import annotations
 
 import argparse
+import atexit
 import ctypes
 import heapq
 import logging
@@ -40,6 +41,8 @@ from worldserve.ipc.messages import (
 )
 from worldserve.ipc.transport import StageServer
 from worldserve.runtime.engine import Engine, create_engine
+from worldserve.runtime.quiet import quiet_benign_messages
+from worldserve.runtime.telemetry import StageTelemetry
 
 log = logging.getLogger("worldserve.stage")
 
@@ -82,6 +85,7 @@ class StageLoop:
         self._echoes: list[tuple[float, int, bytes, EchoReply]] = []
         self._echo_seq = 0
         self._last_state = engine.state()
+        self.telemetry = StageTelemetry()
 
     def info(self, request_id: str) -> StageInfo:
         return StageInfo(
@@ -118,9 +122,15 @@ class StageLoop:
         self._send_due_echoes()
         busy = self.engine.has_work()
         if busy:
-            self.engine.step()
+            self.step_engine()
         self._broadcast_state_change()
         return busy
+
+    def step_engine(self) -> None:
+        """One engine step, timed for /metrics (runtime/telemetry.py)."""
+        started = time.perf_counter()
+        self.engine.step()
+        self.telemetry.observe_step(time.perf_counter() - started)
 
     def next_due_ms(self) -> float | None:
         """Milliseconds until the next echo falls due (0 when overdue); None when none waits.
@@ -137,7 +147,7 @@ class StageLoop:
         if isinstance(msg, (Hello, Ping)):
             self.server.send(peer, self.info(msg.request_id))
         elif isinstance(msg, StatsRequest):
-            self.server.send(peer, StageStats(request_id=msg.request_id, **self.engine.stats()))
+            self.server.send(peer, self.stats(msg.request_id))
         elif isinstance(msg, Echo):
             self._schedule_echo(peer, msg)
         elif isinstance(msg, Cancel):
@@ -151,9 +161,10 @@ class StageLoop:
             log.warning("ignored unexpected %s", type(msg).__name__)
 
     def _submit(self, peer: bytes, request: Request) -> None:
-        def reply(out: Message) -> None:
+        def send(out: Message) -> None:
             self.server.send(peer, out)
 
+        reply = self.telemetry.timed(request, send)
         try:
             self.engine.submit(request, reply)
         except WorldserveError as exc:
@@ -163,6 +174,11 @@ class StageLoop:
             reply(
                 ErrorReply(request_id=request.request_id, code="internal_error", message=str(exc))
             )
+
+    def stats(self, request_id: str) -> StageStats:
+        stats = dict(self.engine.stats())
+        extra = {**stats.pop("extra", {}), "telemetry": self.telemetry.snapshot()}
+        return StageStats(request_id=request_id, extra=extra, **stats)
 
     def _schedule_echo(self, peer: bytes, msg: Echo) -> None:
         due = time.monotonic() + max(0.0, msg.delay_ms) / 1000
@@ -215,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         level=config.log_level.upper(),
         format=f"%(asctime)s %(levelname)s [{args.stage}] %(name)s: %(message)s",
     )
+    if not debug:
+        quiet_benign_messages()
     threads = envs.torch_num_threads()
     if threads:
         import torch
@@ -229,24 +247,66 @@ def main(argv: list[str] | None = None) -> int:
         for name, address in stages:  # in order: a later engine may reuse an earlier's weights
             loop = _start_stage(name, address, config, debug)
             if loop is None:
+                _close(loops)
                 return 1
             loops.append(loop)
+    except BaseException:
+        _close(loops)
+        raise
+    _serve(loops)
+    return 0
 
-        def stop(*_: object) -> None:
-            for loop in loops:
-                loop.running = False
 
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the api process owns Ctrl+C
+def _serve(loops: list[StageLoop]) -> None:
+    """Run the loops until SIGTERM, then shut every engine down."""
+    stopping = StopSignal(loops)
+    signal.signal(signal.SIGTERM, stopping.handle)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the api process owns Ctrl+C
+    try:
         if len(loops) == 1:
             loops[0].run()
         else:
             run_together(loops)
+        stopping.step_finished()
     finally:
-        for loop in loops:
-            loop.engine.shutdown()
-            loop.server.close()
-    return 0
+        _close(loops)
+    stopping.stopped()
+
+
+def _close(loops: list[StageLoop]) -> None:
+    for loop in loops:
+        loop.engine.shutdown()
+        loop.server.close()
+
+
+class StopSignal:
+    """SIGTERM: finish the current engine step, shut the engine down, exit 0. Says on stderr
+    when it arrived and how long the step and the shutdown took, so that a supervisor that has
+    to SIGKILL a stage can show why (runtime/supervisor.py)."""
+
+    def __init__(self, loops: list[StageLoop]) -> None:
+        self.loops = loops
+        self.names = "+".join(loop.stage for loop in loops)
+        self.received_at: float | None = None
+        self.step_done_at: float | None = None
+
+    def handle(self, *_: object) -> None:
+        self.received_at = time.monotonic()
+        for loop in self.loops:
+            loop.running = False
+        # os.write, not logging: a signal handler must not take the logging lock.
+        os.write(2, f"stage {self.names}: SIGTERM received; stopping after the current "
+                    "step\n".encode())
+
+    def step_finished(self) -> None:
+        self.step_done_at = time.monotonic()
+
+    def stopped(self) -> None:
+        if self.received_at is None or self.step_done_at is None:
+            return
+        log.info("stage %s stopped %.2f s after SIGTERM (current step %.2f s, engine shutdown "
+                 "%.2f s)", self.names, time.monotonic() - self.received_at,
+                 self.step_done_at - self.received_at, time.monotonic() - self.step_done_at)
 
 
 def _start_stage(name: str, address: str, config: ServerConfig, debug: bool) -> StageLoop | None:
@@ -267,5 +327,17 @@ def _start_stage(name: str, address: str, config: ServerConfig, debug: bool) -> 
     return StageLoop(name, server, engine)
 
 
+def exit_now(code: int) -> None:
+    """Exit without the interpreter's teardown. The engines are shut down and every output was
+    written atomically; what remains is garbage-collecting the model graphs, which took longer
+    than the supervisor's grace period on a loaded CPU (the stage was then SIGKILLed). The
+    atexit callbacks still run (a rank group stops its peer processes in one)."""
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

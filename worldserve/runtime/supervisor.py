@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -25,6 +26,8 @@ import worldserve
 from worldserve import envs
 from worldserve.config import ServerConfig, StageConfig
 from worldserve.ipc.client import StageClient, ZmqStageClient
+from worldserve.ipc.messages import StageInfo
+from worldserve.runtime.restart import RestartPolicy
 
 log = logging.getLogger("worldserve.supervisor")
 
@@ -57,13 +60,14 @@ class StageProcess:
     name: str
     config: StageConfig
     address: str
-    client: StageClient
+    client: ZmqStageClient
     proc: asyncio.subprocess.Process | None = None
     stderr_tail: collections.deque[str] = field(
         default_factory=lambda: collections.deque(maxlen=STDERR_TAIL_LINES)
     )
     exit_reason: str | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    start_s: float = 0.0  # how long its last start took (spawn to handshake)
 
     @property
     def pid(self) -> int | None:
@@ -80,6 +84,16 @@ class StageProcess:
         return f"{reason}; last output: {tail[-1]}" if tail else reason
 
 
+def stop_progress(stage: StageProcess) -> str:
+    """How far a stage got after SIGTERM, from its own lines (runtime/stage.py `StopSignal`)."""
+    lines = [line for line in stage.stderr_tail if "SIGTERM" in line]
+    if not lines:
+        return "it never acknowledged the signal: still loading, or stuck outside Python"
+    if "stopped" in lines[-1]:
+        return "its engine had stopped; the process was still exiting"
+    return "its current step had not finished"
+
+
 def colocated_hosts(config: ServerConfig) -> dict[str, str]:
     """guest stage -> the stage whose process serves it (`reasoner.colocate_with_generation`)."""
     stages = config.stages.enabled()
@@ -89,10 +103,18 @@ def colocated_hosts(config: ServerConfig) -> dict[str, str]:
     return {}
 
 
+RestartHook = Callable[[str, int], None]  # (stage, new pid)
+
+
 class Supervisor:
-    def __init__(self, config: ServerConfig, on_fatal: Callable[[str], None] | None = None) -> None:
+    def __init__(self, config: ServerConfig, on_fatal: Callable[[str], None] | None = None,
+                 on_restart: RestartHook | None = None) -> None:
         self.config = config
         self.on_fatal = on_fatal or (lambda reason: None)
+        self.on_restart = on_restart or (lambda stage, pid: None)
+        self.restarts: dict[str, RestartPolicy] = {}
+        # stage -> time.monotonic() at which a restarting stage should answer again
+        self.back_at: dict[str, float] = {}
         self.run_dir = Path(
             tempfile.mkdtemp(prefix=f"worldserve-{config.port}-", dir=envs.run_dir_root())
         )
@@ -167,14 +189,16 @@ class Supervisor:
             stage.stderr_tail.append(text)
             print(text, file=sys.stderr, flush=True)
 
-    async def _handshake(self, stage: StageProcess) -> None:
+    async def _handshake(self, stage: StageProcess, client: StageClient | None = None) -> None:
         assert stage.proc is not None
         timeout_s = envs.stage_start_timeout_s() or stage.config.start_timeout_s
-        handshake = asyncio.ensure_future(stage.client.handshake(timeout_s))
+        started = time.monotonic()
+        handshake = asyncio.ensure_future((client or stage.client).handshake(timeout_s))
         exited = asyncio.ensure_future(stage.proc.wait())
         done, _ = await asyncio.wait({handshake, exited}, return_when=asyncio.FIRST_COMPLETED)
         if handshake in done and handshake.exception() is None:
             exited.cancel()
+            stage.start_s = time.monotonic() - started
             return
         handshake.cancel()
         if exited in done:
@@ -199,6 +223,55 @@ class Supervisor:
         stage.client.mark_down(stage.exit_reason)
         if stage.name in CRITICAL_STAGES:
             self.on_fatal(f"stage '{stage.name}' died: {stage.exit_reason}")
+        elif self._restartable(stage):
+            stage.client.reconnect()
+            await self._restart(stage)
+
+    def _restartable(self, stage: StageProcess) -> bool:
+        """Non-critical stages in a process of their own (a colocated pair shares a process
+        with the critical generation stage, whose death stops the server)."""
+        return not any(stage.name in pair for pair in colocated_hosts(self.config).items())
+
+    async def _restart(self, stage: StageProcess) -> None:
+        """Start the stage again after the policy's delay (runtime/restart.py)."""
+        policy = self.restarts.setdefault(stage.name, RestartPolicy())
+        delay_s = policy.on_death(asyncio.get_running_loop().time())
+        if delay_s is None:
+            self.back_at.pop(stage.name, None)
+            log.error("stage %s died %d times within %g s; not restarting it again (its routes "
+                      "answer 503)", stage.name, policy.num_recent_deaths, policy.window_s)
+            return
+        log.warning("restarting stage %s in %g s", stage.name, delay_s)
+        self.back_at[stage.name] = time.monotonic() + delay_s + stage.start_s
+        await asyncio.sleep(delay_s)
+        if self._stopping:
+            return
+        await self._spawn(stage, self.run_dir / "config.json")
+        info = await self._handshake_restarted(stage)
+        if info is not None:  # its client accepts requests again
+            stage.exit_reason = None
+            stage.client.revive(info)
+            self.back_at.pop(stage.name, None)
+            log.info("stage %s restarted (pid %d) in %.1f s", stage.name, stage.pid,
+                     stage.start_s)
+            self.on_restart(stage.name, stage.pid or 0)
+        stage.tasks.append(asyncio.get_running_loop().create_task(self._watch(stage)))
+
+    async def _handshake_restarted(self, stage: StageProcess) -> StageInfo | None:
+        """The new process's handshake, through a client of its own (the stage's client
+        refuses requests while the stage is down); None when it failed (a process hung while
+        loading is killed: its watcher counts that as a death)."""
+        probe = ZmqStageClient(stage.name, stage.address)
+        try:
+            await self._handshake(stage, probe)
+        except StageStartError as exc:
+            log.error("restarting stage %s failed: %s", stage.name, exc)
+            if stage.proc is not None and stage.proc.returncode is None:
+                stage.proc.kill()
+            return None
+        finally:
+            await probe.close()
+        return probe.info
 
     async def stop(self) -> None:
         """SIGTERM every stage, SIGKILL after a grace period, remove sockets. Idempotent."""
@@ -222,6 +295,7 @@ class Supervisor:
         try:
             await asyncio.wait_for(stage.proc.wait(), STOP_GRACE_S)
         except asyncio.TimeoutError:
-            log.warning("stage %s ignored SIGTERM; killing it", stage.name)
+            log.warning("stage %s did not exit within %g s of SIGTERM (%s); killing it",
+                        stage.name, STOP_GRACE_S, stop_progress(stage))
             stage.proc.kill()
             await stage.proc.wait()

@@ -190,6 +190,38 @@ def test_jobs_spread_over_both_replicas(http: httpx.Client) -> None:
     assert len(writers) == 2, f"every job ran on one replica: {writers}"
 
 
+def walk(http: httpx.Client, order: str, limit: int) -> list[dict[str, Any]]:
+    """Every job of `GET /v1/videos`, page by page (`after` = the previous page's last id)."""
+    jobs: list[dict[str, Any]] = []
+    params: dict[str, Any] = {"order": order, "limit": limit}
+    while True:
+        page = http.get("/v1/videos", params=params).json()
+        assert "data" in page, page
+        assert len(page["data"]) <= limit
+        jobs += page["data"]
+        if not page["has_more"]:
+            return jobs
+        params["after"] = page["last_id"]
+
+
+def test_the_video_list_merges_every_api_replica(http: httpx.Client) -> None:
+    """Each api replica holds the records of the jobs it created; any replica answers the list
+    with all of them, ordered and paginated as on one node (cluster/listing.py)."""
+    body = {"prompt": "listed", "size": "64x64", "num_inference_steps": 1}
+    created: set[str] = set()
+    while len(created) < 8 or len({job_id.rsplit(".", 1)[1] for job_id in created}) < 2:
+        assert len(created) < 40, "the creates all reached one api replica"
+        created.add(http.post("/v1/videos", json=body).json()["id"])
+    for _ in range(3):  # whichever api replica answers (the list is not pinned)
+        newest_first = walk(http, "desc", limit=3)
+        ids = [job["id"] for job in newest_first]
+        assert created <= set(ids) and len(ids) == len(set(ids))
+        assert [job["created_at"] for job in newest_first] == sorted(
+            (job["created_at"] for job in newest_first), reverse=True)
+        assert [job["id"] for job in walk(http, "asc", limit=5)] == ids[::-1]
+    assert all(job["url"] is None or job["url"].startswith("http://") for job in newest_first)
+
+
 def test_deleting_a_running_job_stops_it_on_its_replica(http: httpx.Client) -> None:
     """Six 20-s jobs keep both replicas busy for a minute (all six on one replica: 1 in 32);
     deleting them must reach their replicas (the cancel is pinned to the owner), or the next

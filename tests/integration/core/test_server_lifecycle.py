@@ -6,6 +6,7 @@ import concurrent.futures
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -80,6 +81,7 @@ def test_ops_routes_and_light_api_process(live_server: ServerProcess) -> None:
     assert "worldserve_stage_queue_depth" in metrics
     stats = httpx.get(f"{url}/admin/stats").json()["stages"]
     assert stats["reasoner"]["queue_depth"] == 0
+    assert '"GET /v1/models HTTP/1.1" 200' in live_server.log()  # the access log is on
 
 
 def test_unknown_route_is_a_json_404(live_server: ServerProcess) -> None:
@@ -117,7 +119,7 @@ def test_admin_key_from_environment(server_factory) -> None:
     assert httpx.get(f"{server.base_url}/health").status_code == 200
 
 
-def test_killed_reasoner_gives_503_fast_and_server_stays_up(server_factory) -> None:
+def test_killed_reasoner_gives_503_fast_then_restarts(server_factory) -> None:
     server = server_factory()
     pid = server.stage_pids()["reasoner"]
     echo = f"{server.base_url}/admin/stages/reasoner/echo"
@@ -138,6 +140,12 @@ def test_killed_reasoner_gives_503_fast_and_server_stays_up(server_factory) -> N
     assert httpx.get(f"{server.base_url}/v1/health/ready").status_code == 503
     assert httpx.post(f"{server.base_url}/admin/stages/generation/echo", json={}).status_code == 200
     assert server.proc.poll() is None
+    # The supervisor restarts a non-critical stage (runtime/restart.py): same socket, new pid.
+    assert wait_until(lambda: httpx.get(f"{server.base_url}/health").status_code == 200, 90.0,
+                      step_s=0.5), server.log()
+    assert httpx.post(echo, json={}).status_code == 200
+    assert server.stage_pids()["reasoner"] not in (pid, None)
+    assert "stage reasoner restarted" in server.log()
 
 
 def test_generation_death_stops_the_server_non_zero(server_factory) -> None:
@@ -152,14 +160,37 @@ def test_generation_death_stops_the_server_non_zero(server_factory) -> None:
     assert wait_until(lambda: not alive(pids["reasoner"]), 10.0)
 
 
-def test_sigterm_shuts_down_cleanly(server_factory) -> None:
+def test_sigterm_under_load_stops_every_stage_within_the_grace_period(server_factory) -> None:
     server = server_factory()
     pids = list(server.stage_pids().values())
     run_dirs = [p for p in Path("/tmp").glob(f"worldserve-{server.port}-*")]
     assert run_dirs and any(run_dirs[0].glob("*.sock"))
+    video = {"prompt": "x", "size": "64x64", "num_frames": 9, "num_inference_steps": 50}
+    jobs = [httpx.post(f"{server.base_url}/v1/videos", json=video, timeout=30)
+            for _ in range(3)]
+    assert all(job.status_code == 200 for job in jobs), [job.text for job in jobs]
     assert server.stop() == 0
     assert all(wait_until(lambda p=p: not alive(p), 5.0) for p in pids)
     assert not [p for p in Path("/tmp").glob(f"worldserve-{server.port}-*")]
+    log = server.log()
+    # each stage finished its step and exited on SIGTERM (runtime/stage.py StopSignal); the
+    # supervisor never had to kill one
+    for stage in ("generation", "reasoner", "realtime"):
+        assert f"stage {stage} stopped" in log, log
+    assert "killing it" not in log
+
+
+def test_port_in_use_fails_before_any_stage_starts(tmp_path: Path, dev_models_dir: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_cli("serve", "--port", str(port), cwd=tmp_path)
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert lines == [f"worldserve: cannot listen on 127.0.0.1:{port}: Address already in use "
+                     "(another server?); pick another with --port, or PORT= with make serve"]
+    assert "started stage" not in done.stdout + done.stderr
 
 
 def test_two_servers_do_not_collide(server_factory) -> None:

@@ -66,6 +66,8 @@ def test_crashed_realtime_stage_affects_only_its_route(tmp_path: Path) -> None:
             connect(f"{server.ws_url}{REALTIME}", open_timeout=10)
         assert refused.value.response.status_code == 503
         assert b"realtime" in refused.value.response.body
+        # the supervisor is restarting it: when it should be back (api/errors.py)
+        assert int(refused.value.response.headers["Retry-After"]) >= 1
 
         created = http.post("/v1/streaming/sessions", json=SESSION_BODY)
         assert created.status_code == 201, created.text

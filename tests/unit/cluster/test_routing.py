@@ -75,14 +75,33 @@ async def test_the_api_router_pins_named_ids_and_spreads_the_rest() -> None:
     api = ApiRouter.__new__(ApiRouter)
     a, b = Replica("apiA"), Replica("apiB")
 
-    def proxied(path: str) -> SimpleNamespace:
+    def proxied(path: str, session_header: str | None = None) -> SimpleNamespace:
         scope = {"type": "http", "path": path}
-        return SimpleNamespace(args=[pickle.dumps(StreamingHTTPRequest(
-            scope, proxy_actor_name="proxy"))])
+        request = pending(session_header or "")  # the proxy's session id: a client header
+        request.args = [pickle.dumps(StreamingHTTPRequest(scope, proxy_actor_name="proxy"))]
+        return request
 
     assert await api.choose_replicas([a, b], proxied("/v1/videos/1.apiB")) == [[b]]
     gone = await api.choose_replicas([a, b], proxied("/v1/videos/1.apiC"))
     assert len(gone) == 1 and len(gone[0]) == 2  # its record is gone: any replica answers 404
+    # a client cannot pin (nor fail its own request naming a gone replica) through the header
+    forged = proxied("/v1/videos", session_header=pin("apiC"))
+    assert len((await api.choose_replicas([a, b], forged))[0]) == 2
+    assert not forged.future.done()
+
+
+async def test_calls_between_api_replicas_are_pinned() -> None:
+    """The merged job listing (cluster/listing.py) asks each api replica in turn."""
+    api = ApiRouter.__new__(ApiRouter)
+    a, b = Replica("apiA"), Replica("apiB")
+    call = pending(pin("apiA"))
+    call.args = [None, 11, True, "http://x"]  # job_rows(anchor, n, descending, base_url)
+    assert await api.choose_replicas([a, b], call) == [[a]]
+    gone = pending(pin("apiC"))
+    gone.args = ["job-id"]
+    await api.choose_replicas([a, b], gone)
+    with pytest.raises(OwnerGone):
+        gone.future.result()
 
 
 def test_parse_replicas() -> None:

@@ -96,3 +96,13 @@ def test_dflash_flag_without_a_drafter_stops_startup_naming_the_setting(
     ok = _serve("--streaming-spec-method", "dflash", "--streaming-spec-model-path", "/d")
     assert ok.exit_code == 0, ok.output
     assert served[0].stages.reasoner.streaming.spec_method == "dflash"
+
+
+def test_no_access_log_flag_wins_over_the_config_file(served: list[ServerConfig],
+                                                      tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("access_log: true\n")
+    assert _serve("--config", str(config)).exit_code == 0
+    assert _serve("--config", str(config), "--no-access-log").exit_code == 0
+    assert _serve().exit_code == 0
+    assert [c.access_log for c in served] == [True, False, True]

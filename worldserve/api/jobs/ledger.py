@@ -78,6 +78,15 @@ class JobLedger:
         """Unexpired records of `kind` after record `after`; True when more follow."""
         return self.store.page(kind, after, limit, descending, now_s())
 
+    def position(self, record_id: str, kind: JobKind) -> tuple[int, int] | None:
+        """(created_at, seq) of a record, expired or not (as `page`'s anchor)."""
+        return self.store.position(record_id, kind)
+
+    def page_after(self, kind: JobKind, anchor: tuple[int, int] | None, limit: int,
+                   descending: bool) -> tuple[list[JobRecord], bool]:
+        """Unexpired records of `kind` after position `anchor` ((created_at, seq))."""
+        return self.store.page_after(kind, anchor, limit, descending, now_s())
+
     def get(self, record_id: str, kind: JobKind) -> JobRecord | None:
         """The live (unexpired) record of `kind`, or None."""
         record = self.store.get(record_id, kind)

@@ -21,6 +21,7 @@ from worldserve.api.jobs.ledger import JobLedger
 from worldserve.api.jobs.params import MediaRequest
 from worldserve.api.jobs.records import JobRecord, JobStatus
 from worldserve.api.model_names import served_model
+from worldserve.api.retry_after import SlotClock
 from worldserve.api.runtime import ServerRuntime
 from worldserve.api.schemas.actions import ActionEnvelope
 from worldserve.errors import (
@@ -73,6 +74,7 @@ class MediaService:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.live: dict[str, JobRecord] = {}  # video jobs being relayed: the records they own
         self.in_flight = 0
+        self.slots = SlotClock()  # how long admission slots are held: the 503's Retry-After
         self.ledger.recover()
 
     # ------------------------------------------------------------------ stage facts
@@ -101,18 +103,22 @@ class MediaService:
         return served_model(self.runtime, requested, (STAGE,))["id"]
 
     @contextlib.contextmanager
-    def admit(self) -> Iterator[None]:
-        """Admission over every native media request in flight (spec §1.4, 503 Retry-After)."""
+    def admit(self, measured: bool = True) -> Iterator[None]:
+        """Admission over every native media request in flight (spec §1.4, 503 Retry-After).
+        `measured=False`: a video's create phase, whose slot the job then holds (measured)."""
         if self.in_flight >= self.config.max_in_flight:
             raise CapacityExceeded(
                 f"too many generation requests in flight "
-                f"(max_in_flight={self.config.max_in_flight}); retry shortly"
+                f"(max_in_flight={self.config.max_in_flight}); retry shortly",
+                retry_after_s=self.slots.retry_after_s(),
             )
         self.in_flight += 1
+        slot = self.slots.hold()
         try:
             yield
         finally:
             self.in_flight -= 1
+            self.slots.release(slot, measured)
 
     # ------------------------------------------------------------------ relaying
 
@@ -150,10 +156,13 @@ class MediaService:
         deadline = self.config.request_timeout_s
         while True:
             try:
-                reply = await asyncio.wait_for(iterator.__anext__(), deadline)
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+                # that races with a reply, and a cancelled job (shutdown) would never end.
+                async with asyncio.timeout(deadline):
+                    reply = await iterator.__anext__()
             except StopAsyncIteration:
                 return
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise RequestTimeout(
                     f"generation did not finish within {deadline:g} s (request_timeout_s)"
                 ) from None
@@ -245,7 +254,7 @@ class MediaService:
         model = self.served_model(request.model)
         await self._enhance(request)
         record = self.ledger.new("video", request, model=model, action=request.action)
-        with self.admit():
+        with self.admit(measured=False):
             msg = self._message(record.id, request)
             opened, accepted = await self._open(msg)
         record.stage_request_id = msg.request_id
@@ -256,11 +265,11 @@ class MediaService:
         self.live[record.id] = record
         self.in_flight += 1  # a live job holds an admission slot until it ends
         self.tasks[record.id] = asyncio.get_running_loop().create_task(
-            self._run_video(record, opened)
+            self._run_video(record, opened, self.slots.hold())
         )
         return record
 
-    async def _run_video(self, record: JobRecord, opened: Opened) -> None:
+    async def _run_video(self, record: JobRecord, opened: Opened, slot: int) -> None:
         try:
             async for reply in self._replies(opened):
                 if self.live.get(record.id) is not record:
@@ -279,6 +288,7 @@ class MediaService:
         finally:
             opened[0].cancel()
             self.in_flight -= 1
+            self.slots.release(slot)
             self.tasks.pop(record.id, None)
             if self.live.get(record.id) is record:
                 del self.live[record.id]

@@ -86,14 +86,28 @@ class RecordStore:
         self, kind: str, after: str | None, limit: int, descending: bool, now: int
     ) -> tuple[list[JobRecord], bool]:
         """Records of `kind` ordered by (created_at, seq), starting after record `after`."""
-        op, direction = ("<", "DESC") if descending else (">", "ASC")
-        where, args = "kind = ? AND (expires_at IS NULL OR expires_at > ?)", [kind, now]
+        anchor = None
         if after is not None:
-            anchor = self._db.execute(
-                "SELECT created_at, seq FROM records WHERE id = ? AND kind = ?", (after, kind)
-            ).fetchone()
+            anchor = self.position(after, kind)
             if anchor is None:
                 return [], False
+        return self.page_after(kind, anchor, limit, descending, now)
+
+    def position(self, record_id: str, kind: str) -> tuple[int, int] | None:
+        """The record's place in the listing order: (created_at, seq)."""
+        row = self._db.execute(
+            "SELECT created_at, seq FROM records WHERE id = ? AND kind = ?", (record_id, kind)
+        ).fetchone()
+        return (int(row[0]), int(row[1])) if row is not None else None
+
+    def page_after(
+        self, kind: str, anchor: tuple[int, int] | None, limit: int, descending: bool, now: int
+    ) -> tuple[list[JobRecord], bool]:
+        """Records of `kind` whose (created_at, seq) comes after `anchor` in the order (several
+        api replicas merge their pages by position: cluster/listing.py)."""
+        op, direction = ("<", "DESC") if descending else (">", "ASC")
+        where, args = "kind = ? AND (expires_at IS NULL OR expires_at > ?)", [kind, now]
+        if anchor is not None:
             where += f" AND (created_at, seq) {op} (?, ?)"
             args += list(anchor)
         rows = self._db.execute(

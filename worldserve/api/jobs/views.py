@@ -69,6 +69,11 @@ def job_object(record: JobRecord, paths: list[Path], *, base_url: str,
 def job_list(records: list[JobRecord], paths_of: Any, has_more: bool, *, base_url: str,
              hide_paths: bool) -> dict[str, Any]:
     data = [job_object(r, paths_of(r), base_url=base_url, hide_paths=hide_paths) for r in records]
+    return list_object(data, has_more)
+
+
+def list_object(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """The list object (spec §4.3) around rendered job objects."""
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
             "last_id": data[-1]["id"] if data else None, "has_more": has_more}
 

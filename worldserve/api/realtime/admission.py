@@ -2,7 +2,9 @@
 
 Runs after a valid `init`, so an invalid init never holds a slot. A session that finds no
 slot waits up to `wait_s`, re-checking whenever a session ends, then is rejected with
-CAPACITY_EXHAUSTED. The per-user limit rejects at once (USER_SESSION_LIMIT).
+CAPACITY_EXHAUSTED, whose `retry_after_s` is when a slot should free (the sessions' mean length
+against the oldest one's age, api/retry_after.py). The per-user limit rejects at once
+(USER_SESSION_LIMIT).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import collections
 import itertools
 import time
 from dataclasses import dataclass
+
+from worldserve.api.retry_after import SlotClock
 
 CAPACITY_EXHAUSTED = "CAPACITY_EXHAUSTED"
 USER_SESSION_LIMIT = "USER_SESSION_LIMIT"
@@ -33,6 +37,7 @@ class Lease:
     user: str
     admitted_after_s: float
     kv_bytes: int = 0
+    slot: int = 0  # its SlotClock token
 
 
 class AdmissionManager:
@@ -48,6 +53,7 @@ class AdmissionManager:
         self._per_user: collections.Counter[str] = collections.Counter()
         self._ids = itertools.count(1)
         self._changed = asyncio.Condition()
+        self._slots = SlotClock()
 
     @property
     def num_active(self) -> int:
@@ -86,13 +92,14 @@ class AdmissionManager:
                         CAPACITY_EXHAUSTED,
                         f"all {self.max_sessions} realtime session slots (or the KV budget) "
                         "are in use",
-                        retry_after_s=max(1.0, self.wait_s))
+                        retry_after_s=self._slots.retry_after_s())
                 try:
                     await asyncio.wait_for(self._changed.wait(), remaining)
                 except asyncio.TimeoutError:
                     continue
             self._check_user(user)
-            lease = Lease(next(self._ids), user, time.monotonic() - started, kv_bytes)
+            lease = Lease(next(self._ids), user, time.monotonic() - started, kv_bytes,
+                          self._slots.hold())
             self._leases[lease.lease_id] = lease
             self._per_user[user] += 1
             return lease
@@ -102,6 +109,7 @@ class AdmissionManager:
         async with self._changed:
             if self._leases.pop(lease.lease_id, None) is None:
                 return
+            self._slots.release(lease.slot)
             self._per_user[lease.user] -= 1
             if self._per_user[lease.user] <= 0:
                 del self._per_user[lease.user]

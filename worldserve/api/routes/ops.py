@@ -1,4 +1,4 @@
-"""Operations: health, readiness, models, metrics."""
+"""Operations: health, readiness, models, metrics, version."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+import worldserve
 from worldserve.api.model_names import model_entries, served_model
 from worldserve.api.nim.profile import STAGES, root_runtime
 from worldserve.api.runtime import ServerRuntime
@@ -132,7 +133,15 @@ async def metrics(request: Request) -> Response:
             1 if client.state in ("ready", "released") else 0)
         runtime.metrics.weights_released.labels(stage).set(
             1 if client.state == "released" else 0)
-        if "queue_depth" in stats[stage]:
+        answered = "queue_depth" in stats[stage]
+        if answered:
             runtime.metrics.queue_depth.labels(stage).set(stats[stage]["queue_depth"])
             runtime.metrics.running.labels(stage).set(stats[stage]["running"])
+        runtime.metrics.stage_figures.update(stage, stats[stage] if answered else None)
     return Response(runtime.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+@router.get("/version")
+async def version() -> dict:
+    """The server's version (vLLM and SGLang answer the same route)."""
+    return {"version": worldserve.__version__}

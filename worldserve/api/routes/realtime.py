@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, WebSocket
 from fastapi.responses import JSONResponse
 
+from worldserve.api.errors import status_headers
 from worldserve.api.realtime.connection import RealtimeConnection
 from worldserve.api.services import ApiServices, realtime_service, services_of
 from worldserve.errors import StageUnavailable, error_body
@@ -23,8 +24,9 @@ async def realtime_generate(websocket: WebSocket) -> None:
     try:
         service.client()  # a crashed realtime stage: refuse the upgrade with 503
     except StageUnavailable as exc:
-        await websocket.send_denial_response(
-            JSONResponse(status_code=503, content=error_body(exc)))
+        await websocket.send_denial_response(JSONResponse(
+            status_code=503, content=error_body(exc),
+            headers=status_headers(websocket, 503, exc)))
         return
     async with services_of(websocket).sockets.track(websocket):
         await RealtimeConnection(websocket, service).run()

@@ -94,12 +94,16 @@ async def list_jobs(
 ) -> dict[str, Any]:
     service = _service(request)
     page_size, direction = _page_params(limit, order)
+    base_url = public_base_url(request, service.runtime.config)
+    if service.runtime.job_lister is not None:  # several api replicas (cluster/listing.py)
+        return await service.runtime.job_lister.page(after, page_size, direction == "desc",
+                                                     base_url)
     records, has_more = service.list_videos(after, page_size, direction == "desc")
     return job_list(
         records,
         service.paths,
         has_more,
-        base_url=public_base_url(request, service.runtime.config),
+        base_url=base_url,
         hide_paths=service.config.hide_file_paths,
     )
 

@@ -30,6 +30,7 @@ from worldserve.api.streaming.sessions import (
     Transport,
 )
 from worldserve.errors import (
+    CapacityExceeded,
     Conflict,
     NotFound,
     NotSupported,
@@ -146,6 +147,9 @@ class StreamingService:
         except RequestTimeout:
             client.send_nowait(CloseSession(request_id=new_request_id("close"),
                                             session_id=request.session_id))
+            raise
+        except CapacityExceeded as exc:  # C1/C2 (the stage's): say when a slot should free
+            exc.retry_after_s = self.registry.retry_after_s()
             raise
         assert isinstance(reply, SessionCreated)  # the stage protocol, not client input
         idle_s = (self.config.idle_timeout_s if transport == "ws"

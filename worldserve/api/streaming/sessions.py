@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Literal
 
+from worldserve.api.retry_after import SlotClock
 from worldserve.errors import InternalError, NotFound
 from worldserve.ipc.messages import ReasonerRetention, ReasonerSampling
 
@@ -81,6 +82,8 @@ class SessionRegistry:
 
     def __init__(self, release: ReleaseFn, interval_s: float) -> None:
         self._sessions: dict[str, StreamSession] = {}
+        self._slots = SlotClock()
+        self._slot_tokens: dict[str, int] = {}
         self._release = release
         self._interval_s = interval_s
         self._reaper: asyncio.Task | None = None
@@ -90,6 +93,7 @@ class SessionRegistry:
 
     def add(self, session: StreamSession) -> None:
         self._sessions[session.session_id] = session
+        self._slot_tokens[session.session_id] = self._slots.hold()
         if self._reaper is None or self._reaper.done():
             self._reaper = asyncio.get_running_loop().create_task(self._reap_forever())
 
@@ -99,6 +103,17 @@ class SessionRegistry:
 
     def remove(self, session: StreamSession) -> None:
         self._sessions.pop(session.session_id, None)
+        token = self._slot_tokens.pop(session.session_id, None)
+        if token is not None:
+            self._slots.release(token)
+
+    def retry_after_s(self) -> float:
+        """When a session slot should free: the sessions' mean lifetime against the oldest
+        one's age, or sooner when an idle session reaches its idle timeout (api/retry_after)."""
+        now = time.monotonic()
+        idle = [s.last_active + s.idle_timeout_s - now for s in self._sessions.values()
+                if s.state in (StreamSessionState.IDLE, StreamSessionState.DEAD)]
+        return self._slots.retry_after_s(*idle, now_s=now)
 
     async def lookup(self, session_id: str) -> StreamSession:
         """The live session, or 404 (an idle one past its timeout is expired on the spot)."""

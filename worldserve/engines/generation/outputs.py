@@ -15,13 +15,18 @@ from worldserve.media.video import encode_mp4
 from worldserve.models.types import RowExtras
 
 NO_FILE = "none"  # output_format of requests whose result is data only (actions)
-_STEM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+# The job-id alphabet (api/jobs/ledger.py): a uuid, plus `.<api replica>` in cluster mode
+# (cluster/ids.py). A name built from it never holds a path separator, never starts with a dot
+# and never contains `..`, so it cannot leave the output directory.
+_WORD = r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}"
+_STEM = re.compile(rf"{_WORD}(\.{_WORD})?")
 
 
 def output_names(stem: str, output_format: str, count: int) -> list[str]:
     """`<stem>.<ext>` for one output, `<stem>_<i>.<ext>` for several (spec §3.1)."""
-    if not _STEM.match(stem):
-        raise InvalidRequest(f"output stem {stem!r} is not a plain identifier")
+    if not _STEM.fullmatch(stem):
+        raise InvalidRequest(f"output stem {stem!r} is not a job id (letters, digits, '_', '-', "
+                             "and at most one '.' between two such words)")
     if output_format == NO_FILE:
         return []
     ext = "mp4" if output_format == "mp4" else EXTENSIONS.get(output_format)
