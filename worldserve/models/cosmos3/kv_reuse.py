@@ -19,8 +19,8 @@ upstream processor's, op for op, so replayed velocities equal recomputed ones bi
 (tests/unit/models/test_cosmos3_speed.py).
 
 Not used (the runner records nothing) with sequence parallelism (it owns the seams and the
-processor) or with the FP8 mixed-precision step schedule (it may switch understanding linears
-between steps).
+processor), with `compile: true` (see `UnderstandingKVReuse`), or with the FP8 mixed-precision
+step schedule (it may switch understanding linears between steps).
 """
 
 from __future__ import annotations
@@ -59,9 +59,15 @@ class UnderstandingKV:
 
 class UnderstandingKVReuse:
     """Installed once on a transformer; a forward run inside `use(slot)` records into an empty
-    slot and replays a recorded one. Outside `use` the processors run the upstream code."""
+    slot and replays a recorded one. Outside `use` the processors run the upstream code.
+
+    Each layer's processor holds its own mode and tensors (set here around the forward).
+    Not combined with `compile: true` (the runner leaves it out): the record / replay modes,
+    the empty understanding sequence and the stored tensors each add guard variants, and on
+    the dev model a 3-step run already reached dynamo's recompile limit (8)."""
 
     def __init__(self) -> None:
+        self.processors: list[ReusingAttnProcessor] = []
         self.slot: UnderstandingKV | None = None
         self.replaying = False
 
@@ -71,11 +77,13 @@ class UnderstandingKVReuse:
                              "are taken (sequence parallelism); it cannot be combined with it")
         transformer._cp_shard_fn = self.shard
         transformer._cp_gather_fn = self.gather
-        for index, layer in enumerate(transformer.layers):
-            backend = getattr(layer.self_attn.processor, "_attention_backend", None)
-            processor = ReusingAttnProcessor(self, index)
-            processor._attention_backend = backend
+        self.processors = []
+        for layer in transformer.layers:
+            processor = ReusingAttnProcessor()
+            processor._attention_backend = getattr(layer.self_attn.processor,
+                                                   "_attention_backend", None)
             layer.self_attn.set_processor(processor)
+            self.processors.append(processor)
 
     @contextmanager
     def use(self, slot: UnderstandingKV, und_len: int) -> Iterator[None]:
@@ -83,12 +91,22 @@ class UnderstandingKVReuse:
         if slot.recorded and slot.und_len != und_len:
             raise ValueError(f"understanding K/V recorded for und_len {slot.und_len}, "
                              f"asked to replay at {und_len}")
-        if not slot.recorded:
-            slot.keys, slot.values, slot.und_len = [], [], und_len
         self.slot, self.replaying = slot, slot.recorded
+        for index, processor in enumerate(self.processors):
+            if self.replaying:
+                processor.mode = "replay"
+                processor.k_und, processor.v_und = slot.keys[index], slot.values[index]
+            else:
+                processor.mode = "record"
         try:
             yield
+            if not self.replaying:
+                slot.keys = [p.k_und for p in self.processors]
+                slot.values = [p.v_und for p in self.processors]
+                slot.und_len = und_len
         finally:
+            for processor in self.processors:
+                processor.mode, processor.k_und, processor.v_und = "off", None, None
             self.slot, self.replaying = None, False
 
     # The seams around the decoder stack.
@@ -113,27 +131,25 @@ class UnderstandingKVReuse:
 
 
 class ReusingAttnProcessor(Cosmos3AttnProcessor):
-    """`Cosmos3AttnProcessor` that records layer `index`'s understanding K/V, or replays it and
-    runs the generation pathway alone."""
+    """`Cosmos3AttnProcessor` that records its layer's understanding K/V ("record"), or
+    replays it and runs the generation pathway alone ("replay"); "off": upstream."""
 
-    def __init__(self, reuse: UnderstandingKVReuse, index: int) -> None:
-        self.reuse = reuse
-        self.index = index
+    def __init__(self) -> None:
+        self.mode = "off"
+        self.k_und: torch.Tensor | None = None
+        self.v_und: torch.Tensor | None = None
 
     def __call__(self, attn: Any, und_seq: torch.Tensor, gen_seq: torch.Tensor,
                  rotary_emb: Rotary) -> tuple[torch.Tensor, torch.Tensor]:
-        slot = self.reuse.slot
-        if slot is None:
+        if self.mode == "off":
             return super().__call__(attn, und_seq, gen_seq, rotary_emb)
-        if self.reuse.replaying:
-            k_und, v_und = slot.keys[self.index], slot.values[self.index]
+        if self.mode == "replay":
+            k_und, v_und = self.k_und, self.v_und
             und_out = und_seq.new_zeros((0, attn.to_out.out_features))
         else:
             und_out, k_und, v_und = self._understanding(attn, und_seq, rotary_emb)
-            slot.keys.append(k_und)
-            slot.values.append(v_und)
+            self.k_und, self.v_und = k_und, v_und
         return und_out, self._generation(attn, gen_seq, rotary_emb, k_und, v_und)
-
     def _understanding(self, attn: Any, und_seq: torch.Tensor, rotary_emb: Rotary
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The upstream processor's understanding half: (output, rotated k for gen, v)."""
@@ -172,3 +188,4 @@ class ReusingAttnProcessor(Cosmos3AttnProcessor):
             enable_gqa=True, backend=self._attention_backend,
             parallel_config=self._parallel_config)
         return attn.to_add_out(full_out.squeeze(0).flatten(-2, -1))
+
