@@ -1,0 +1,91 @@
+"""Cosmos3 speed levers, part of `benchmarks/generation.py --model cosmos3` when any of
+`--compile`, `--attention-backend X`, `--kv-reuse` is given (same run, ratios printed).
+
+Two runners on the same checkpoint in this process (the widened tiny Cosmos3 of
+benchmarks/generation_cosmos3.py unless --model-path): the baseline (native attention, eager,
+no K/V reuse) and one per lever with only that lever on. Each timed unit is one request's
+`prepare` + every denoising step (the levers touch the transformer only; the VAE decode is
+left out), baseline and lever alternating (--n rounds, medians). `compile` is warmed first (its
+first forward, the compilation, is reported as `compile_s`, not timed). Also printed: the max
+|difference| of the lever's final latents from the baseline's (K/V reuse: 0, bit-exact).
+
+    .venv/bin/python benchmarks/generation.py --model cosmos3 --size 256x256 --steps 8 --n 3 \\
+        --compile --attention-backend _native_math --kv-reuse
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+PROMPT = "a robot arm picks up the blue cup on the wooden table next to the window"
+
+
+def denoise(runner: Any, params: Any) -> tuple[float, Any]:
+    """(ms, final latents) of one request's prepare + denoising steps."""
+    started = time.perf_counter()
+    state = runner.prepare(["bench"], [params], params.seeds)
+    while not state.done_denoising:
+        runner.denoise_step(state)
+    return (time.perf_counter() - started) * 1000, state.rows[0].latents
+
+
+def levers(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """lever name -> configure_speed kwargs."""
+    out: dict[str, dict[str, Any]] = {}
+    if args.compile:
+        out["compile"] = {"compile": True}
+    if args.attention_backend:
+        out[f"attention_{args.attention_backend}"] = {
+            "attention_backend": args.attention_backend}
+    if args.kv_reuse:
+        out["kv_reuse"] = {"understanding_kv_reuse": True}
+    return out
+
+
+def run(args: argparse.Namespace, work: Path) -> dict:
+    import torch
+
+    from benchmarks.generation_cosmos3 import THREADS, build_wide
+    from worldserve.ipc.messages import GenerationParams
+    from worldserve.models import registry
+
+    torch.set_num_threads(int(THREADS))
+    model = args.model_path or build_wide(work / "cosmos3-wide")
+    w, h = (int(v) for v in args.size.split("x"))
+    params = GenerationParams(prompt=PROMPT, width=w, height=h, num_frames=1,
+                              num_inference_steps=args.steps, guidance_scale=6.0, seeds=[42],
+                              fps=24.0)
+    baseline = registry.load_runner("generation", model)
+    runners: dict[str, Any] = {}
+    result: dict[str, Any] = {"model": "cosmos3", "task": "t2i", "size": args.size,
+                              "steps": args.steps, "n": args.n, "threads": int(THREADS)}
+    for name, kwargs in levers(args).items():
+        runner = registry.load_runner("generation", model)
+        runner.configure_speed(**kwargs)
+        if name == "compile":
+            denoise(runner, params)  # the first forward compiles (the stage's warmup)
+            result["compile_s"] = runner.describe()["speed"]["compile_s"]
+        runners[name] = runner
+    packed = baseline.prepare(["probe"], [params], params.seeds).rows[0].cond
+    result["und_tokens"] = int(packed["und_len"])  # the understanding (text) stream
+    result["gen_tokens"] = int(packed["sequence_length"]) - int(packed["und_len"])
+    ms: dict[str, list[float]] = {"baseline": [], **{name: [] for name in runners}}
+    reference = denoise(baseline, params)[1]  # warm-up of the baseline
+    diffs = {name: (denoise(r, params)[1] - reference).abs().max().item()
+             for name, r in runners.items()}
+    for _ in range(args.n):
+        ms["baseline"].append(denoise(baseline, params)[0])
+        for name, runner in runners.items():
+            ms[name].append(denoise(runner, params)[0])
+    base = statistics.median(ms["baseline"])
+    result["baseline_ms"] = round(base, 1)
+    for name in runners:
+        lever = statistics.median(ms[name])
+        result[f"{name}_ms"] = round(lever, 1)
+        result[f"{name}_speedup"] = round(base / lever, 3)
+        result[f"{name}_max_abs_diff"] = diffs[name]
+    return result
