@@ -187,6 +187,8 @@ def main() -> None:
                         help="cosmos3: this diffusers attention backend vs native")
     parser.add_argument("--kv-reuse", action="store_true",
                         help="cosmos3: understanding K/V reuse vs recomputation")
+    parser.add_argument("--frames", type=int, default=1,
+                        help="cosmos3 speed levers: frames per request (1: text-to-image)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-generation-"))
     if args.compile or args.attention_backend or args.kv_reuse:

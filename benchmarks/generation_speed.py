@@ -56,12 +56,12 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     torch.set_num_threads(int(THREADS))
     model = args.model_path or build_wide(work / "cosmos3-wide")
     w, h = (int(v) for v in args.size.split("x"))
-    params = GenerationParams(prompt=PROMPT, width=w, height=h, num_frames=1,
+    params = GenerationParams(prompt=PROMPT, width=w, height=h, num_frames=args.frames,
                               num_inference_steps=args.steps, guidance_scale=6.0, seeds=[42],
                               fps=24.0)
     baseline = registry.load_runner("generation", model)
     runners: dict[str, Any] = {}
-    result: dict[str, Any] = {"model": "cosmos3", "task": "t2i", "size": args.size,
+    result: dict[str, Any] = {"model": "cosmos3", "frames": args.frames, "size": args.size,
                               "steps": args.steps, "n": args.n, "threads": int(THREADS)}
     for name, kwargs in levers(args).items():
         runner = registry.load_runner("generation", model)
