@@ -160,3 +160,23 @@ def test_model_info_reports_the_levers(cosmos3_dir, tmp_path):
     engine.submit(ModelInfoRequest(request_id="i"), replies.append)
     assert replies[-1].data["speed"] == {"attention_backend": "_native_math", "compile": False,
                                          "compile_s": None, "understanding_kv_reuse": True}
+
+
+def test_reuse_stands_aside_while_a_step_cache_is_enabled(cosmos3_dir):
+    # TaylorSeer: a diffusers cache that runs on Cosmos3 (FirstBlockCache fails on its
+    # `hidden_states`-less block signature in diffusers 0.42.1)
+    from diffusers import TaylorSeerCacheConfig
+
+    cached_plain = registry.load_runner("generation", cosmos3_dir)
+    cached_reusing = registry.load_runner("generation", cosmos3_dir)
+    cached_reusing.configure_speed(understanding_kv_reuse=True)
+    for runner in (cached_plain, cached_reusing):
+        runner.pipe.transformer.enable_cache(
+            TaylorSeerCacheConfig(cache_interval=2, disable_cache_before_step=1))
+    p = params(num_frames=1, width=32, height=32)
+    state = cached_reusing.prepare(["r"], [p], p.seeds)
+    cached_reusing.denoise_step(state)
+    assert state.rows[0].understanding_kv == {}  # nothing recorded: the cache hooks run alone
+    while not state.done_denoising:
+        cached_reusing.denoise_step(state)
+    assert_same_rows(state.rows[0], denoised(cached_plain, p))
