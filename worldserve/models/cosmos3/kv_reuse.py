@@ -19,8 +19,9 @@ upstream processor's, op for op, so replayed velocities equal recomputed ones bi
 (tests/unit/models/test_cosmos3_speed.py).
 
 Not used (the runner records nothing) with sequence parallelism (it owns the seams and the
-processor), with `compile: true` (see `UnderstandingKVReuse`), or with the FP8 mixed-precision
-step schedule (it may switch understanding linears between steps).
+processor), with `compile: true` (see `UnderstandingKVReuse`), under the FP8 mixed-precision
+step schedule (it may switch understanding linears between steps), or while a diffusers step
+cache is enabled on the transformer (its block hooks keep full-length outputs per stream).
 """
 
 from __future__ import annotations
@@ -51,10 +52,6 @@ class UnderstandingKV:
     @property
     def recorded(self) -> bool:
         return self.und_out is not None
-
-    def num_bytes(self) -> int:
-        tensors = [*self.keys, *self.values] + ([self.und_out] if self.recorded else [])
-        return sum(t.numel() * t.element_size() for t in tensors)
 
 
 class UnderstandingKVReuse:
