@@ -3,11 +3,13 @@
 
 Two runners on the same checkpoint in this process (the widened tiny Cosmos3 of
 benchmarks/generation_cosmos3.py unless --model-path): the baseline (native attention, eager,
-no K/V reuse) and one per lever with only that lever on. Each timed unit is one request's
-`prepare` + every denoising step (the levers touch the transformer only; the VAE decode is
-left out), baseline and lever alternating (--n rounds, medians). `compile` is warmed first (its
-first forward, the compilation, is reported as `compile_s`, not timed). Also printed: the max
-|difference| of the lever's final latents from the baseline's (K/V reuse: 0, bit-exact).
+no K/V reuse) and one per lever with only that lever on (with both `--compile` and
+`--kv-reuse`, the two together are a lever too: `compile_kv_reuse`). Each timed unit is one
+request's `prepare` + every denoising step (the levers touch the transformer only; the VAE
+decode is left out), baseline and levers alternating (--n rounds, medians). Compiled runners
+are warmed first (their first forward, the compilation, is reported as `<lever>_compile_s`,
+not timed). Also printed: the max |difference| of each lever's final latents from the
+baseline's (K/V reuse alone: 0, bit-exact).
 
     .venv/bin/python benchmarks/generation.py --model cosmos3 --size 256x256 --steps 8 --n 3 \\
         --compile --attention-backend _native_math --kv-reuse
@@ -43,6 +45,8 @@ def levers(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
             "attention_backend": args.attention_backend}
     if args.kv_reuse:
         out["kv_reuse"] = {"understanding_kv_reuse": True}
+    if args.compile and args.kv_reuse:
+        out["compile_kv_reuse"] = {"compile": True, "understanding_kv_reuse": True}
     return out
 
 
@@ -66,9 +70,9 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     for name, kwargs in levers(args).items():
         runner = registry.load_runner("generation", model)
         runner.configure_speed(**kwargs)
-        if name == "compile":
+        if kwargs.get("compile"):
             denoise(runner, params)  # the first forward compiles (the stage's warmup)
-            result["compile_s"] = runner.describe()["speed"]["compile_s"]
+            result[f"{name}_compile_s"] = runner.describe()["speed"]["compile_s"]
         runners[name] = runner
     packed = baseline.prepare(["probe"], [params], params.seeds).rows[0].cond
     result["und_tokens"] = int(packed["und_len"])  # the understanding (text) stream

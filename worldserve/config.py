@@ -207,7 +207,7 @@ class GenerationStageConfig(StageConfig):
     # torch.compile the transformer's repeated blocks (dynamic shapes) during warmup.
     compile: bool = False
     # Cosmos3: record the understanding (text) stream's K/V at a row's first step and reuse it
-    # at later steps (bit-exact; off with compile, and while a step cache is enabled).
+    # at later steps (bit-exact; stands aside while a step cache is enabled).
     understanding_kv_reuse: bool = True
 
     @field_validator("attention_backend")

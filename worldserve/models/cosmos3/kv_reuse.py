@@ -19,7 +19,7 @@ upstream processor's, op for op, so replayed velocities equal recomputed ones bi
 (tests/unit/models/test_cosmos3_speed.py).
 
 Not used (the runner records nothing) with sequence parallelism (it owns the seams and the
-processor), with `compile: true` (see `UnderstandingKVReuse`), under the FP8 mixed-precision
+processor), under the FP8 mixed-precision
 step schedule (it may switch understanding linears between steps), or while a diffusers step
 cache is enabled on the transformer (its block hooks keep full-length outputs per stream).
 """
@@ -59,9 +59,11 @@ class UnderstandingKVReuse:
     slot and replays a recorded one. Outside `use` the processors run the upstream code.
 
     Each layer's processor holds its own mode and tensors (set here around the forward).
-    Not combined with `compile: true` (the runner leaves it out): the record / replay modes,
-    the empty understanding sequence and the stored tensors each add guard variants, and on
-    the dev model a 3-step run already reached dynamo's recompile limit (8)."""
+    With `compile: true` the recording / replaying processor runs outside the compiled graph
+    (`torch.compiler.disable`; the norms, MLPs and residuals around it stay compiled): traced,
+    its modes, stored tensors and the empty understanding sequence multiplied the guard
+    variants until a 3-step dev run reached dynamo's recompile limit (8); with the graph
+    break a block settles at 4 variants and new request sizes add none."""
 
     def __init__(self) -> None:
         self.processors: list[ReusingAttnProcessor] = []
@@ -140,6 +142,11 @@ class ReusingAttnProcessor(Cosmos3AttnProcessor):
                  rotary_emb: Rotary) -> tuple[torch.Tensor, torch.Tensor]:
         if self.mode == "off":
             return super().__call__(attn, und_seq, gen_seq, rotary_emb)
+        return self._reusing(attn, und_seq, gen_seq, rotary_emb)
+
+    @torch.compiler.disable  # see UnderstandingKVReuse: eager even inside a compiled block
+    def _reusing(self, attn: Any, und_seq: torch.Tensor, gen_seq: torch.Tensor,
+                 rotary_emb: Rotary) -> tuple[torch.Tensor, torch.Tensor]:
         if self.mode == "replay":
             k_und, v_und = self.k_und, self.v_und
             und_out = und_seq.new_zeros((0, attn.to_out.out_features))

@@ -153,9 +153,6 @@ class Cosmos3Runner(DiffusersAdminOps):
 
             if transformer._cp_shard_fn is not None or transformer._cp_gather_fn is not None:
                 log.info("understanding K/V reuse off: sequence parallelism owns the seams")
-            elif compile:
-                log.info("understanding K/V reuse off: not combined with compile (its record / "
-                         "replay variants multiply the compiled blocks' recompilations)")
             else:
                 self.kv_reuse = UnderstandingKVReuse()
                 self.kv_reuse.install(transformer)
