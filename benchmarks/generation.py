@@ -189,6 +189,9 @@ def main() -> None:
                         help="cosmos3: understanding K/V reuse vs recomputation")
     parser.add_argument("--frames", type=int, default=1,
                         help="cosmos3 speed levers: frames per request (1: text-to-image)")
+    parser.add_argument("--device", default="cpu", help="cosmos3 speed levers: the device")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="cosmos3 speed levers: the weights' dtype")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-generation-"))
     if args.compile or args.attention_backend or args.kv_reuse:

@@ -13,6 +13,9 @@ baseline's (K/V reuse alone: 0, bit-exact).
 
     .venv/bin/python benchmarks/generation.py --model cosmos3 --size 256x256 --steps 8 --n 3 \\
         --compile --attention-backend _native_math --kv-reuse
+
+On a GPU (unverified here: no device was lent): `--device cuda --dtype bfloat16
+--model-path <Cosmos3 directory> --attention-backend _flash_3` etc.
 """
 
 from __future__ import annotations
@@ -27,12 +30,17 @@ PROMPT = "a robot arm picks up the blue cup on the wooden table next to the wind
 
 
 def denoise(runner: Any, params: Any) -> tuple[float, Any]:
-    """(ms, final latents) of one request's prepare + denoising steps."""
+    """(ms, final latents) of one request's prepare + denoising steps (a device's queue
+    drained before the clock stops)."""
+    import torch
+
     started = time.perf_counter()
     state = runner.prepare(["bench"], [params], params.seeds)
     while not state.done_denoising:
         runner.denoise_step(state)
-    return (time.perf_counter() - started) * 1000, state.rows[0].latents
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return (time.perf_counter() - started) * 1000, state.rows[0].latents.float().cpu()
 
 
 def levers(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -63,12 +71,14 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     params = GenerationParams(prompt=PROMPT, width=w, height=h, num_frames=args.frames,
                               num_inference_steps=args.steps, guidance_scale=6.0, seeds=[42],
                               fps=24.0)
-    baseline = registry.load_runner("generation", model)
+    load = {"device": args.device, "dtype": args.dtype}
+    baseline = registry.load_runner("generation", model, **load)
     runners: dict[str, Any] = {}
-    result: dict[str, Any] = {"model": "cosmos3", "frames": args.frames, "size": args.size,
+    result: dict[str, Any] = {"model": "cosmos3", "device": args.device, "dtype": args.dtype,
+                              "frames": args.frames, "size": args.size,
                               "steps": args.steps, "n": args.n, "threads": int(THREADS)}
     for name, kwargs in levers(args).items():
-        runner = registry.load_runner("generation", model)
+        runner = registry.load_runner("generation", model, **load)
         runner.configure_speed(**kwargs)
         if kwargs.get("compile"):
             denoise(runner, params)  # the first forward compiles (the stage's warmup)
