@@ -1,7 +1,8 @@
 """Attention backend and regional compilation for diffusers transformers (issue 25 items 1, 2).
 
 `apply_attention_backend` checks that this machine can run the backend before any weight
-sees it: diffusers' own requirement check (the missing package, by name), then one probe
+sees it: diffusers' own requirement check (the missing package, by name; a `*_hub` backend's
+kernel fetched from the Hub or its cache, as `set_attention_backend` would), then one probe
 call of `dispatch_attention_fn` on the stage's device and dtype with the argument shapes a
 transformer uses (GQA, causal), so a backend that imports but cannot run here (`_flash_3` or
 `_native_cudnn` on a CPU, `flex` where the kernel is missing) is a startup error, not a failed
@@ -50,6 +51,7 @@ def check_attention_backend(backend: str, device: Any, dtype: torch.dtype, *,
     from diffusers.models.attention_dispatch import (
         AttentionBackendName,
         _check_attention_backend_requirements,
+        _maybe_download_kernel_for_backend,
         dispatch_attention_fn,
     )
 
@@ -61,7 +63,9 @@ def check_attention_backend(backend: str, device: Any, dtype: torch.dtype, *,
                              f"(known: {known})") from None
     try:
         _check_attention_backend_requirements(name)
-    except (RuntimeError, ImportError) as exc:
+        # `*_hub` backends: the kernel comes from the Hugging Face Hub (the cache, offline)
+        _maybe_download_kernel_for_backend(name)
+    except (RuntimeError, ImportError, ValueError, OSError) as exc:
         raise ModelLoadError(f"attention_backend {backend!r} cannot run here: {exc}") from None
     heads, kv_heads = (2, 1) if gqa else (2, 2)
     q = torch.randn(1, 8, heads, 64, device=device, dtype=dtype)
