@@ -1,0 +1,173 @@
+"""Load ModelOpt FP8 checkpoints for the Cosmos3 stages: choose W8A8 or W8A16, and build the
+generator transformer or the reasoner model from the FP8 files.
+
+- W8A16 (CPU, GPUs below compute capability 8.9, or `fp8_compute: w8a16`): every FP8 weight is
+  dequantised once at load into the stage dtype; the model is then an ordinary one.
+- W8A8 (`auto` on CUDA sm89+, or `fp8_compute: w8a8`), **unverified here**: the generator goes
+  through ModelOpt's own restore (`enable_huggingface_checkpointing` before diffusers'
+  `from_pretrained`, then the runner applies the Cosmos3 mixed-precision step schedule); the
+  reasoner gets `Fp8Linear`s (`torch._scaled_mm`) in place of its quantised linears.
+
+Either way the log says which, and how many quantised linears got their scale.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from worldserve.models.common import resolve_dtype
+from worldserve.models.fp8.detect import Fp8FormatError, QuantFormat, detect
+from worldserve.models.fp8.linear import swap_in_fp8_linears
+from worldserve.models.fp8.weights import Fp8Tensors, dequantised_state_dict, read_fp8_tensors
+
+logger = logging.getLogger("worldserve.fp8")
+
+Fp8Compute = Literal["auto", "w8a16", "w8a8"]
+MIN_W8A8_CAPABILITY = (8, 9)  # Ada / Hopper: FP8 tensor cores, torch._scaled_mm
+
+
+def generator_format(model_dir: Path) -> QuantFormat | None:
+    """The Cosmos3 generator transformer's format (`transformer/`, root modelopt_state.pth)."""
+    folder = Path(model_dir) / "transformer"
+    return detect(folder, folder / "config.json", root=Path(model_dir))
+
+
+def reasoner_format(model_dir: Path) -> QuantFormat | None:
+    """The Cosmos3 reasoner's format (root `config.json` and safetensors)."""
+    return detect(Path(model_dir), Path(model_dir) / "config.json")
+
+
+def choose_compute(requested: str, device: str, *, fmt: QuantFormat,
+                   generator: bool) -> tuple[str, str]:
+    """("w8a8" | "w8a16", why). An explicit `w8a8` that cannot run is an error."""
+    if requested not in ("auto", "w8a16", "w8a8"):
+        raise ValueError(f"fp8_compute must be auto, w8a16 or w8a8; got {requested!r}")
+    if requested == "w8a16":
+        return "w8a16", "fp8_compute is w8a16"
+    missing = _w8a8_missing(device, fmt, generator)
+    if missing is None:
+        return "w8a8", f"{device} supports FP8 matmuls"
+    if requested == "w8a8":
+        raise Fp8FormatError(f"fp8_compute is w8a8 but {missing}; use fp8_compute auto or w8a16")
+    return "w8a16", missing
+
+
+def _w8a8_missing(device: str, fmt: QuantFormat, generator: bool) -> str | None:
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return f"device {device!r} is not a CUDA GPU"
+    capability = torch.cuda.get_device_capability(torch.device(device))
+    if capability < MIN_W8A8_CAPABILITY:
+        return f"{device} has compute capability {capability}, FP8 matmuls need >= 8.9"
+    if not generator:
+        return None
+    if fmt.layout != "modelopt_native" or fmt.state_file is None:
+        return ("the generator's W8A8 path is ModelOpt's restore, which needs the native layout "
+                "with transformer/modelopt_state.pth")
+    try:
+        import modelopt.torch.opt  # noqa: F401
+    except ImportError:
+        return "nvidia-modelopt is not installed (pip install 'worldserve[fp8]')"
+    return None
+
+
+def load_generator_transformer(model_dir: Path, dtype: Any, device: str,
+                               fp8_compute: str = "auto") -> Any | None:
+    """The generator transformer built from FP8 files for W8A16; None for a plain checkpoint
+    or for W8A8, where diffusers loads it after ModelOpt's restore hook is enabled."""
+    fmt = generator_format(model_dir)
+    if fmt is None:
+        return None
+    mode, why = choose_compute(fp8_compute, device, fmt=fmt, generator=True)
+    if mode == "w8a8":
+        import modelopt.torch.opt as mto
+
+        mto.enable_huggingface_checkpointing()  # from_pretrained restores modelopt_state.pth
+        logger.info("generator: %s loads W8A8 through ModelOpt's restore (%s; unverified "
+                    "path)", fmt.describe(), why)
+        return None
+    from accelerate import init_empty_weights
+    from diffusers import Cosmos3OmniTransformer
+
+    config = dict(Cosmos3OmniTransformer.load_config(fmt.weights_dir))
+    config.pop("quantization_config", None)
+    with init_empty_weights():
+        model = Cosmos3OmniTransformer.from_config(config)
+    count = _load_w8a16(model, read_fp8_tensors(fmt), resolve_dtype(dtype), device)
+    _log_w8a16("generator", fmt, count, dtype, why)
+    return model.eval()
+
+
+def load_reasoner_model(model_dir: Path, dtype: Any, device: str,
+                        fp8_compute: str = "auto") -> Any | None:
+    """The reasoner model built from FP8 files (W8A16, or W8A8 with `Fp8Linear`s); None for a
+    plain checkpoint (transformers loads it as usual)."""
+    fmt = reasoner_format(model_dir)
+    if fmt is None:
+        return None
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    mode, why = choose_compute(fp8_compute, device, fmt=fmt, generator=False)
+    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # transformers would "skip" it and upcast: we load here
+    torch_dtype = resolve_dtype(dtype)
+    with init_empty_weights():
+        model = AutoModelForImageTextToText.from_config(config, dtype=torch_dtype)
+    tensors = read_fp8_tensors(fmt)
+    if mode == "w8a8":
+        linears, tensors.linears = tensors.linears, {}
+        _load_w8a16(model, tensors, torch_dtype, device, strict=False)
+        count = swap_in_fp8_linears(model, linears, torch_dtype, device)
+        _check_loaded(model, fmt)
+        logger.info("reasoner: %s loaded W8A8 (Fp8Linear, torch._scaled_mm; %s): %d quantised "
+                    "linears with their scales", fmt.describe(), why, count)
+    else:
+        count = _load_w8a16(model, tensors, torch_dtype, device)
+        _log_w8a16("reasoner", fmt, count, dtype, why)
+    model.tie_weights()
+    return model.eval()
+
+
+def _load_w8a16(model: Any, tensors: Fp8Tensors, dtype: torch.dtype, device: str, *,
+                strict: bool = True) -> int:
+    """Load the dequantised state dict into `model` (built on the meta device); returns how
+    many quantised linears were dequantised with their scale."""
+    state = dict(dequantised_state_dict(tensors, dtype, device))
+    keep_fp32 = getattr(model, "_keep_in_fp32_modules", None) or []
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and any(part in name.split(".") for part in keep_fp32):
+            state[name] = tensor.float()
+    result = model.load_state_dict(state, strict=False, assign=True)
+    unexpected = list(result.unexpected_keys)
+    missing = [k for k in result.missing_keys if not _tied(model, k)] if strict else []
+    if unexpected or missing:
+        raise Fp8FormatError(f"the FP8 checkpoint does not match the model: missing "
+                             f"{missing[:5]}, unexpected {unexpected[:5]}")
+    model.to(device)
+    return len(tensors.linears)
+
+
+def _tied(model: Any, key: str) -> bool:
+    """A missing key that the model ties to another (lm_head to the embeddings)."""
+    tied = getattr(model, "_tied_weights_keys", None) or {}
+    return key in tied
+
+
+def _check_loaded(model: Any, fmt: QuantFormat) -> None:
+    on_meta = [n for n, p in model.named_parameters() if p.device.type == "meta"]
+    if on_meta:
+        raise Fp8FormatError(f"{fmt.weights_dir}: no weights in the checkpoint for {on_meta[:5]}")
+
+
+def _log_w8a16(stage: str, fmt: QuantFormat, count: int, dtype: Any, why: str) -> None:
+    if count != fmt.num_fp8_weights:
+        raise Fp8FormatError(f"{fmt.weights_dir}: {fmt.num_fp8_weights} FP8 weights in the "
+                             f"headers but {count} dequantised")
+    logger.info("%s: %s loaded W8A16: %d quantised linears dequantised once with their scales "
+                "into %s (%s)", stage, fmt.describe(), count,
+                str(resolve_dtype(dtype)).removeprefix("torch."), why)
