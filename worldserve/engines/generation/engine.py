@@ -73,7 +73,7 @@ class GenerationEngine:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.runner: GenerationRunner = runner or registry.load_runner(
             "generation", path, dtype=stage_config.dtype, device=stage_config.device,
-            safety_checker=stage_config.safety_checker)
+            safety_checker=stage_config.safety_checker, **stage_config.quant_options())
         self.pipe = self.runner.pipe
         self.actions: ActionRunner | None = registry.load_actions(path)
         self.defaults = self.runner.features.defaults  # the family's, for this checkpoint

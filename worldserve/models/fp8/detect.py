@@ -71,15 +71,15 @@ def detect(weights_dir: Path, config_file: Path, root: Path | None = None) -> Qu
     names = {name for header in headers.values() for name in header}
     fp8_by_dtype = _fp8_tensors(headers)
     state_file = next((p for p in _state_candidates(weights_dir, root) if p.is_file()), None)
-    declared = quant is not None or state_file is not None
     if not fp8_by_dtype and not any(n.endswith(f".{NATIVE_SCALE}") for n in names):
-        if declared:
-            said = (f"{config_file.name} quantization_config" if quant is not None
-                    else str(state_file))
-            raise Fp8FormatError(f"{weights_dir}: {said} says the weights are quantised, but no "
-                                 "FP8 tensors are in the safetensors files (an incomplete or "
-                                 "fake-quantised export?); worldserve loads compressed ModelOpt "
-                                 "FP8 checkpoints or plain ones")
+        if quant is not None:
+            raise Fp8FormatError(f"{weights_dir}: {config_file.name} quantization_config says "
+                                 "the weights are quantised, but no FP8 tensors are in the "
+                                 "safetensors files (an incomplete or fake-quantised export?); "
+                                 "worldserve loads compressed ModelOpt FP8 checkpoints or plain "
+                                 "ones")
+        # A modelopt_state.pth beside plain weights (e.g. the root one of a checkpoint whose
+        # reasoner weights are BF16): nothing is quantised here, the weights load as they are.
         return None
     other = sorted(set(fp8_by_dtype) - {FP8_E4M3})
     if other:

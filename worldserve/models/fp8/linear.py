@@ -2,10 +2,10 @@
 quantise (the Cosmos3 reasoner).
 
 The weight stays FP8 E4M3; each call quantises the input with its static scale
-(`clamp(x / input_scale, ±448)` to E4M3) and multiplies with `torch._scaled_mm` on CUDA (sm89+),
-which computes `(x_fp8 * input_scale) @ (w_fp8 * weight_scale).T` with FP32 accumulation.
-Elsewhere `scaled_mm_reference` computes the same in float32: that is what the CPU tests
-compare with W8A16 (the W8A8 kernel itself is unverified here).
+(`clamp(x / input_scale, ±448)` to E4M3) and multiplies with `torch._scaled_mm`, which computes
+`(x_fp8 * input_scale) @ (w_fp8 * weight_scale).T` with FP32 accumulation. torch 2.13 runs
+`_scaled_mm` on the CPU too, so the CPU tests check this very call against
+`scaled_mm_reference` and against W8A16; the CUDA kernel (sm89+) is unverified here.
 """
 
 from __future__ import annotations
@@ -57,12 +57,8 @@ class Fp8Linear(nn.Module):
         scale = self.input_scale if self.static_input else _dynamic_scale(x2)
         x_fp8 = quantise_input(x2, scale)
         w_t = self.weight.t()  # (K, N), column-major as _scaled_mm wants
-        if x.is_cuda:
-            out = torch._scaled_mm(x_fp8, w_t, scale_a=scale, scale_b=self.weight_scale,
-                                   bias=self.bias, out_dtype=self.out_dtype)
-        else:
-            out = scaled_mm_reference(x_fp8, w_t, scale, self.weight_scale, self.bias,
-                                      self.out_dtype)
+        out = torch._scaled_mm(x_fp8, w_t, scale_a=scale, scale_b=self.weight_scale,
+                               bias=self.bias, out_dtype=self.out_dtype)
         return out.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

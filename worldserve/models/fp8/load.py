@@ -104,11 +104,15 @@ def load_generator_transformer(model_dir: Path, dtype: Any, device: str,
 def load_reasoner_model(model_dir: Path, dtype: Any, device: str,
                         fp8_compute: str = "auto") -> Any | None:
     """The reasoner model built from FP8 files (W8A16, or W8A8 with `Fp8Linear`s); None for a
-    plain checkpoint (transformers loads it as usual)."""
+    plain checkpoint (transformers loads it as usual).
+
+    transformers renames checkpoint keys on load (`layers.0.self_attn.to_q` ->
+    `model.language_model.layers.0.self_attn.q_proj`), so the dequantised tensors go through
+    its own `from_pretrained(state_dict=...)`, under the checkpoint's names.
+    """
     fmt = reasoner_format(model_dir)
     if fmt is None:
         return None
-    from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForImageTextToText
 
     mode, why = choose_compute(fp8_compute, device, fmt=fmt, generator=False)
@@ -116,25 +120,44 @@ def load_reasoner_model(model_dir: Path, dtype: Any, device: str,
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # transformers would "skip" it and upcast: we load here
     torch_dtype = resolve_dtype(dtype)
-    with init_empty_weights():
-        model = AutoModelForImageTextToText.from_config(config, dtype=torch_dtype)
     tensors = read_fp8_tensors(fmt)
+    state = dict(dequantised_state_dict(tensors, torch_dtype))
+    model_class = AutoModelForImageTextToText._model_mapping[type(config)]
+    model = model_class.from_pretrained(None, config=config, state_dict=state,
+                                        dtype=torch_dtype, device_map=str(device))
     if mode == "w8a8":
-        linears, tensors.linears = tensors.linears, {}
-        _load_w8a16(model, tensors, torch_dtype, device, strict=False)
+        linears = {target: tensors.linears[source]
+                   for source, target in match_linears(model, state, tensors).items()}
         count = swap_in_fp8_linears(model, linears, torch_dtype, device)
-        _check_loaded(model, fmt)
         logger.info("reasoner: %s loaded W8A8 (Fp8Linear, torch._scaled_mm; %s): %d quantised "
                     "linears with their scales", fmt.describe(), why, count)
     else:
-        count = _load_w8a16(model, tensors, torch_dtype, device)
-        _log_w8a16("reasoner", fmt, count, dtype, why)
-    model.tie_weights()
+        _log_w8a16("reasoner", fmt, len(tensors.linears), dtype, why)
     return model.eval()
 
 
-def _load_w8a16(model: Any, tensors: Fp8Tensors, dtype: torch.dtype, device: str, *,
-                strict: bool = True) -> int:
+def match_linears(model: Any, state: dict[str, torch.Tensor],
+                  tensors: Fp8Tensors) -> dict[str, str]:
+    """Checkpoint prefix -> the model's module prefix of each quantised linear, matched by the
+    dequantised weight itself (transformers' renaming is internal to it): exactly one Linear of
+    the model must hold that weight, else W8A8 cannot be set up safely."""
+    by_shape: dict[tuple[int, ...], list[tuple[str, torch.Tensor]]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            by_shape.setdefault(tuple(module.weight.shape), []).append((name, module.weight))
+    matches: dict[str, str] = {}
+    for prefix in tensors.linears:
+        weight = state[prefix + "weight"]
+        found = [name for name, candidate in by_shape.get(tuple(weight.shape), [])
+                 if torch.equal(candidate.detach().cpu(), weight.cpu())]
+        if len(found) != 1:
+            raise Fp8FormatError(f"W8A8: checkpoint linear {prefix}weight matches {len(found)} "
+                                 "linears of the loaded model; use fp8_compute: w8a16")
+        matches[prefix] = found[0] + "."
+    return matches
+
+
+def _load_w8a16(model: Any, tensors: Fp8Tensors, dtype: torch.dtype, device: str) -> int:
     """Load the dequantised state dict into `model` (built on the meta device); returns how
     many quantised linears were dequantised with their scale."""
     state = dict(dequantised_state_dict(tensors, dtype, device))
@@ -143,25 +166,11 @@ def _load_w8a16(model: Any, tensors: Fp8Tensors, dtype: torch.dtype, device: str
         if tensor.is_floating_point() and any(part in name.split(".") for part in keep_fp32):
             state[name] = tensor.float()
     result = model.load_state_dict(state, strict=False, assign=True)
-    unexpected = list(result.unexpected_keys)
-    missing = [k for k in result.missing_keys if not _tied(model, k)] if strict else []
-    if unexpected or missing:
+    if result.unexpected_keys or result.missing_keys:
         raise Fp8FormatError(f"the FP8 checkpoint does not match the model: missing "
-                             f"{missing[:5]}, unexpected {unexpected[:5]}")
+                             f"{result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}")
     model.to(device)
     return len(tensors.linears)
-
-
-def _tied(model: Any, key: str) -> bool:
-    """A missing key that the model ties to another (lm_head to the embeddings)."""
-    tied = getattr(model, "_tied_weights_keys", None) or {}
-    return key in tied
-
-
-def _check_loaded(model: Any, fmt: QuantFormat) -> None:
-    on_meta = [n for n, p in model.named_parameters() if p.device.type == "meta"]
-    if on_meta:
-        raise Fp8FormatError(f"{fmt.weights_dir}: no weights in the checkpoint for {on_meta[:5]}")
 
 
 def _log_w8a16(stage: str, fmt: QuantFormat, count: int, dtype: Any, why: str) -> None:
