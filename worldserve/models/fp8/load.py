@@ -20,7 +20,7 @@ from typing import Any, Literal
 import torch
 
 from worldserve.models.common import resolve_dtype
-from worldserve.models.fp8.detect import Fp8FormatError, QuantFormat, detect
+from worldserve.models.fp8.detect import MODELOPT_STATE, Fp8FormatError, QuantFormat, detect
 from worldserve.models.fp8.linear import swap_in_fp8_linears
 from worldserve.models.fp8.weights import Fp8Tensors, dequantised_state_dict, read_fp8_tensors
 
@@ -64,7 +64,7 @@ def _w8a8_missing(device: str, fmt: QuantFormat, generator: bool) -> str | None:
         return f"{device} has compute capability {capability}, FP8 matmuls need >= 8.9"
     if not generator:
         return None
-    if fmt.layout != "modelopt_native" or fmt.state_file is None:
+    if fmt.layout != "modelopt_native" or fmt.state_file != fmt.weights_dir / MODELOPT_STATE:
         return ("the generator's W8A8 path is ModelOpt's restore, which needs the native layout "
                 "with transformer/modelopt_state.pth")
     try:
