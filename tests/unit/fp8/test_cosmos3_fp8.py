@@ -1,0 +1,139 @@
+"""FP8 Cosmos3 checkpoints through the real stage loaders and runners (CPU, W8A16): a tiny
+generator + reasoner directory quantised in each ModelOpt layout serves exactly what the same
+directory with the dequantised weights written as plain float32 serves (t2i frames, greedy
+session replies); missing scales and unknown formats stop the load; W8A8 wiring on the reasoner."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests.support.fp8_dirs import LAYOUTS, fp8_pair
+from tests.unit.reasoner.conftest import Driver
+from tests.unit.reasoner.drive import windowed_greedy_replies
+from worldserve.config import ReasonerStageConfig, ServerConfig
+from worldserve.engines.reasoner.engine import ReasonerEngine
+from worldserve.ipc.messages import GenerationParams
+from worldserve.models import registry
+from worldserve.models.fp8 import load
+from worldserve.models.fp8.detect import Fp8FormatError
+from worldserve.models.fp8.linear import Fp8Linear
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    from worldserve.models.cosmos3.dev import build_generation
+
+    target = tmp_path_factory.mktemp("cosmos3-both")
+    build_generation(target, 0)
+    return target
+
+
+@pytest.fixture(scope="module", params=LAYOUTS)
+def pair(request, base, tmp_path_factory) -> tuple[Path, Path]:
+    return fp8_pair(base, tmp_path_factory.mktemp(request.param), request.param)
+
+
+def t2i(model_dir: Path) -> tuple[np.ndarray, torch.nn.Module]:
+    runner = registry.load_runner("generation", model_dir)
+    p = GenerationParams(prompt="a red cup", width=32, height=32, num_frames=1,
+                         num_inference_steps=2, guidance_scale=4.0, seeds=[3], fps=24.0)
+    frames, _ = runner.run_to_end(p, p.seeds[0])
+    return np.asarray(frames), runner.pipe.transformer
+
+
+def test_t2i_frames_equal_the_dequantised_checkpoint(pair, base, caplog):
+    quantised, reference = pair
+    with caplog.at_level(logging.INFO, logger="worldserve.fp8"):
+        ours, transformer = t2i(quantised)
+    theirs, _ = t2i(reference)
+    # the frames as served (uint8): float32 kernels may round the last bit differently with
+    # the weights' memory alignment (mmapped file vs dequantised tensor), as in test_cosmos3
+    np.testing.assert_array_equal(as_uint8(ours), as_uint8(theirs))
+    line = next(r.getMessage() for r in caplog.records if "generator:" in r.getMessage())
+    count = sum(v.dtype == torch.float8_e4m3fn for v in load_file(
+        next((quantised / "transformer").glob("*.safetensors"))).values())
+    assert f"loaded W8A16: {count} quantised linears dequantised once" in line and count > 20
+    # the weights really were quantised: the FP8 model is not the unquantised one
+    plain = load_file(base / "transformer" / "diffusion_pytorch_model.safetensors")
+    q = transformer.state_dict()["layers.0.self_attn.to_q.weight"]
+    assert not torch.equal(q, plain["layers.0.self_attn.to_q.weight"])
+
+
+def as_uint8(frames: np.ndarray) -> np.ndarray:
+    return (frames * 255).round().astype(np.uint8)
+
+
+def greedy(model_dir: Path) -> list[list[int]]:
+    stage = ReasonerStageConfig(model_path=model_dir)
+    return windowed_greedy_replies(Driver(ReasonerEngine(stage, ServerConfig())), num_frames=2)
+
+
+def test_greedy_session_replies_equal_the_dequantised_checkpoint(pair):
+    quantised, reference = pair
+    assert load.reasoner_format(quantised) is not None and load.reasoner_format(reference) is None
+    assert greedy(quantised) == greedy(reference)
+
+
+def drop_one_scale(folder: Path, suffix: str) -> str:
+    shard = next(folder.glob("*.safetensors"))
+    tensors = load_file(shard)
+    name = sorted(k for k in tensors if k.endswith(suffix))[0]
+    del tensors[name]
+    save_file(tensors, shard)
+    return name.removesuffix(suffix)
+
+
+def test_a_missing_scale_fails_both_loads_naming_the_linear(pair, tmp_path):
+    quantised, _ = pair
+    broken = tmp_path / "broken"
+    shutil.copytree(quantised, broken)
+    native = load.generator_format(broken).layout == "modelopt_native"
+    suffix = "weight_quantizer._scale" if native else "weight_scale"
+    prefix = drop_one_scale(broken / "transformer", suffix)
+    with pytest.raises(Fp8FormatError, match=f"{prefix}weight is FP8 E4M3 but its scale"):
+        registry.load_runner("generation", broken)
+    prefix = drop_one_scale(broken, suffix)
+    with pytest.raises(Fp8FormatError, match=f"{prefix}weight is FP8 E4M3 but its scale"):
+        registry.load_runner("reasoner", broken)
+
+
+def test_an_unknown_quant_method_fails_both_loads(pair, tmp_path):
+    quantised, _ = pair
+    broken = tmp_path / "awq"
+    shutil.copytree(quantised, broken)
+    for config_file in (broken / "transformer" / "config.json", broken / "config.json"):
+        config = json.loads(config_file.read_text())
+        config["quantization_config"] = {"quant_method": "awq", "bits": 4}
+        config_file.write_text(json.dumps(config))
+    with pytest.raises(Fp8FormatError, match="quant_method 'awq' is not one worldserve loads"):
+        registry.load_runner("generation", broken)
+    with pytest.raises(Fp8FormatError, match="quant_method 'awq' is not one worldserve loads"):
+        registry.load_runner("reasoner", broken)
+
+
+def test_reasoner_w8a8_swaps_every_quantised_linear(pair, monkeypatch):
+    """W8A8 forced on the CPU (the capability check patched away): every quantised linear is an
+    `Fp8Linear` running `torch._scaled_mm`, and the logits stay near W8A16's (the activations'
+    FP8 rounding is the only difference)."""
+    quantised, _ = pair
+    w8a16 = load.load_reasoner_model(quantised, "float32", "cpu")
+    monkeypatch.setattr(load, "_w8a8_missing", lambda *args: None)
+    w8a8 = load.load_reasoner_model(quantised, "float32", "cpu")
+    swapped = [m for m in w8a8.modules() if isinstance(m, Fp8Linear)]
+    assert len(swapped) == load.reasoner_format(quantised).num_fp8_weights
+    ids = torch.arange(3, 19).unsqueeze(0)
+    with torch.no_grad():
+        ours, theirs = w8a8(input_ids=ids).logits, w8a16(input_ids=ids).logits
+    assert not torch.equal(ours, theirs)
+    assert (ours - theirs).abs().max() < 0.1 * theirs.abs().max()
