@@ -50,7 +50,7 @@ def build_pair(root: Path) -> tuple[Path, Path, str]:
     quantised, reference = root / "fp8", root / "ref"
     build_generation(quantised, 0)
     try:
-        dev.quantise_generator_native(quantised, root_state=True)
+        dev.quantise_generator_native(quantised, root_state=True, diffusers_config=True)
         layout = "modelopt_native (ModelOpt)"
     except ImportError:
         dev.quantise_exported(quantised / "transformer", quantised / "transformer" / "config.json",

@@ -58,6 +58,7 @@ def test_native_layout_is_detected_without_any_config_entry(tmp_path):
     ({"quant_method": "gptq", "bits": 4}, "quant_method 'gptq' is not one worldserve loads"),
     ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "algorithm 'NVFP4'"),
     ({"quant_method": "modelopt", "quant_type": "INT8"}, "algorithm 'INT8'"),
+    ({"quant_method": "modelopt", "quant_type": "FP8_INT8"}, "algorithm 'FP8_INT8'"),
     ({"bits": 8}, "names neither quant_method nor quant_algo"),
     ("fp8", "is 'fp8', not an object"),
 ])
@@ -66,6 +67,12 @@ def test_an_unknown_quantisation_is_a_startup_error_naming_it(tmp_path, quant, m
                    {"quantization_config": quant})
     with pytest.raises(Fp8FormatError, match=message):
         detect(folder, folder / "config.json")
+
+
+def test_diffusers_weight_activation_spelling_is_fp8(tmp_path):
+    quant = {"quant_method": "modelopt", "quant_type": "FP8_FP8"}
+    folder = write(tmp_path, {**plain(), **linear("a", "exported")}, {"quantization_config": quant})
+    assert detect(folder, folder / "config.json").layout == "modelopt_exported"
 
 
 def test_fp8_weights_without_any_scale_are_refused(tmp_path):

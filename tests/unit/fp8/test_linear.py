@@ -115,9 +115,11 @@ def test_swap_in_fp8_linears_replaces_the_named_linears_only():
     assert model(seeded(2, 32)).shape == (2, 8)
 
 
-def fmt(layout: str = "modelopt_native", state: bool = True) -> QuantFormat:
+def fmt(layout: str = "modelopt_native", state: bool = True, quant: dict | None = None):
     folder = Path("/ckpt/transformer")
-    return QuantFormat(layout, folder, 1, folder / "modelopt_state.pth" if state else None, "")
+    quant = quant or {"quant_method": "modelopt", "quant_type": "FP8", "modelopt_config": {}}
+    return QuantFormat(layout, folder, 1, folder / "modelopt_state.pth" if state else None, "",
+                       quant)
 
 
 @pytest.mark.parametrize("generator", [True, False])
@@ -140,5 +142,11 @@ def test_w8a8_needs_capability_8_9_and_for_the_generator_the_native_state(monkey
                                     generator=True)
     assert mode == "w8a16" and "native layout" in why
     assert load.choose_compute("auto", "cuda", fmt=fmt(), generator=True)[0] == "w8a8"
+    bare = fmt(quant={"quant_method": "modelopt", "quant_type": "FP8"})  # modelopt 0.47 here
+    assert "modelopt_config" in load.choose_compute("auto", "cuda", fmt=bare, generator=True)[1]
+    algo = fmt(quant={"quant_method": "modelopt", "quant_algo": "FP8"})
+    assert "quant_type" in load.choose_compute("auto", "cuda", fmt=algo, generator=True)[1]
+    with pytest.raises(Fp8FormatError, match="fp8_compute is w8a8 but .*quant_type"):
+        load.choose_compute("w8a8", "cuda", fmt=algo, generator=True)
     with pytest.raises(ValueError, match="fp8_compute must be"):
         load.choose_compute("fp8", "cuda", fmt=fmt(), generator=True)

@@ -54,6 +54,7 @@ class QuantFormat:
     num_fp8_weights: int  # FP8 `*.weight` tensors in the headers
     state_file: Path | None  # the modelopt_state.pth found (component folder first, then root)
     evidence: str  # what said so, for log lines and `worldserve check`
+    quant_config: dict[str, Any] | None = None  # the config's quantization_config, if any
 
     def describe(self) -> str:
         return f"ModelOpt FP8 ({self.layout.removeprefix('modelopt_')} layout; {self.evidence})"
@@ -88,7 +89,7 @@ def detect(weights_dir: Path, config_file: Path, root: Path | None = None) -> Qu
     fp8_names = fp8_by_dtype.get(FP8_E4M3, [])
     return QuantFormat(_layout(weights_dir, names), weights_dir,
                        sum(n.endswith(".weight") for n in fp8_names), state_file,
-                       _evidence(quant, state_file, len(fp8_names)))
+                       _evidence(quant, state_file, len(fp8_names)), quant)
 
 
 def _check_quant_config(quant: Any, config_file: Path) -> None:
@@ -103,7 +104,10 @@ def _check_quant_config(quant: Any, config_file: Path) -> None:
     if algo is None and method is None:
         raise Fp8FormatError(f"{config_file}: quantization_config {quant!r} names neither "
                              "quant_method nor quant_algo / quant_type")
-    if algo is not None and str(algo).upper() not in KNOWN_ALGOS:
+    # diffusers spells weight and activation types "FP8" or "FP8_FP8"
+    parts = str(algo).upper().split("_") if algo is not None else []
+    if algo is not None and (parts[0] not in KNOWN_ALGOS or len(parts) > 2
+                             or (len(parts) == 2 and parts[1] not in KNOWN_ALGOS)):
         raise Fp8FormatError(f"{config_file}: quantization_config algorithm {algo!r} is not one "
                              "worldserve loads (ModelOpt FP8 per-tensor only)")
 

@@ -90,10 +90,13 @@ def quantise_native_by_hand(folder: Path, state_file: Path | None = None) -> int
     return count
 
 
-def quantise_generator_native(model_dir: Path, *, root_state: bool = False) -> int:
+def quantise_generator_native(model_dir: Path, *, root_state: bool = False,
+                              diffusers_config: bool = False) -> int:
     """ModelOpt's own FP8 (`mtq.quantize` with a calibration pass over each linear, then
     `mtq.compress`) on `model_dir/transformer`; writes its state dict and
-    `transformer/modelopt_state.pth` (and the root copy the published fp8 revision has)."""
+    `transformer/modelopt_state.pth` (and the root copy the published fp8 revision has).
+    `diffusers_config`: also the `quantization_config` diffusers' ModelOpt quantizer reads
+    (`quant_type` and the `modelopt_config` ModelOpt >= 0.44 needs there), for W8A8 restore."""
     import modelopt.torch.opt as mto
     import modelopt.torch.quantization as mtq
     from diffusers import Cosmos3OmniTransformer
@@ -108,6 +111,10 @@ def quantise_generator_native(model_dir: Path, *, root_state: bool = False) -> i
     torch.save(modelopt_state, folder / MODELOPT_STATE)
     if root_state:
         torch.save(modelopt_state, Path(model_dir) / MODELOPT_STATE)
+    if diffusers_config:
+        set_quant_config(folder / "config.json", {
+            "quant_method": "modelopt", "quant_type": "FP8",
+            "modelopt_config": json.loads(json.dumps(mtq.FP8_DEFAULT_CFG, default=str))})
     return sum(v.dtype == torch.float8_e4m3fn for v in state.values())
 
 

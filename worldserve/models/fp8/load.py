@@ -62,15 +62,29 @@ def _w8a8_missing(device: str, fmt: QuantFormat, generator: bool) -> str | None:
     capability = torch.cuda.get_device_capability(torch.device(device))
     if capability < MIN_W8A8_CAPABILITY:
         return f"{device} has compute capability {capability}, FP8 matmuls need >= 8.9"
-    if not generator:
-        return None
+    return _generator_restore_missing(fmt) if generator else None
+
+
+def _generator_restore_missing(fmt: QuantFormat) -> str | None:
+    """What diffusers 0.42 + ModelOpt's restore need (notes/gpu-readiness.md §1, verified on
+    CPU there): the native layout with transformer/modelopt_state.pth, a quantization_config
+    with diffusers' `quant_type`, and with ModelOpt >= 0.44 a stored `modelopt_config`."""
     if fmt.layout != "modelopt_native" or fmt.state_file != fmt.weights_dir / MODELOPT_STATE:
         return ("the generator's W8A8 path is ModelOpt's restore, which needs the native layout "
                 "with transformer/modelopt_state.pth")
+    quant = fmt.quant_config or {}
+    if "quant_type" not in quant:
+        return ("diffusers' ModelOpt quantizer needs quantization_config.quant_type in "
+                "transformer/config.json")
     try:
-        import modelopt.torch.opt  # noqa: F401
+        import modelopt
     except ImportError:
         return "nvidia-modelopt is not installed (pip install 'worldserve[fp8]')"
+    from packaging.version import Version
+
+    if Version(modelopt.__version__) >= Version("0.44") and "modelopt_config" not in quant:
+        return (f"nvidia-modelopt {modelopt.__version__} with diffusers needs a stored "
+                "quantization_config.modelopt_config (else a TypeError at load)")
     return None
 
 
