@@ -24,7 +24,8 @@ from worldserve.ipc.messages import GenerationParams
 from worldserve.models import registry
 from worldserve.models.fp8 import load
 from worldserve.models.fp8.detect import Fp8FormatError
-from worldserve.models.fp8.linear import Fp8Linear
+from worldserve.models.fp8.linear import Fp8Linear, scaled_mm_fits
+from worldserve.models.fp8.weights import read_fp8_tensors
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 torch.set_num_threads(1)
@@ -123,15 +124,16 @@ def test_an_unknown_quant_method_fails_both_loads(pair, tmp_path):
 
 
 def test_reasoner_w8a8_swaps_every_quantised_linear(pair, monkeypatch):
-    """W8A8 forced on the CPU (the capability check patched away): every quantised linear is an
-    `Fp8Linear` running `torch._scaled_mm`, and the logits stay near W8A16's (the activations'
-    FP8 rounding is the only difference)."""
+    """W8A8 forced on the CPU (the capability check patched away): every quantised linear of a
+    shape `_scaled_mm` takes is an `Fp8Linear` running it, and the logits stay near W8A16's
+    (the activations' FP8 rounding is the only difference)."""
     quantised, _ = pair
     w8a16 = load.load_reasoner_model(quantised, "float32", "cpu")
     monkeypatch.setattr(load, "_w8a8_missing", lambda *args: None)
     w8a8 = load.load_reasoner_model(quantised, "float32", "cpu")
     swapped = [m for m in w8a8.modules() if isinstance(m, Fp8Linear)]
-    assert len(swapped) == load.reasoner_format(quantised).num_fp8_weights
+    linears = read_fp8_tensors(load.reasoner_format(quantised)).linears.values()
+    assert len(swapped) == sum(scaled_mm_fits(linear) for linear in linears) > 20
     ids = torch.arange(3, 19).unsqueeze(0)
     with torch.no_grad():
         ours, theirs = w8a8(input_ids=ids).logits, w8a16(input_ids=ids).logits

@@ -71,6 +71,12 @@ def _dynamic_scale(x: torch.Tensor) -> torch.Tensor:
     return (x.detach().abs().amax().float() / FP8_MAX).clamp(min=1e-12)
 
 
+def scaled_mm_fits(linear: QuantLinear) -> bool:
+    """`torch._scaled_mm` takes both weight dims in multiples of 16 and per-tensor scales."""
+    out_features, in_features = linear.weight.shape
+    return out_features % 16 == 0 and in_features % 16 == 0 and linear.weight_scale.numel() == 1
+
+
 def swap_in_fp8_linears(model: nn.Module, linears: dict[str, QuantLinear],
                         out_dtype: torch.dtype, device: torch.device | str) -> int:
     """Replace each `nn.Linear` named in `linears` (prefix "a.b." -> module "a.b") by an

@@ -3,10 +3,12 @@ generator transformer or the reasoner model from the FP8 files.
 
 - W8A16 (CPU, GPUs below compute capability 8.9, or `fp8_compute: w8a16`): every FP8 weight is
   dequantised once at load into the stage dtype; the model is then an ordinary one.
-- W8A8 (`auto` on CUDA sm89+, or `fp8_compute: w8a8`), **unverified here**: the generator goes
-  through ModelOpt's own restore (`enable_huggingface_checkpointing` before diffusers'
-  `from_pretrained`, then the runner applies the Cosmos3 mixed-precision step schedule); the
-  reasoner gets `Fp8Linear`s (`torch._scaled_mm`) in place of its quantised linears.
+- W8A8 on CUDA sm89+, **unverified here**: the reasoner (`auto` or `fp8_compute: w8a8`) gets
+  `Fp8Linear`s (`torch._scaled_mm`) in place of its quantised linears; the generator only with
+  `fp8_compute: w8a8`, through ModelOpt's own restore (`enable_huggingface_checkpointing`
+  before diffusers' `from_pretrained`, then the runner applies the Cosmos3 mixed-precision step
+  schedule). `auto` keeps the generator W8A16: that restore failed on the CPU here with
+  ModelOpt 0.47 (docs/generation.md, FP8), and an unverified default must not stop startup.
 
 Either way the log says which, and how many quantised linears got their scale.
 """
@@ -21,7 +23,7 @@ import torch
 
 from worldserve.models.common import resolve_dtype
 from worldserve.models.fp8.detect import MODELOPT_STATE, Fp8FormatError, QuantFormat, detect
-from worldserve.models.fp8.linear import swap_in_fp8_linears
+from worldserve.models.fp8.linear import scaled_mm_fits, swap_in_fp8_linears
 from worldserve.models.fp8.weights import Fp8Tensors, dequantised_state_dict, read_fp8_tensors
 
 logger = logging.getLogger("worldserve.fp8")
@@ -49,10 +51,13 @@ def choose_compute(requested: str, device: str, *, fmt: QuantFormat,
     if requested == "w8a16":
         return "w8a16", "fp8_compute is w8a16"
     missing = _w8a8_missing(device, fmt, generator)
-    if missing is None:
+    if missing is None and (requested == "w8a8" or not generator):
         return "w8a8", f"{device} supports FP8 matmuls"
     if requested == "w8a8":
         raise Fp8FormatError(f"fp8_compute is w8a8 but {missing}; use fp8_compute auto or w8a16")
+    if missing is None:  # the generator's restore failed on the CPU here: only when asked for
+        return "w8a16", ("the generator's W8A8 (ModelOpt restore) is unverified: set "
+                         "fp8_compute: w8a8 to use it")
     return "w8a16", missing
 
 
@@ -142,9 +147,11 @@ def load_reasoner_model(model_dir: Path, dtype: Any, device: str,
     if mode == "w8a8":
         linears = {target: tensors.linears[source]
                    for source, target in match_linears(model, state, tensors).items()}
-        count = swap_in_fp8_linears(model, linears, torch_dtype, device)
+        fp8_ready = {k: v for k, v in linears.items() if scaled_mm_fits(v)}
+        count = swap_in_fp8_linears(model, fp8_ready, torch_dtype, device)
         logger.info("reasoner: %s loaded W8A8 (Fp8Linear, torch._scaled_mm; %s): %d quantised "
-                    "linears with their scales", fmt.describe(), why, count)
+                    "linears with their scales, %d of them W8A16 (shapes _scaled_mm refuses)",
+                    fmt.describe(), why, len(linears), len(linears) - count)
     else:
         _log_w8a16("reasoner", fmt, len(tensors.linears), dtype, why)
     return model.eval()
