@@ -139,3 +139,16 @@ def test_reasoner_w8a8_swaps_every_quantised_linear(pair, monkeypatch):
         ours, theirs = w8a8(input_ids=ids).logits, w8a16(input_ids=ids).logits
     assert not torch.equal(ours, theirs)
     assert (ours - theirs).abs().max() < 0.1 * theirs.abs().max()
+
+
+def test_fp8_compute_setting_reaches_the_loaders(pair):
+    """`stages.<stage>.fp8_compute` is handed to the loaders: w8a8 on the CPU stops startup
+    with the reason, from the engine's own construction."""
+    quantised, _ = pair
+    assert ReasonerStageConfig().quant_options() == {}
+    stage = ReasonerStageConfig(model_path=quantised, fp8_compute="w8a8")
+    assert stage.quant_options() == {"fp8_compute": "w8a8"}
+    with pytest.raises(Fp8FormatError, match="fp8_compute is w8a8 but device 'cpu' is not a"):
+        ReasonerEngine(stage, ServerConfig())
+    with pytest.raises(ValueError, match="fp8_compute"):
+        ReasonerStageConfig(fp8_compute="fp4")
