@@ -29,7 +29,7 @@ from worldserve.models.fp8.detect import (
     NATIVE_SCALE,
     weight_files,
 )
-from worldserve.models.fp8.weights import FP8_MAX, dequantise, split_tensors
+from worldserve.models.fp8.weights import FP8_MAX
 
 EXPORTED_CONFIG = {"quant_method": "modelopt", "quant_algo": "FP8"}
 DEV_INPUT_AMAX = 8.0  # static input amax of the hand-written layouts (no calibration run)
@@ -137,16 +137,25 @@ def _shard_keys(tensors: dict[str, torch.Tensor], state: dict[str, torch.Tensor]
 
 def write_dequantised(folder: Path, config_file: Path) -> int:
     """Rewrite a quantised folder as plain float32 weights (the W8A16 reference); drops the
-    `quantization_config` and the folder's modelopt_state.pth. Returns the count."""
+    `quantization_config` and the folder's modelopt_state.pth. Returns the count.
+
+    Written apart from the loader's code path (`weights.dequantise`) on purpose: a reference
+    built by the code under test would agree with it however wrong it were."""
     count = 0
 
     def rewrite(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         nonlocal count
-        split = split_tensors(tensors, str(folder))
-        out = dict(split.plain)
-        for prefix, linear in split.linears.items():
-            out[prefix + "weight"] = dequantise(linear, torch.float32)
-        count += len(split.linears)
+        out: dict[str, torch.Tensor] = {}
+        for name, tensor in tensors.items():
+            if "_quantizer." in name or name.endswith((f".{EXPORTED_SCALE}",
+                                                       f".{EXPORTED_INPUT_SCALE}")):
+                continue
+            if tensor.dtype == torch.float8_e4m3fn:
+                prefix = name.removesuffix("weight")
+                scale = tensors.get(prefix + EXPORTED_SCALE, tensors.get(prefix + NATIVE_SCALE))
+                tensor = tensor.to(torch.float32) * scale.to(torch.float32)
+                count += 1
+            out[name] = tensor
         return out
 
     rewrite_shards(folder, rewrite)
