@@ -167,3 +167,31 @@ def test_fp8_compute_setting_reaches_the_loaders(pair):
         ReasonerEngine(stage, ServerConfig())
     with pytest.raises(ValueError, match="fp8_compute"):
         ReasonerStageConfig(fp8_compute="fp4")
+
+
+def test_the_published_fp8_layout_loads_sharded(pair, tmp_path):
+    """The `fp8` revision's shape: transformer weights in two shards + index, root
+    modelopt_state.pth, processor files and modular index beside the components: the same
+    weights as the one-file FP8 directory."""
+    quantised, _ = pair
+    published = tmp_path / "published"
+    shutil.copytree(quantised, published)
+    (published / "modelopt_state.pth").write_bytes(b"root state")
+    (published / "modular_model_index.json").write_text(json.dumps({"_class_name": "x"}))
+    folder = published / "transformer"
+    weights = folder / "diffusion_pytorch_model.safetensors"
+    tensors = load_file(weights)
+    weights.unlink()
+    names = sorted(tensors)
+    half = len(names) // 2  # a linear's scale may land in the other shard
+    weight_map = {}
+    for i, keys in enumerate((names[:half], names[half:]), 1):
+        shard = f"diffusion_pytorch_model-0000{i}-of-00002.safetensors"
+        save_file({k: tensors[k] for k in keys}, folder / shard)
+        weight_map.update(dict.fromkeys(keys, shard))
+    (folder / "diffusion_pytorch_model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (folder / "stale.safetensors").write_bytes(b"not in the index: never read")
+    ours = registry.load_runner("generation", published).pipe.transformer.state_dict()
+    theirs = registry.load_runner("generation", quantised).pipe.transformer.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)

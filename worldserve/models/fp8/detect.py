@@ -140,8 +140,13 @@ def _state_candidates(weights_dir: Path, root: Path | None) -> list[Path]:
 
 
 def weight_files(weights_dir: Path) -> list[Path]:
-    """The safetensors shards of a folder (sorted)."""
-    return sorted(Path(weights_dir).glob("*.safetensors"))
+    """The safetensors shards of a folder (sorted): those its index names, if it has one."""
+    folder = Path(weights_dir)
+    for index in sorted(folder.glob("*.safetensors.index.json")):
+        weight_map = (read_json(index) or {}).get("weight_map")
+        if isinstance(weight_map, dict) and weight_map:
+            return sorted(folder / name for name in set(weight_map.values()))
+    return sorted(folder.glob("*.safetensors"))
 
 
 def _headers(weights_dir: Path) -> dict[Path, dict[str, dict[str, Any]]]:
