@@ -195,3 +195,19 @@ def test_the_published_fp8_layout_loads_sharded(pair, tmp_path):
     ours = registry.load_runner("generation", published).pipe.transformer.state_dict()
     theirs = registry.load_runner("generation", quantised).pipe.transformer.state_dict()
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+@pytest.mark.parametrize("stage", ["generation", "reasoner"])
+def test_bfloat16_w8a16_equals_the_reference_in_bfloat16(pair, stage):
+    """In a 16-bit stage dtype too (modules diffusers keeps in float32 stay float32)."""
+    quantised, reference = pair
+
+    def state(path: Path) -> dict[str, torch.Tensor]:
+        runner = registry.load_runner(stage, path, dtype="bfloat16")
+        model = runner.pipe.transformer if stage == "generation" else runner.model
+        return {**model.state_dict(), **dict(model.named_buffers())}
+
+    ours, theirs = state(quantised), state(reference)
+    assert ours.keys() == theirs.keys()
+    assert all(ours[k].dtype == theirs[k].dtype and torch.equal(ours[k], theirs[k]) for k in ours)
+    assert any(v.dtype == torch.bfloat16 for v in ours.values())

@@ -140,8 +140,9 @@ def load_reasoner_model(model_dir: Path, dtype: Any, device: str,
         del config.quantization_config  # transformers would "skip" it and upcast: we load here
     torch_dtype = resolve_dtype(dtype)
     tensors = read_fp8_tensors(fmt)
-    state = dict(dequantised_state_dict(tensors, torch_dtype))
     model_class = AutoModelForImageTextToText._model_mapping[type(config)]
+    keep_fp32 = tuple(getattr(model_class, "_keep_in_fp32_modules", None) or ())
+    state = dict(dequantised_state_dict(tensors, torch_dtype, keep_fp32=keep_fp32))
     model = model_class.from_pretrained(None, config=config, state_dict=state,
                                         dtype=torch_dtype, device_map=str(device))
     if mode == "w8a8":
@@ -181,11 +182,8 @@ def match_linears(model: Any, state: dict[str, torch.Tensor],
 def _load_w8a16(model: Any, tensors: Fp8Tensors, dtype: torch.dtype, device: str) -> int:
     """Load the dequantised state dict into `model` (built on the meta device); returns how
     many quantised linears were dequantised with their scale."""
-    state = dict(dequantised_state_dict(tensors, dtype, device))
-    keep_fp32 = getattr(model, "_keep_in_fp32_modules", None) or []
-    for name, tensor in state.items():
-        if tensor.is_floating_point() and any(part in name.split(".") for part in keep_fp32):
-            state[name] = tensor.float()
+    keep_fp32 = tuple(getattr(model, "_keep_in_fp32_modules", None) or ())
+    state = dict(dequantised_state_dict(tensors, dtype, device, keep_fp32))
     result = model.load_state_dict(state, strict=False, assign=True)
     if result.unexpected_keys or result.missing_keys:
         raise Fp8FormatError(f"the FP8 checkpoint does not match the model: missing "

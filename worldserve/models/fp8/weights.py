@@ -117,10 +117,16 @@ def dequantise(linear: QuantLinear, dtype: torch.dtype,
 
 
 def dequantised_state_dict(tensors: Fp8Tensors, dtype: torch.dtype,
-                           device: torch.device | str = "cpu") -> Iterator[tuple[str, Any]]:
-    """(name, tensor) of the plain state dict W8A16 loads: plain tensors cast to `dtype` when
-    floating, quantised weights dequantised."""
+                           device: torch.device | str = "cpu",
+                           keep_fp32: tuple[str, ...] = ()) -> Iterator[tuple[str, Any]]:
+    """(name, tensor) of the plain state dict W8A16 loads: floating tensors in `dtype` (float32
+    under a module named in `keep_fp32`, like diffusers' `_keep_in_fp32_modules`), quantised
+    weights dequantised."""
+    def target(name: str) -> torch.dtype:
+        return torch.float32 if set(name.split(".")) & set(keep_fp32) else dtype
+
     for name, tensor in tensors.plain.items():
-        yield name, tensor.to(device, dtype) if tensor.is_floating_point() else tensor.to(device)
+        yield name, (tensor.to(device, target(name)) if tensor.is_floating_point()
+                     else tensor.to(device))
     for prefix, linear in tensors.linears.items():
-        yield prefix + "weight", dequantise(linear, dtype, device)
+        yield prefix + "weight", dequantise(linear, target(prefix + "weight"), device)
