@@ -1,6 +1,7 @@
 # The two commands: `make serve` and `make test`. Both create .venv if missing and install the
 # project with the CPU build of torch (pinned in the same pip command, see shared cpu-stack notes),
-# and the `ray` extra so the scale-out tests (tests/integration/cluster) run rather than skip.
+# the `ray` extra so the scale-out tests (tests/integration/cluster) run rather than skip, and the
+# `fp8` extra (nvidia-modelopt) so the FP8 tests write ModelOpt's own checkpoint format.
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -25,7 +26,7 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml
 	@echo "make: installing worldserve and its dependencies into $(VENV) (first time: about \
 	1 GB to download, 2 GB on disk, a few minutes)"
-	$(BIN)/pip install --progress-bar on torch==2.13.0 -e ".[dev,ray]"
+	$(BIN)/pip install --progress-bar on torch==2.13.0 -e ".[dev,ray,fp8]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -93,6 +93,14 @@ class StageConfig(_Frozen):
     host: str = "127.0.0.1"
     # Engine-specific knobs passed through to the stage (SGLang's server_args naming).
     server_args_overrides: dict[str, Any] = Field(default_factory=dict)
+    # ModelOpt FP8 checkpoints (Cosmos3, docs/generation.md): auto = W8A8 on CUDA with compute
+    # capability >= 8.9, else W8A16 (dequantised once at load); w8a8 where it cannot run fails.
+    fp8_compute: Literal["auto", "w8a16", "w8a8"] = "auto"
+
+    def quant_options(self) -> dict[str, str]:
+        """Loader keyword arguments for quantised checkpoints: none at the default, so that a
+        family without FP8 support is only handed `fp8_compute` when it was asked for."""
+        return {} if self.fp8_compute == "auto" else {"fp8_compute": self.fp8_compute}
 
     @field_validator("host")
     @classmethod

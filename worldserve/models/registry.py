@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +99,21 @@ def load_runner(stage_kind: str, model_dir: Path, **kwargs: Any) -> Any:
     family = resolve(stage_kind, model_dir)
     module_name, function_name = family.loaders[stage_kind].split(":")
     loader = getattr(importlib.import_module(module_name), function_name)
+    _check_loader_options(family.name, stage_kind, loader, kwargs)
     return loader(Path(model_dir), **kwargs)
+
+
+def _check_loader_options(family: str, stage_kind: str, loader: Any,
+                          options: dict[str, Any]) -> None:
+    """A stage option the family's loader does not take (e.g. `fp8_compute` for a family
+    without FP8 checkpoints) is a startup error naming it, not a TypeError."""
+    accepted = inspect.signature(loader).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+        return
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ModelLoadError(f"stages.{stage_kind}: {', '.join(unknown)} does not apply to the "
+                             f"{family} family (its loader has no such option)")
 
 
 def profile(stage_kind: str, model_dir: Path, dtype: str) -> ModelProfile:

@@ -90,7 +90,7 @@ def test_loader_builds_an_image_processor_where_autoprocessor_gives_a_tokenizer(
         assert getattr(bare, "image_processor", None) is None
 
 
-def test_quantised_checkpoint_on_cpu_is_a_clear_load_error(cosmos3_dir, tmp_path):
+def test_quantisation_config_over_plain_weights_is_a_clear_load_error(cosmos3_dir, tmp_path):
     from worldserve.models.cosmos3_reasoner.loader import load_runner
 
     quantised = tmp_path / "fp8"
@@ -98,5 +98,5 @@ def test_quantised_checkpoint_on_cpu_is_a_clear_load_error(cosmos3_dir, tmp_path
     config = json.loads((quantised / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "FP8"}
     (quantised / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelLoadError, match="modelopt-quantised weights, which need a CUDA GPU"):
+    with pytest.raises(ModelLoadError, match="says the weights are quantised, but no FP8"):
         load_runner(quantised, device="cpu")

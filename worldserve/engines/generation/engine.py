@@ -73,7 +73,7 @@ class GenerationEngine:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.runner: GenerationRunner = runner or registry.load_runner(
             "generation", path, dtype=stage_config.dtype, device=stage_config.device,
-            safety_checker=stage_config.safety_checker)
+            safety_checker=stage_config.safety_checker, **stage_config.quant_options())
         if runner is None:  # an injected runner comes configured
             _configure_speed(self.runner, stage_config)
         self.pipe = self.runner.pipe

@@ -57,7 +57,8 @@ class ReasonerEngine:
     def __init__(self, stage_config: ReasonerStageConfig, server_config: ServerConfig) -> None:
         path = model_dir(stage_config)
         runner: ReasonerRunner = registry.load_runner(
-            "reasoner", path, dtype=stage_config.dtype, device=stage_config.device)
+            "reasoner", path, dtype=stage_config.dtype, device=stage_config.device,
+            **stage_config.quant_options())
         proposer: Proposer | None = None
         if stage_config.streaming.spec_method == "dflash":
             runner, proposer = dflash.attach(runner, stage_config)

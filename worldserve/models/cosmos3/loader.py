@@ -10,8 +10,9 @@ Accepted layouts (docs/generation.md says which were verified with tiny checkpoi
   FP8 checkpoints a root `modelopt_state.pth` and a `quantization_config` in
   `transformer/config.json`.
 
-Quantised transformer weights load through diffusers where the hardware and packages allow
-(CUDA + nvidia-modelopt); elsewhere the loader stops with a message saying what is needed.
+ModelOpt FP8 transformer weights load through `worldserve.models.fp8` (W8A16 dequantised at
+load, or W8A8 on CUDA sm89+ through ModelOpt's restore); an unknown quantisation format or a
+quantised linear without its scale stops startup with a message naming it.
 """
 
 from __future__ import annotations
@@ -85,28 +86,6 @@ def _safetensors_dtypes(path: Path) -> set[str]:
             if key != "__metadata__" and isinstance(value, dict)}
 
 
-def check_quantisation(model_dir: Path, device: str) -> None:
-    """Refuse quantised weights where they cannot run, saying what would be needed."""
-    quant = detect_quantisation(model_dir)
-    if quant is None:
-        return
-    what = (f"{model_dir}: the Cosmos3 transformer weights are quantised ({quant.method}; "
-            f"{quant.evidence})")
-    if not str(device).startswith("cuda"):
-        raise ModelLoadError(f"{what}; quantised Cosmos3 checkpoints need a CUDA GPU "
-                             f"(stages.generation.device is {device!r}). Use a BF16 checkpoint "
-                             "on this machine")
-    if quant.method in ("modelopt", "fp8") and not _has_modelopt():
-        raise ModelLoadError(f"{what}; loading them needs the nvidia-modelopt package: "
-                             "pip install nvidia-modelopt")
-
-
-def _has_modelopt() -> bool:
-    from diffusers.utils import is_nvidia_modelopt_available
-
-    return bool(is_nvidia_modelopt_available())
-
-
 def check_safety_checker(enabled: bool) -> None:
     """With the safety checker configured on, the cosmos_guardrail package must import."""
     if not enabled:
@@ -120,23 +99,27 @@ def check_safety_checker(enabled: bool) -> None:
 
 
 def load_pipeline(model_dir: Path, dtype: Any, device: str, *,
-                  safety_checker: bool = False) -> Any:
+                  safety_checker: bool = False, fp8_compute: str = "auto") -> Any:
     """`Cosmos3OmniPipeline.from_pretrained` on a checked local directory, safety checker off
     unless configured, progress bars off (the engine reports per-step progress)."""
     from diffusers import Cosmos3OmniPipeline
     from diffusers.utils import logging as diffusers_logging
 
     from worldserve.models.common import require_local_dir, resolve_dtype
+    from worldserve.models.fp8.load import load_generator_transformer
 
     path = require_local_dir(model_dir)
     check_layout(path)
-    check_quantisation(path, device)
     check_safety_checker(safety_checker)
     diffusers_logging.disable_progress_bar()
+    # FP8 (ModelOpt) weights: built here for W8A16, or None (plain, or W8A8 restored by
+    # diffusers after ModelOpt's hook); an unknown format or a missing scale raises.
+    transformer = load_generator_transformer(path, dtype, device, fp8_compute)
+    components = {} if transformer is None else {"transformer": transformer}
     try:
         pipe = Cosmos3OmniPipeline.from_pretrained(
             path, dtype=resolve_dtype(dtype), local_files_only=True,
-            enable_safety_checker=safety_checker)
+            enable_safety_checker=safety_checker, **components)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ModelLoadError(f"{path}: cannot load the Cosmos3 generator: {exc}") from exc
     pipe.set_progress_bar_config(disable=True)

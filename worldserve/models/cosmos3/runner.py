@@ -91,10 +91,11 @@ class Cosmos3Batch:
 
 
 def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu",
-                safety_checker: bool = False) -> Cosmos3Runner:
+                safety_checker: bool = False, fp8_compute: str = "auto") -> Cosmos3Runner:
     """The registry's generation loader for a Cosmos3 directory. The transformer is published
     for a reasoner loaded later in this process (a colocated stage shares its weights)."""
-    pipe = load_pipeline(model_dir, dtype, device, safety_checker=safety_checker)
+    pipe = load_pipeline(model_dir, dtype, device, safety_checker=safety_checker,
+                         fp8_compute=fp8_compute)
     shared.publish(model_dir, shared.GENERATOR_TRANSFORMER, pipe.transformer)
     return Cosmos3Runner(pipe, Path(model_dir))
 
