@@ -170,7 +170,9 @@ def _arch(model_dir: Path, stage: str) -> Arch:
     hidden = int(config.get("hidden_size") or config.get("dim") or 0)
     heads = int(config.get("num_attention_heads") or config.get("num_heads") or 0)
     head_dim = int(config.get("head_dim") or (hidden // heads if heads else 0))
-    return Arch(hidden_size=hidden,
+    vae = (read_json(model_dir / "vae" / "config.json") or {}) if stage == "generation" else {}
+    return Arch(hidden_size=hidden, vae_width=int(vae.get("decoder_base_dim")
+                                                  or vae.get("base_dim") or 0),
                 num_layers=int(config.get("num_hidden_layers") or config.get("num_layers") or 0),
                 num_kv_heads=int(config.get("num_key_value_heads") or heads),
                 head_dim=head_dim)

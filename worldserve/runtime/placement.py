@@ -12,7 +12,8 @@ Memory per GPU (all estimates, documented in docs/hardware.md):
                 where W8A8 runs (CUDA, compute capability >= 8.9), else the stage dtype (W8A16
                 dequantises at load); other tensors at their stored size; / shard for rank groups
     headroom  generation: 16 x tokens x hidden x b / (ulysses x ring)   (activations of one
-                forward at the largest request) + 56 x pixels x frames x b / 2 (VAE decode)
+                forward at the largest request)
+                          + 56 x pixels x frames x b / 2 x vae_width / 256        (VAE decode)
               reasoner:   2 x layers x kv_heads x head_dim x b x kv_tokens   (KV cache)
                           + 16 x prefill_tokens x hidden x b                  (prefill chunk)
               realtime:   16 x tokens x hidden x b + KV of the window (as the reasoner's)
@@ -29,7 +30,8 @@ from worldserve.config import resolve_dtype_name
 
 GIB = 1 << 30
 ACTIVATION_FACTOR = 16  # live [tokens, hidden] tensors at a forward's peak (est.)
-VAE_BYTES_PER_PIXEL_BF16 = 56  # Wan-style VAE decode, 1280x720x189 ~ 9.1 GiB (est.)
+VAE_BYTES_PER_PIXEL_BF16 = 56  # Wan 2.2 VAE decode, 1280x720x189 ~ 9.1 GiB (est.)
+VAE_REFERENCE_WIDTH = 256  # Wan 2.2's decoder_base_dim, which the figure above is for
 RESERVE_BYTES = 2 * GIB
 RESERVE_FRACTION = 0.05
 W8A8_MIN_CAPABILITY = (8, 9)  # torch._scaled_mm FP8 (Ada, Hopper, Blackwell)
@@ -76,6 +78,7 @@ class Arch:
     num_layers: int = 0
     num_kv_heads: int = 0
     head_dim: int = 0
+    vae_width: int = 0  # the VAE decoder's base width (Wan: decoder_base_dim); 0: no VAE
 
 
 @dataclass(frozen=True)
@@ -176,7 +179,8 @@ def headroom_bytes(demand: StageDemand, dtype: str) -> int:
                 + ACTIVATION_FACTOR * work.prefill_tokens * arch.hidden_size * b)
     activations = ACTIVATION_FACTOR * work.activation_tokens * arch.hidden_size * b
     activations //= max(1, demand.seq_split)
-    vae = VAE_BYTES_PER_PIXEL_BF16 * work.output_pixels * b // 2
+    vae = (VAE_BYTES_PER_PIXEL_BF16 * work.output_pixels * b * arch.vae_width
+           // (2 * VAE_REFERENCE_WIDTH))
     return activations + vae + kv_per_token * work.kv_tokens
 
 
@@ -202,8 +206,10 @@ def plan_placement(gpus: Sequence[GpuInfo], demands: Sequence[StageDemand]) -> P
     for use in usage:
         if not use.fits:
             problems.append(_overflow(use, stages))
-    if not gpus and any(d.device in ("auto",) for d in by_name.values()):
+    if not gpus and any(d.device == "auto" for d in by_name.values()):
         notes.append("no CUDA GPU visible: stages with device auto run on the CPU")
+    if any(p.device == "cpu" for p in stages.values()):
+        notes.append("host memory is not checked for stages on the CPU")
     return PlacementPlan(tuple(gpus), stages, tuple(usage), tuple(problems), tuple(notes))
 
 
@@ -334,6 +340,9 @@ def _overflow(use: GpuUse, stages: dict[str, StagePlan]) -> str:
 
 
 def gib(num_bytes: int) -> str:
+    """Bytes for people: GiB, or MiB below 0.1 GiB (the dev checkpoints are tiny)."""
+    if num_bytes < GIB // 10:
+        return f"{num_bytes / (1 << 20):.2f} MiB"
     return f"{num_bytes / GIB:.2f} GiB"
 
 
