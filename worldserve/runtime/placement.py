@@ -17,7 +17,7 @@ Memory per GPU (all estimates, documented in docs/hardware.md):
               reasoner:   2 x layers x kv_heads x head_dim x b x kv_tokens   (KV cache)
                           + 16 x prefill_tokens x hidden x b                  (prefill chunk)
               realtime:   16 x tokens x hidden x b + KV of the window (as the reasoner's)
-    reserve   2 GiB + 5 % of the GPU (CUDA context, allocator fragmentation, NCCL buffers)
+    reserve   1 GiB + 2 % of the GPU (CUDA context, allocator fragmentation, NCCL buffers)
     fits      sum over the stages on the GPU of (weights + headroom) <= total - reserve
 """
 
@@ -32,8 +32,8 @@ GIB = 1 << 30
 ACTIVATION_FACTOR = 16  # live [tokens, hidden] tensors at a forward's peak (est.)
 VAE_BYTES_PER_PIXEL_BF16 = 56  # Wan 2.2 VAE decode, 1280x720x189 ~ 9.1 GiB (est.)
 VAE_REFERENCE_WIDTH = 256  # Wan 2.2's decoder_base_dim, which the figure above is for
-RESERVE_BYTES = 2 * GIB
-RESERVE_FRACTION = 0.05
+RESERVE_BYTES = 1 * GIB
+RESERVE_FRACTION = 0.02
 W8A8_MIN_CAPABILITY = (8, 9)  # torch._scaled_mm FP8 (Ada, Hopper, Blackwell)
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
