@@ -8,6 +8,9 @@ Parts (`PARTS`; each `part(setup, tmp) -> dict`, run in the order given, memory 
   plan       the machine's GPUs and the placement plan of a Nano- and a Super-sized checkpoint
              (element counts from notes/gpu-readiness.md; runtime/placement.py), and the plan of
              the dev checkpoints as `worldserve check` makes it;
+  load       host memory while the Cosmos3 loader reads a random ~1.5 B-parameter generator
+             onto the GPU: straight there (device_map, the loader now) vs a host copy and
+             `.to(device)` (the loader before); anonymous RSS peak and seconds each;
   generator  a full-size random-weight Cosmos3-Nano-shaped generator (diffusers' class defaults:
              hidden 4096, 36 layers, 32/8 heads; the Wan 2.2 VAE) in bf16 through worldserve's
              runner (`Cosmos3Runner.prepare` / `denoise_step`, CFG 6: a cond and an uncond
@@ -173,14 +176,21 @@ def part_generator(setup: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                                       num_frames=frames, num_inference_steps=setup.steps + 2,
                                       guidance_scale=6.0, seeds=[7], fps=24.0)
             _reset_peak(device)
-            times = _time_steps(runner, params, setup.steps, device)
+            try:
+                times = _time_steps(runner, params, setup.steps, device)
+            except Exception as exc:  # e.g. a backend that refuses Cosmos3's masks
+                out["runs"][f"{backend}/{size}"] = {"error": f"{type(exc).__name__}: {exc}"}
+                _free()
+                continue
             out["runs"][f"{backend}/{size}"] = {
                 "s_per_step": round(statistics.median(times[1:]), 3),
                 "first_step_s": round(times[0], 3), "peak_gib": _peak_gib(device)}
     native = {k.split("/")[1]: v["s_per_step"] for k, v in out["runs"].items()
-              if k.startswith("native/")}
+              if k.startswith("native/") and "s_per_step" in v}
     for key, run in out["runs"].items():
-        run["vs_native"] = round(run["s_per_step"] / native[key.split("/")[1]], 3)
+        base = native.get(key.split("/")[1])
+        if "s_per_step" in run and base:
+            run["vs_native"] = round(run["s_per_step"] / base, 3)
     del runner, transformer
     _free()
     return out
@@ -204,6 +214,8 @@ def _nano_reasoner_runner(dev_dir: Path, device: str, dtype: Any, full: bool) ->
     config = json.loads((dev_dir / "config.json").read_text())
     if full:
         config["text_config"].update(NANO_TEXT)
+        # the ViT stays the dev one; its merger feeds the text width
+        config["vision_config"]["out_hidden_size"] = NANO_TEXT["hidden_size"]
     kwargs = {k: v for k, v in config.items()
               if k not in ("architectures", "transformers_version", "model_type")}
     torch.manual_seed(0)
@@ -271,6 +283,89 @@ def part_reasoner(setup: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     return out
 
 
+# ------------------------------------------------------------------------------------ load
+
+# A child process loads the checkpoint with worldserve's Cosmos3 loader and samples its
+# anonymous resident memory (RssAnon: host copies of tensors; file pages that safetensors maps
+# are not counted) while it does.
+LOAD_CHILD = r"""
+import json, sys, threading, time
+def anon():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
+import torch
+import worldserve.models.common as common
+from worldserve.models.cosmos3.loader import load_pipeline
+model_dir, device, mode = sys.argv[1:4]
+if mode == "host_copy":  # the loader before: read into host memory, then pipe.to(device)
+    common.direct_device_map = lambda device: None
+peak, done = [anon()], []
+base = peak[0]
+def sample():
+    while not done:
+        peak.append(anon()); time.sleep(0.002)
+thread = threading.Thread(target=sample, daemon=True); thread.start()
+start = time.perf_counter()
+pipe = load_pipeline(model_dir, "bfloat16", device)
+if device == "cuda":
+    torch.cuda.synchronize()
+seconds = time.perf_counter() - start
+done.append(1); thread.join()
+where = {str(p.device) for p in pipe.transformer.parameters()}
+gpu = torch.cuda.memory_allocated() / 2**30 if device == "cuda" else None
+print(json.dumps({"load_s": round(seconds, 2), "devices": sorted(where),
+                  "host_anon_peak_gib": round((max(peak) - base) / 2**30, 3),
+                  "gpu_gib": round(gpu, 2) if gpu is not None else None}))
+"""
+LOAD_SHAPE = dict(hidden_size=2048, head_dim=128, num_attention_heads=16, num_key_value_heads=4,
+                  intermediate_size=6144, num_hidden_layers=12)
+
+
+def part_load(setup: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """Host memory while the Cosmos3 loader reads a random ~1.5 B-parameter generator onto the
+    device: straight there (diffusers device_map, the loader now) vs through a host copy and
+    `.to(device)` (the loader before). Tiny: the dev shape on the CPU (both ways load into host
+    memory there)."""
+    import subprocess
+
+    import torch
+    from diffusers import Cosmos3OmniTransformer
+
+    from benchmarks.parallel import _random_pipeline, nano_shape
+
+    device = _device(setup)
+    pipe = _random_pipeline("cpu", torch.bfloat16, dry_run=True)
+    shape = nano_shape(True) if setup.dry_run else LOAD_SHAPE
+    with torch.device("cpu"):
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            pipe.transformer = Cosmos3OmniTransformer(**shape).eval()
+        finally:
+            torch.set_default_dtype(torch.float32)
+    pipe.register_modules(transformer=pipe.transformer)
+    params = sum(p.numel() for p in pipe.transformer.parameters())
+    target = tmp / "load-model"
+    pipe.save_pretrained(target)
+    del pipe
+    _free()
+    out: dict[str, Any] = {"transformer_params": params, "file_gib": round(sum(
+        f.stat().st_size for f in target.rglob("*.safetensors")) / 2**30, 3)}
+    for mode in ("direct", "host_copy"):
+        done = subprocess.run([sys.executable, "-c", LOAD_CHILD, str(target), device, mode],
+                              capture_output=True, text=True, timeout=300,
+                              cwd=Path(__file__).resolve().parents[1])
+        if done.returncode != 0:
+            raise RuntimeError(f"{mode} load failed: {done.stderr.strip()[-400:]}")
+        out[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+    host = out["host_copy"]["host_anon_peak_gib"]
+    out["direct_vs_host_copy_anon"] = round(out["direct"]["host_anon_peak_gib"] / host, 3) \
+        if host > 0 else None
+    return out
+
+
 # ----------------------------------------------------------------------------------- parts
 
 
@@ -283,9 +378,9 @@ def _lazy(module: str, function: str) -> Part:
     return part
 
 
-PARTS: dict[str, Part] = {"plan": part_plan, "generator": part_generator,
-                          "reasoner": part_reasoner, "parallel": _lazy("parallel",
-                                                                       "part_parallel")}
+PARTS: dict[str, Part] = {"plan": part_plan, "load": part_load, "generator": part_generator,
+                          "reasoner": part_reasoner,
+                          "parallel": _lazy("parallel", "part_parallel")}
 if (Path(__file__).parent / "fp8.py").is_file():  # written by the FP8 work
     PARTS["fp8"] = _lazy("fp8", "part_fp8")
 
@@ -328,7 +423,13 @@ def table(result: dict[str, Any]) -> list[str]:
                          "fits" if plan[model]["fits"] else "DOES NOT FIT"))
     for key, run in parts.get("generator", {}).get("runs", {}).items():
         rows.append(("generator", f"{key} s/step (peak GiB)",
-                     f"{run['s_per_step']} ({run['peak_gib']})"))
+                     f"{run['s_per_step']} ({run['peak_gib']})" if "s_per_step" in run
+                     else run["error"][:80]))
+    for mode in ("direct", "host_copy"):
+        if mode in parts.get("load", {}):
+            got = parts["load"][mode]
+            rows.append(("load", f"{mode}: host anon peak GiB / s",
+                         f"{got['host_anon_peak_gib']} / {got['load_s']}"))
     for batch in ("b1", "b4"):
         if batch in parts.get("reasoner", {}):
             got = parts["reasoner"][batch]

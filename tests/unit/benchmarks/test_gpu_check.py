@@ -41,7 +41,7 @@ def test_the_registry_names_every_part() -> None:
     sys.path.insert(0, str(REPO_ROOT))
     from benchmarks import gpu_check
 
-    expected = {"plan", "generator", "reasoner", "parallel"}
+    expected = {"plan", "load", "generator", "reasoner", "parallel"}
     if (REPO_ROOT / "benchmarks" / "fp8.py").is_file():
         expected.add("fp8")
     assert set(gpu_check.PARTS) == expected
