@@ -314,10 +314,10 @@ def _mark_sharing(stages: dict[str, StagePlan], notes: list[str]) -> dict[str, S
                        if other != name and set(p.gpus) & set(plan.gpus))
         out[name] = StagePlan(plan.stage, plan.device, plan.gpus, plan.dtype, plan.weight_bytes,
                               plan.headroom_bytes, others, plan.notes)
-    shared = sorted({i for p in out.values() if p.shared_with for i in p.gpus})
-    for index in shared:
+    for index in sorted({i for p in out.values() for i in p.gpus}):
         names = [n for n, p in out.items() if index in p.gpus]
-        notes.append(f"cuda:{index} is shared by {' and '.join(names)}")
+        if len(names) > 1:
+            notes.append(f"cuda:{index} is shared by {' and '.join(names)}")
     return out
 
 

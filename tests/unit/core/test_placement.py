@@ -93,7 +93,7 @@ def test_eight_gpus_with_a_rank_group_of_eight_share_one_with_the_reasoner() -> 
     assert plan.stages["generation"].gpus == tuple(range(8))
     (shared,) = plan.stages["reasoner"].gpus
     assert plan.stages["reasoner"].shared_with == ("generation",)
-    assert f"cuda:{shared} is shared by generation and reasoner" in plan.notes
+    assert plan.notes == (f"cuda:{shared} is shared by generation and reasoner",)
     assert plan.fits
 
 
