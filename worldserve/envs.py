@@ -1,5 +1,5 @@
-"""Every environment variable worldserve reads (WORLDSERVE_*, the NIM aliases, NIM_URL), read
-here and nowhere else.
+"""Every environment variable worldserve reads (WORLDSERVE_*, the NIM aliases, NIM_URL,
+CUDA_VISIBLE_DEVICES), read here and nowhere else.
 
 Each accessor reads the environment when called, so tests can set variables per process.
 """
