@@ -213,7 +213,8 @@ def stage_demands(config: ServerConfig) -> tuple[list[StageDemand], dict[str, St
         facts[name] = info
         parallel = getattr(stage_config, "parallel", None)
         demands.append(StageDemand(
-            stage=name, device=stage_config.device, dtype=stage_config.dtype,
+            # a fake backend (protocol tests) computes nothing: it never takes a GPU
+            stage=name, device="cpu" if fake else stage_config.device, dtype=stage_config.dtype,
             dtype_numel=info.dtype_numel, arch=info.arch,
             workload=workload(name, stage_config) if not fake else Workload(),
             world_size=parallel.world_size if parallel else 1,

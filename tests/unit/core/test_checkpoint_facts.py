@@ -85,3 +85,15 @@ def test_fp8_weights_and_their_config_are_reported(dev_models_dir: Path, tmp_pat
     config_path.write_text(json.dumps(config))
     assert stage_facts("generation", model).quantisation == (
         "modelopt (modelopt_state.pth), F8_E4M3 tensors")
+
+
+def test_a_fake_backend_never_takes_a_gpu() -> None:
+    from worldserve.runtime.placement import GpuInfo
+
+    config = ServerConfig.model_validate({"stages": {
+        "generation": {"enabled": False}, "realtime": {"enabled": False},
+        "reasoner": {"backend": "fake", "device": "cuda"}}})
+    demands, facts = stage_demands(config)
+    assert facts["reasoner"].family == "fake" and demands[0].device == "cpu"
+    plan = plan_placement([GpuInfo(0, "gpu", 80 << 30, (9, 0))], demands)
+    assert plan.stages["reasoner"].device == "cpu" and plan.fits
