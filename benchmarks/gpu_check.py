@@ -452,6 +452,9 @@ def table(result: dict[str, Any]) -> list[str]:
     for run in parts.get("parallel", {}).get("runs", []):
         rows.append(("parallel", f"{run['gpus']} GPU {run['layout']} s/step",
                      f"{run['step_s']} (x{run['speedup']})"))
+    for got in parts.get("fp8", {}).get("results", []):
+        rows.append(("fp8", str(got.get("part")), ", ".join(
+            f"{k}={v}" for k, v in got.items() if k not in ("part", "generator_layout"))[:100]))
     for name, got in parts.items():
         if "error" in got:
             rows.append((name, "error", got["error"][:80]))
