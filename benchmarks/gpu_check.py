@@ -302,6 +302,9 @@ from worldserve.models.cosmos3.loader import load_pipeline
 model_dir, device, mode = sys.argv[1:4]
 if mode == "host_copy":  # the loader before: read into host memory, then pipe.to(device)
     common.direct_device_map = lambda device: None
+import diffusers  # imports and the CUDA context before the baseline: only the load is counted
+diffusers.Cosmos3OmniPipeline
+torch.zeros(1, device=device)
 peak, done = [anon()], []
 base = peak[0]
 def sample():
