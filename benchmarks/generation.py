@@ -20,6 +20,13 @@ Prints one JSON line at the end: {"server_overhead_ratio": ..., "batch_speedup_c
 direct-pipeline latency and the interleaving ratio, e.g.
 
     .venv/bin/python benchmarks/generation.py --model cosmos3 --n 3 --size 64x64 --steps 8
+
+With `--compile`, `--attention-backend X` and/or `--kv-reuse` (Cosmos3 only) it measures those
+levers instead, each against the native / eager / no-reuse baseline in the same process
+(benchmarks/generation_speed.py), e.g.
+
+    .venv/bin/python benchmarks/generation.py --model cosmos3 --size 256x256 --steps 8 --n 3 \
+        --compile --attention-backend _native_math --kv-reuse
 """
 
 from __future__ import annotations
@@ -174,8 +181,26 @@ def main() -> None:
                         help="throughput rounds per server, alternating between the two")
     parser.add_argument("--threads", type=int, default=2,
                         help="torch threads of the stages and of the in-process baseline")
+    parser.add_argument("--compile", action="store_true",
+                        help="cosmos3: compiled blocks (inductor) vs eager")
+    parser.add_argument("--attention-backend", default=None,
+                        help="cosmos3: this diffusers attention backend vs native")
+    parser.add_argument("--kv-reuse", action="store_true",
+                        help="cosmos3: understanding K/V reuse vs recomputation")
+    parser.add_argument("--frames", type=int, default=1,
+                        help="cosmos3 speed levers: frames per request (1: text-to-image)")
+    parser.add_argument("--device", default="cpu", help="cosmos3 speed levers: the device")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="cosmos3 speed levers: the weights' dtype")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-generation-"))
+    if args.compile or args.attention_backend or args.kv_reuse:
+        if args.model != "cosmos3":
+            raise SystemExit("--compile / --attention-backend / --kv-reuse: use --model cosmos3")
+        from benchmarks.generation_speed import run as run_speed
+
+        print(json.dumps(run_speed(args, work)))
+        return
     if args.model == "cosmos3":
         from benchmarks.generation_cosmos3 import run
 

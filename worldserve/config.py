@@ -196,11 +196,23 @@ class GenerationParallelConfig(_Frozen):
         return max(self.cfg * self.ulysses * self.ring, self.shard)
 
 
+# diffusers 0.42.1's attention backends (`AttentionBackendName` in
+# models/attention_dispatch.py); whether this machine can run one is checked at stage startup.
+ATTENTION_BACKENDS = (
+    "native", "flash", "flash_hub", "flash_varlen", "flash_varlen_hub", "flash_4_hub",
+    "_flash_3", "_flash_varlen_3", "_flash_3_hub", "_flash_3_varlen_hub", "aiter_fa2_hub",
+    "flex", "_native_cudnn", "_native_efficient", "_native_flash", "_native_math",
+    "_native_npu", "_native_xla", "sage", "sage_hub", "sage_blackwell_hub", "sage_varlen",
+    "_sage_qk_int8_pv_fp8_cuda", "_sage_qk_int8_pv_fp8_cuda_sm90",
+    "_sage_qk_int8_pv_fp16_cuda", "_sage_qk_int8_pv_fp16_triton", "xformers")
+
+
 class GenerationStageConfig(StageConfig):
     """Images, video jobs and actions."""
 
     LIFTED_OVERRIDES: ClassVar[dict[str, str]] = {
-        "warmup_mode": "warmup_mode", "warmup_resolutions": "warmup_resolutions"}
+        "warmup_mode": "warmup_mode", "warmup_resolutions": "warmup_resolutions",
+        "attention_backend": "attention_backend", "enable_torch_compile": "compile"}
 
     output_dir: Path = Path("outputs")
     max_batch_size: int = Field(default=4, ge=1, le=64)
@@ -224,6 +236,30 @@ class GenerationStageConfig(StageConfig):
     safety_checker: bool = False
     # One request across several ranks (docs/parallel.md); the default is one process.
     parallel: GenerationParallelConfig = Field(default_factory=GenerationParallelConfig)
+    # The transformer's attention kernel (diffusers' `set_attention_backend`); "native" is
+    # diffusers' default dispatch (torch SDPA). A backend this machine cannot run fails startup.
+    attention_backend: str = "native"
+    # torch.compile the transformer's repeated blocks (dynamic shapes) during warmup.
+    compile: bool = False
+    # Cosmos3: record the understanding (text) stream's K/V at a row's first step and reuse it
+    # at later steps (bit-exact; stands aside while a step cache is enabled).
+    understanding_kv_reuse: bool = True
+
+    @field_validator("attention_backend")
+    @classmethod
+    def _known_attention_backend(cls, backend: str) -> str:
+        if backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend: {backend!r} is not a diffusers attention "
+                             f"backend (choices: {', '.join(ATTENTION_BACKENDS)})")
+        return backend
+
+    @model_validator(mode="after")
+    def _speed_levers_run_on_one_device(self) -> GenerationStageConfig:
+        if self.parallel.world_size > 1 and (self.attention_backend != "native" or self.compile):
+            raise ValueError("attention_backend and compile apply to one-process generation "
+                             "only; with parallel ranks keep attention_backend: native and "
+                             "compile: false")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -167,22 +167,9 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-# Circles that landed from a branch merged meanwhile, to break there (the coordinator deletes an
-# entry once its circle is gone; a stale entry fails below). The qwen_vl helpers type their
-# runner under TYPE_CHECKING (issue 21 follow-up for NAME=rsn: a Protocol in the helper, or the
-# runner passing what they use).
-CIRCLES_PENDING: list[list[str]] = [
-    ["worldserve.models.qwen_vl.batch", "worldserve.models.qwen_vl.decode",
-     "worldserve.models.qwen_vl.runner"],
-]
-
-
 def test_no_import_circles() -> None:
     found = circles(import_graph())
-    new = [c for c in found if c not in CIRCLES_PENDING]
-    assert not new, "import circles:\n" + "\n".join(" <-> ".join(c) for c in new)
-    stale = [c for c in CIRCLES_PENDING if c not in found]
-    assert not stale, "CIRCLES_PENDING entries that are no circle any more: " + str(stale)
+    assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
 def test_the_circle_check_finds_a_circle() -> None:

@@ -210,7 +210,8 @@ def test_factory_output_dir_is_the_output_dir(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("stage", "overrides", "message"), [
     ("generation", {"warmup_steps_native": 3},
      "stages.generation: server_args_overrides.warmup_steps_native: not a setting worldserve "
-     "acts on (known: host, warmup_mode, warmup_resolutions)"),
+     "acts on (known: attention_backend, enable_torch_compile, host, warmup_mode, "
+     "warmup_resolutions)"),
     ("reasoner", {"warmup_resolutions": ["64x64"]},
      "server_args_overrides.warmup_resolutions: not a setting worldserve acts on"),
     ("generation", {"gpu_ids": [0]}, "server_args_overrides.gpu_ids: worldserve sets this"),

@@ -239,8 +239,10 @@ class RealtimeConnection:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
             await _stop_all(tasks)
-        first = next(t for t in tasks if t.done() and not t.cancelled())
-        return first.result()
+        ended = [t for t in tasks if t.done() and not t.cancelled()]
+        for task in ended[1:]:
+            task.exception()  # a loser's ClientGone is expected: mark it retrieved, not logged
+        return ended[0].result()
 
     async def _generate_loop(self, settings: RealtimeConnectionSettings,
                              facts: RealtimeCapabilities, sender: ChunkSender) -> CloseDecision:

@@ -184,6 +184,8 @@ class GenerationAdmin:
             "memory_release": isinstance(runner, OffloadRunner),
             "paused": self.paused,
             "rank_group": described.get("rank_group"),  # stages.generation.parallel: the ranks
+            # attention_backend / compile (and Cosmos3's understanding K/V reuse) in force
+            "speed": described.get("speed", {"attention_backend": "native", "compile": False}),
         }
 
     def _lora(self) -> LoraRunner:

@@ -77,6 +77,15 @@ class DescribedRunner(Protocol):
 
 
 @runtime_checkable
+class SpeedRunner(Protocol):
+    """Attention backend and compiled blocks (stages.generation.attention_backend / compile),
+    applied once after loading; ModelLoadError when this machine cannot run them."""
+
+    def configure_speed(self, attention_backend: str = "native", compile: bool = False,
+                        understanding_kv_reuse: bool = False) -> None: ...
+
+
+@runtime_checkable
 class LoraRunner(Protocol):
     """LoRA adapters loaded by name; the engine activates one selection before each phase."""
 

@@ -28,7 +28,7 @@ from worldserve.engines.generation.batch import (
     ScheduledRequest,
     SchedulerOutput,
 )
-from worldserve.engines.generation.contract import ActionRunner, GenerationRunner
+from worldserve.engines.generation.contract import ActionRunner, GenerationRunner, SpeedRunner
 from worldserve.engines.generation.outputs import (
     action_output,
     output_names,
@@ -55,7 +55,7 @@ from worldserve.ipc.messages import (
     Request,
 )
 from worldserve.models import registry
-from worldserve.models.types import feature_capabilities
+from worldserve.models.types import ModelLoadError, feature_capabilities
 from worldserve.runtime.devices import resolve_in_process
 from worldserve.runtime.engine import EngineState, ReplyFn
 
@@ -76,6 +76,8 @@ class GenerationEngine:
         self.runner: GenerationRunner = runner or registry.load_runner(
             "generation", path, dtype=stage_config.dtype, device=stage_config.device,
             safety_checker=stage_config.safety_checker)
+        if runner is None:  # an injected runner comes configured
+            _configure_speed(self.runner, stage_config)
         self.pipe = self.runner.pipe
         self.actions: ActionRunner | None = registry.load_actions(path)
         self.defaults = self.runner.features.defaults  # the family's, for this checkpoint
@@ -376,6 +378,19 @@ def _peak_memory_mb() -> float:
     except Exception:  # memory figures are optional; never fail a request for them
         return 0.0
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _configure_speed(runner: GenerationRunner, config: GenerationStageConfig) -> None:
+    """attention_backend / compile / understanding_kv_reuse, before the warmup requests (which
+    then pay the compilation); a lever the family's runner lacks fails startup."""
+    if isinstance(runner, SpeedRunner):
+        runner.configure_speed(attention_backend=config.attention_backend,
+                               compile=config.compile,
+                               understanding_kv_reuse=config.understanding_kv_reuse)
+    elif config.attention_backend != "native" or config.compile:
+        raise ModelLoadError(f"attention_backend / compile: the {runner.features.family} "
+                             f"runner does not support them (keep attention_backend: native, "
+                             f"compile: false)")
 
 
 def _check_prompt_enhancer(config: GenerationStageConfig, server_config: ServerConfig) -> None:

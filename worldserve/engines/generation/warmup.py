@@ -40,7 +40,8 @@ class WarmupPlan:
         cls, config: GenerationStageConfig, defaults: GenerationDefaults, runner
     ) -> "WarmupPlan":
         explicit = bool(config.warmup_resolutions)
-        blocking = config.warmup_mode == "server" or explicit
+        # compile: the warmup pays the compilation, so requests wait for it (never the first one)
+        blocking = config.warmup_mode == "server" or explicit or config.compile
         steps = min(defaults.num_inference_steps, max(config.warmup_steps, 2)) if blocking else 1
         if explicit:
             sizes = [tuple(int(v) for v in s.lower().split("x")) for s in config.warmup_resolutions]

@@ -14,7 +14,9 @@ so `max_batch_size` is 1: concurrent requests interleave, they never share a for
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,9 +34,11 @@ from worldserve.models.cosmos3.family import DEFAULTS, DEV_DEFAULTS, FAMILY
 from worldserve.models.cosmos3.loader import load_pipeline
 from worldserve.models.dev import checkpoint_defaults
 from worldserve.models.diffusers_admin import DiffusersAdminOps, LoraAdapters
+from worldserve.models.speed import NATIVE, CompileTimer, apply_attention_backend, compile_blocks
 from worldserve.models.types import RowExtras, RunnerFeatures
 
 SAMPLING_DTYPE = torch.float32
+log = logging.getLogger("worldserve.models.cosmos3")
 
 
 @dataclass
@@ -58,6 +62,8 @@ class RowState:
     timesteps: torch.Tensor
     mixed_precision: Any
     device: Any  # the pipeline's execution device, resolved once per row
+    # "cond" / "uncond" -> that prompt's recorded understanding K/V (models/cosmos3/kv_reuse.py)
+    understanding_kv: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -116,6 +122,9 @@ class Cosmos3Runner(DiffusersAdminOps):
         self.declaration = checks.declaration(self)
         self.device = pipe._get_execution_device()
         self.lora = LoraAdapters(pipe)
+        self.attention_backend = NATIVE
+        self.compile_timer = CompileTimer(False)
+        self.kv_reuse: Any = None  # an UnderstandingKVReuse once configured
 
     def describe(self) -> dict[str, Any]:
         """GET /admin/model_info facts."""
@@ -123,7 +132,36 @@ class Cosmos3Runner(DiffusersAdminOps):
                 "dtype": str(self.pipe.transformer.dtype).removeprefix("torch."),
                 "device": str(self.device), "lora_supported": True,
                 "lora": self.lora.describe(), "sound": self.supports_sound,
-                "action_generation": self.supports_actions}
+                "action_generation": self.supports_actions, "speed": self.describe_speed()}
+
+    def describe_speed(self) -> dict[str, Any]:
+        """The speed levers in force (part of /admin/model_info)."""
+        timer = self.compile_timer
+        return {"attention_backend": self.attention_backend,
+                "compile": timer.pending or timer.seconds is not None,
+                "compile_s": round(timer.seconds, 3) if timer.seconds is not None else None,
+                "understanding_kv_reuse": self.kv_reuse is not None}
+
+    def configure_speed(self, attention_backend: str = NATIVE, compile: bool = False,
+                        understanding_kv_reuse: bool = False,
+                        compile_backend: str | None = None) -> None:
+        """Applied once after loading, before warmup (the stage config's fields). The reuse
+        processors go in first so that the backend is set on them too."""
+        transformer = self.pipe.transformer
+        if understanding_kv_reuse:
+            from worldserve.models.cosmos3.kv_reuse import UnderstandingKVReuse
+
+            if transformer._cp_shard_fn is not None or transformer._cp_gather_fn is not None:
+                log.info("understanding K/V reuse off: sequence parallelism owns the seams")
+            else:
+                self.kv_reuse = UnderstandingKVReuse()
+                self.kv_reuse.install(transformer)
+        apply_attention_backend([transformer], attention_backend, self.device,
+                                transformer.dtype, gqa=True)
+        self.attention_backend = attention_backend
+        if compile:
+            compile_blocks([transformer], backend=compile_backend)
+            self.compile_timer = CompileTimer(True)
 
     def _features(self) -> RunnerFeatures:
         from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
@@ -308,6 +346,7 @@ class Cosmos3Runner(DiffusersAdminOps):
         if state.done_denoising:
             for row in state.rows:
                 self._reset_precision(row)
+                row.understanding_kv.clear()  # the recorded K/V is of no use past the last step
 
     def _step_row(self, row: RowState, i: int, guidance: float) -> None:
         from diffusers.pipelines.cosmos.mixed_precision import apply_cosmos3_mixed_precision_step
@@ -364,7 +403,8 @@ class Cosmos3Runner(DiffusersAdminOps):
         action_t = (torch.full((packed["num_noisy_action_tokens"],), timestep, device=device)
                     if tokens["action"] is not None else None)
         with pipe.transformer.cache_context(name, step_index=i, sigma=sigma,
-                                            num_inference_steps=len(row.timesteps)):
+                                            num_inference_steps=len(row.timesteps)), \
+                self._understanding_kv(row, name, packed["und_len"]), self.compile_timer:
             preds = pipe.transformer(
                 input_ids=packed["input_ids"], text_indexes=packed["text_indexes"],
                 position_ids=packed["position_ids"], und_len=packed["und_len"],
@@ -398,6 +438,19 @@ class Cosmos3Runner(DiffusersAdminOps):
             action_condition_mask=[row.action_mask] if row.action_mask is not None else None,
             raw_action_dim=row.raw_action_dim)
         return [v.float() if v is not None else None for v in masked]
+
+    def _understanding_kv(self, row: RowState, name: str, und_len: int) -> Any:
+        """Record (first step) or replay (later steps) this prompt's understanding K/V; a plain
+        forward when reuse is off, under the FP8 step schedule (it may switch understanding
+        linears between steps) or while a step cache is enabled (its hooks cache per-stream
+        block outputs of the full length)."""
+        if (self.kv_reuse is None or row.mixed_precision.enabled
+                or getattr(self.pipe.transformer, "is_cache_enabled", False)):
+            return contextlib.nullcontext()
+        from worldserve.models.cosmos3.kv_reuse import UnderstandingKV
+
+        slot = row.understanding_kv.setdefault(name, UnderstandingKV())
+        return self.kv_reuse.use(slot, und_len)
 
     def _reset_precision(self, row: RowState) -> None:
         from diffusers.pipelines.cosmos.mixed_precision import reset_cosmos3_mixed_precision

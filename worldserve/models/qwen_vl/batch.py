@@ -8,19 +8,38 @@ are per sequence (`next_pos` onward), so gaps stay intact. Logits stay on the mo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
+from worldserve.models.qwen_vl.decode import StaticDecoder
 from worldserve.models.qwen_vl.kv import KVState, PackedBatch, new_cache
 from worldserve.models.types import VisionInput
 
-if TYPE_CHECKING:
-    from worldserve.models.qwen_vl.runner import QwenVLRunner
+
+class BatchHost(Protocol):
+    """What the batched forwards use of their runner (`runner.QwenVLRunner`)."""
+
+    model: Any
+    device: torch.device
+    static: StaticDecoder | None
+    packed: PackedBatch | None
+    last_batch_rows: list[int]
+    num_forwards: int
+    num_packs: int
+
+    def forward(self, kv: KVState, ids: list[int], media: list[VisionInput] | None = None,
+                encoded: dict[str, Any] | None = None, num_logits: int = 1) -> torch.Tensor: ...
+
+    def chunk_positions(self, ids: torch.Tensor, media: list[VisionInput],
+                        offset: int) -> torch.Tensor: ...
+
+    def model_kwargs(self, ids: torch.Tensor, media: list[VisionInput],
+                     encoded: dict[str, Any] | None) -> dict[str, Any]: ...
 
 
 @torch.inference_mode()
-def forward_decode_batch(runner: QwenVLRunner, kvs: list[KVState],
+def forward_decode_batch(runner: BatchHost, kvs: list[KVState],
                          fed: list[list[int]]) -> list[torch.Tensor]:
     """One decode step of several sequences in one forward. `fed[b]` is sequence b's last
     sampled token plus its speculative drafts (if any). Returns (len(fed[b]), V) float32 logits
@@ -38,7 +57,7 @@ def forward_decode_batch(runner: QwenVLRunner, kvs: list[KVState],
 
 
 @torch.inference_mode()
-def forward_prefill_batch(runner: QwenVLRunner, kvs: list[KVState], ids: list[list[int]],
+def forward_prefill_batch(runner: BatchHost, kvs: list[KVState], ids: list[list[int]],
                           media: list[list[VisionInput]]) -> list[torch.Tensor]:
     """Prefill one chunk per sequence (`ids[b]` with the placeholders of `media[b]`) in one
     forward, the vision tower run once for all of them; returns each chunk's last-position
@@ -51,7 +70,7 @@ def forward_prefill_batch(runner: QwenVLRunner, kvs: list[KVState], ids: list[li
     return [row[-1] for row in rows]
 
 
-def _forward_rows(runner: QwenVLRunner, kvs: list[KVState], fed: list[list[int]],
+def _forward_rows(runner: BatchHost, kvs: list[KVState], fed: list[list[int]],
                   positions: list[torch.Tensor] | None = None,
                   media: list[list[VisionInput]] | None = None,
                   last_only: bool = False) -> list[torch.Tensor]:
@@ -99,7 +118,7 @@ def _forward_rows(runner: QwenVLRunner, kvs: list[KVState], fed: list[list[int]]
     return [logits[b, : len(f)] for b, f in zip(rows, fed)]
 
 
-def packed_for(runner: QwenVLRunner, kvs: list[KVState], width: int) -> PackedBatch:
+def packed_for(runner: BatchHost, kvs: list[KVState], width: int) -> PackedBatch:
     """The resident packed batch of `kvs`, packed anew when the batch changed."""
     packed = runner.packed
     if packed is not None and packed.matches(kvs, width):
@@ -113,7 +132,7 @@ def packed_for(runner: QwenVLRunner, kvs: list[KVState], width: int) -> PackedBa
 
 
 @torch.inference_mode()
-def forward_repacked(runner: QwenVLRunner, kvs: list[KVState],
+def forward_repacked(runner: BatchHost, kvs: list[KVState],
                      fed: list[list[int]]) -> list[torch.Tensor]:
     """`forward_decode_batch` for caches that cannot stay packed (layers other than
     `GrowableLayer`): the caches are left-padded into a new batch every step with a boolean
@@ -147,7 +166,7 @@ def forward_repacked(runner: QwenVLRunner, kvs: list[KVState],
     return [logits[b, : len(fed[b])] for b in range(len(kvs))]
 
 
-def _left_padded(runner: QwenVLRunner, kvs: list[KVState], lengths: list[int],
+def _left_padded(runner: BatchHost, kvs: list[KVState], lengths: list[int],
                  size: int) -> Any:
     """A new cache holding every sequence's K/V right-aligned at `max(lengths)`, `size` long."""
     longest = max(lengths)

@@ -26,15 +26,19 @@ Qwen2.5-VL, Qwen3-VL, Cosmos3 Omni and Edge. Anything else keeps transformers' f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
 from worldserve.models.qwen_vl.kv import GrowableLayer, KVState, PackedBatch
 
-if TYPE_CHECKING:
-    from worldserve.models.qwen_vl.runner import QwenVLRunner
+
+class StepHost(Protocol):
+    """What a static step needs of its runner: the model's device and the forward count."""
+
+    device: torch.device
+    num_forwards: int
 
 MAX_WIDTH = 16  # tokens per sequence a static step feeds (a decode token and its drafts)
 
@@ -103,7 +107,7 @@ class StaticDecoder:
             for kv in kvs for layer in kv.cache.layers)
 
     @torch.inference_mode()
-    def step(self, runner: QwenVLRunner, kvs: list[KVState], fed: list[list[int]],
+    def step(self, runner: StepHost, kvs: list[KVState], fed: list[list[int]],
              packed: PackedBatch | None = None) -> list[torch.Tensor]:
         """Append `fed[i]` to `kvs[i]`; (len(fed[i]), V) float32 logits per sequence. Several
         sequences must be the members of `packed` (their rows, in any order)."""

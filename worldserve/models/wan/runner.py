@@ -28,6 +28,7 @@ from worldserve.ipc.messages import GenerationParams
 from worldserve.models.common import count_parameters
 from worldserve.models.dev import checkpoint_defaults
 from worldserve.models.diffusers_admin import DiffusersAdminOps, LoraAdapters
+from worldserve.models.speed import NATIVE, CompileTimer, apply_attention_backend, compile_blocks
 from worldserve.models.types import ModelLoadError, RowExtras, RunnerFeatures
 from worldserve.models.wan.family import DEFAULTS, DEV_DEFAULTS, FAMILY
 from worldserve.models.wan.loader import load_pipeline
@@ -113,14 +114,34 @@ class DiffusionRunner(DiffusersAdminOps):
         self.latents_mean = torch.tensor(vae_cfg.latents_mean).view(1, vae_cfg.z_dim, 1, 1, 1)
         self.latents_std = torch.tensor(vae_cfg.latents_std).view(1, vae_cfg.z_dim, 1, 1, 1)
         self.lora = LoraAdapters(pipe)
+        self.attention_backend = NATIVE
+        self.compile_timer = CompileTimer(False)
 
     # ------------------------------------------------------------------ admin (optional contract)
 
     def describe(self) -> dict[str, Any]:
+        timer = self.compile_timer
         return {"family": FAMILY.name, "pipeline": type(self.pipe).__name__,
                 "dtype": str(self.transformer_dtype).removeprefix("torch."),
                 "device": str(self.device), "lora_supported": True,
-                "lora": self.lora.describe()}
+                "lora": self.lora.describe(),
+                "speed": {"attention_backend": self.attention_backend,
+                          "compile": timer.pending or timer.seconds is not None,
+                          "compile_s": timer.seconds}}
+
+    def configure_speed(self, attention_backend: str = NATIVE, compile: bool = False,
+                        understanding_kv_reuse: bool = False,
+                        compile_backend: str | None = None) -> None:
+        """stages.generation.attention_backend / compile on every expert (Wan 2.2 A14B: the
+        second expert compiles when the schedule first reaches it)."""
+        del understanding_kv_reuse  # Cosmos3 only: Wan has no understanding stream
+        experts = [t for t in (self.pipe.transformer, getattr(self.pipe, "transformer_2", None))
+                   if t is not None]
+        apply_attention_backend(experts, attention_backend, self.device, self.transformer_dtype)
+        self.attention_backend = attention_backend
+        if compile:
+            compile_blocks(experts, backend=compile_backend)
+            self.compile_timer = CompileTimer(True)
 
     # ------------------------------------------------------------------ checks
 
@@ -229,8 +250,9 @@ class DiffusionRunner(DiffusersAdminOps):
             timestep = per_token.unsqueeze(0).expand(x.shape[0], -1)
         else:
             timestep = t.expand(x.shape[0])
-        noise_pred = model(hidden_states=x, timestep=timestep,
-                           encoder_hidden_states=state.prompt_embeds, return_dict=False)[0]
+        with self.compile_timer:
+            noise_pred = model(hidden_states=x, timestep=timestep,
+                               encoder_hidden_states=state.prompt_embeds, return_dict=False)[0]
         if state.negative_embeds is not None:
             uncond = model(hidden_states=x, timestep=timestep,
                            encoder_hidden_states=state.negative_embeds, return_dict=False)[0]
