@@ -411,8 +411,10 @@ def run_parts(setup: argparse.Namespace, names: list[str]) -> dict[str, Any]:
     if torch.cuda.is_available():
         result["device"] = torch.cuda.get_device_name()
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+        device = "cuda" if torch.cuda.is_available() and not setup.dry_run else "cpu"
         for name in names:
             started = time.perf_counter()
+            _reset_peak(device)
             try:
                 got = PARTS[name](setup, Path(tmp))
             except Exception as exc:  # one broken part must not hide the others' figures
@@ -422,6 +424,7 @@ def run_parts(setup: argparse.Namespace, names: list[str]) -> dict[str, Any]:
 
                 traceback.print_exc()
             got["part_s"] = round(time.perf_counter() - started, 1)
+            got["part_peak_gib"] = _peak_gib(device)  # this process (not its children)
             result["parts"][name] = got
             _free()
     return result
@@ -461,7 +464,7 @@ def table(result: dict[str, Any]) -> list[str]:
     for name, got in parts.items():
         if "error" in got:
             rows.append((name, "error", got["error"][:80]))
-        rows.append((name, "seconds", str(got["part_s"])))
+        rows.append((name, "seconds (peak GiB)", f"{got['part_s']} ({got['part_peak_gib']})"))
     width = [max(len(str(r[i])) for r in rows) for i in range(3)]
     return ["  ".join(str(c).ljust(w) for c, w in zip(r, width)) for r in rows]
 
