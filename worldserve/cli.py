@@ -1,4 +1,5 @@
-"""The `worldserve` command: serve | stream | realtime | dev-models (and the clients beside)."""
+"""The `worldserve` command: serve | check | stream | realtime | dev-models (and the clients
+beside)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,22 @@ def _model_overrides(model_path: Path | None) -> dict[str, Any]:
 
     kinds = [kind for kind in stage_kinds(model_path) if kind in DEV_STAGE_DIRS]
     return {f"stages.{kind}.model_path": str(model_path) for kind in kinds or ["generation"]}
+
+
+def _device_overrides(device: str | None, dtype: str | None) -> dict[str, Any]:
+    """`--device` / `--dtype`: the same setting for every stage (YAML may still set a stage's
+    own when the flag is not given)."""
+    out: dict[str, Any] = {}
+    for stage in DEV_STAGE_DIRS:
+        out[f"stages.{stage}.device"] = device
+        out[f"stages.{stage}.dtype"] = dtype
+    return out
+
+
+DEVICE_HELP = ("auto | cpu | cuda | cuda:N for every stage ($WORLDSERVE_DEVICE; default auto: "
+               "CUDA when torch sees a GPU, the placement plan picks which; docs/hardware.md).")
+DTYPE_HELP = ("auto | bfloat16 | float16 | float32 ($WORLDSERVE_DTYPE; default auto: bfloat16 "
+              "on CUDA, float32 on the CPU).")
 
 
 def _fill_dev_model_paths(config: ServerConfig) -> ServerConfig:
@@ -147,6 +164,8 @@ def serve(
         None, help="One request across several ranks, e.g. cfg=2,ulysses=2 (axes cfg, "
         "ulysses, ring, shard; docs/parallel.md)."
     ),
+    device: Optional[str] = typer.Option(None, help=DEVICE_HELP),
+    dtype: Optional[str] = typer.Option(None, help=DTYPE_HELP),
     # --- Live video reasoning: the NIM settings (spec streaming-reasoning.md section 2). Each
     # flag wins over its NIM_* variable, which wins over the YAML file.
     enable_streaming: Optional[bool] = typer.Option(
@@ -232,6 +251,7 @@ def serve(
         "public_url": public_url,
         "forwarded_allow_ips": forwarded_allow_ips,
         **_model_overrides(model_path),
+        **_device_overrides(device, dtype),
         **nim_overrides,
     }
     try:
@@ -279,6 +299,44 @@ async def _serve(cfg: ServerConfig, key: str | None) -> int:
     from worldserve.api.server import serve as run_server
 
     return await run_server(cfg, key)
+
+
+@app.command()
+def check(
+    model_path: Optional[Path] = typer.Option(
+        None, help="Model directory, as for `serve` [default: the dev checkpoints]."),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML configuration file."),
+    device: Optional[str] = typer.Option(None, help=DEVICE_HELP),
+    dtype: Optional[str] = typer.Option(None, help=DTYPE_HELP),
+    generation_parallel: Optional[str] = typer.Option(
+        None, help="As for `serve`: the generation stage's rank group (one GPU per rank)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Print the placement plan and what each stage would load, without loading anything.
+    Exit status 1 when the plan cannot work (a missing device, a stage that does not fit)."""
+    import json
+
+    from worldserve.runtime.devices import DeviceProbeError, server_plan
+    from worldserve.runtime.placement import format_plan, gib
+
+    overrides = {"stages.generation.parallel": generation_parallel,
+                 **_model_overrides(model_path), **_device_overrides(device, dtype)}
+    try:
+        cfg = _fill_dev_model_paths(load_config(config, overrides))
+        plan, facts = server_plan(cfg)
+    except (ConfigError, DeviceProbeError) as exc:
+        raise _usage_error(str(exc))
+    if as_json:
+        typer.echo(json.dumps({"plan": plan.to_json(),
+                               "stages": {n: f.to_json() for n, f in facts.items()}}, indent=2))
+    else:
+        for name, info in facts.items():
+            typer.echo(f"{name}: {info.family}, {info.layout}; quantisation "
+                       f"{info.quantisation or 'none'}; {len(info.files)} weight file(s), "
+                       f"{gib(info.file_bytes)} on disk; {info.model_path}")
+        for line in format_plan(plan):
+            typer.echo(line)
+    raise typer.Exit(code=0 if plan.fits else 1)
 
 
 @app.command()

@@ -7,6 +7,7 @@ are refused and every error names the dotted path of the offending key.
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -37,6 +38,33 @@ def is_loopback_host(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+# `--device`: auto (CUDA when torch sees a GPU, else the CPU), cpu, cuda (the placement plan
+# picks the GPU(s)), cuda:N (that GPU of the visible ones). docs/hardware.md.
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
+DtypeName = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+def check_device_name(device: str) -> str:
+    """`device` when it is a spelling worldserve accepts; else ValueError naming it."""
+    if not DEVICE_PATTERN.fullmatch(device):
+        raise ValueError(f"device {device!r} is not one of auto, cpu, cuda, cuda:N")
+    return device
+
+
+BF16_MIN_CAPABILITY = (8, 0)  # older GPUs get float16 under dtype auto
+
+
+def resolve_dtype_name(dtype: str, device: str, capability: tuple[int, int] | None = None) -> str:
+    """`auto` -> bfloat16 on CUDA (float16 below compute capability 8.0), float32 on the CPU."""
+    if dtype != "auto":
+        return dtype
+    if not device.startswith("cuda"):
+        return "float32"
+    if capability is not None and capability < BF16_MIN_CAPABILITY:
+        return "float16"
+    return "bfloat16"
 
 
 class _Frozen(BaseModel):
@@ -82,8 +110,10 @@ class StageConfig(_Frozen):
     ACCEPTED_OVERRIDES: ClassVar[frozenset[str]] = frozenset({"host"})
 
     enabled: bool = True
-    device: str = "cpu"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # auto: CUDA when torch sees a GPU (the placement plan picks which), else the CPU;
+    # auto dtype: bfloat16 on CUDA, float32 on the CPU (runtime/placement.py).
+    device: str = "auto"
+    dtype: DtypeName = "auto"
     model_path: Path | None = None
     served_model_name: str | None = None
     warmup_mode: Literal["off", "server"] = "off"
@@ -101,6 +131,11 @@ class StageConfig(_Frozen):
         """Loader keyword arguments for quantised checkpoints: none at the default, so that a
         family without FP8 support is only handed `fp8_compute` when it was asked for."""
         return {} if self.fp8_compute == "auto" else {"fp8_compute": self.fp8_compute}
+
+    @field_validator("device")
+    @classmethod
+    def _device_is_known(cls, device: str) -> str:
+        return check_device_name(device.strip().lower())
 
     @field_validator("host")
     @classmethod

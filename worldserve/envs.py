@@ -1,5 +1,5 @@
-"""Every environment variable worldserve reads (WORLDSERVE_*, the NIM aliases, NIM_URL), read
-here and nowhere else.
+"""Every environment variable worldserve reads (WORLDSERVE_*, the NIM aliases, NIM_URL,
+CUDA_VISIBLE_DEVICES), read here and nowhere else.
 
 Each accessor reads the environment when called, so tests can set variables per process.
 """
@@ -61,6 +61,15 @@ def nim_url() -> str | None:
     return value or None
 
 
+def cuda_visible_devices() -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES of this process, as a list (None: unset, every GPU is visible).
+    The placement plan's GPU indices count within it; stage processes get a subset."""
+    raw = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return None
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
 class EnvSettingError(ValueError):
     """A malformed environment variable; the message names it."""
 
@@ -114,6 +123,7 @@ class EnvSetting:
 
 
 _STREAMING = "stages.reasoner.streaming"
+DEVICE_STAGES = ("generation", "reasoner", "realtime")
 # The NIM variables of spec streaming-reasoning.md section 2, then worldserve's own (which win
 # over a NIM alias of the same key). Precedence overall: flag > environment > YAML > default.
 ENV_SETTINGS: tuple[EnvSetting, ...] = (
@@ -132,6 +142,11 @@ ENV_SETTINGS: tuple[EnvSetting, ...] = (
                _parse_word),
     EnvSetting("NIM_MODEL_TYPE", "nim_runtime", _parse_word),
     EnvSetting("WORLDSERVE_ENABLE_STREAMING", f"{_STREAMING}.enabled", _parse_bool),
+    # --device / --dtype of every stage (a YAML stage setting is overridden by these).
+    *(EnvSetting("WORLDSERVE_DEVICE", f"stages.{stage}.device", _parse_word)
+      for stage in DEVICE_STAGES),
+    *(EnvSetting("WORLDSERVE_DTYPE", f"stages.{stage}.dtype", _parse_word)
+      for stage in DEVICE_STAGES),
 )
 
 

@@ -18,6 +18,35 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
     return resolved
 
 
+def resolve_device_names(device: str, dtype: str) -> tuple[str, str]:
+    """(device, dtype) with `auto` made concrete from this process's torch: cuda:0 and
+    bfloat16 when a GPU is visible, else cpu and float32 (config.resolve_dtype_name)."""
+    from worldserve.config import resolve_dtype_name
+
+    capability = None
+    if device == "auto":
+        device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and dtype == "auto" and torch.cuda.is_available():
+        capability = torch.cuda.get_device_capability(torch.device(device))
+    return device, resolve_dtype_name(dtype, device, capability)
+
+
+def direct_device_map(device: str | torch.device) -> str | None:
+    """The `device_map` with which diffusers' `from_pretrained` puts every tensor straight on
+    `device` as it reads the shards (accelerate's meta-device init, no full host copy first).
+
+    diffusers 0.42 accepts a device *type* only ("cpu", or the accelerator type, meaning the
+    current device): "cuda" is right for a stage process, which sees its GPUs from cuda:0 on
+    (the placement plan sets CUDA_VISIBLE_DEVICES). Other indices get None: the pipeline is
+    then read into host memory and moved (`pipe.to(device)`)."""
+    target = torch.device(device)
+    if target.type == "cpu":
+        return "cpu"
+    if target.type == "cuda" and (target.index or 0) == 0:
+        return "cuda"
+    return None
+
+
 def require_local_dir(model_dir: str | Path) -> Path:
     """`model_dir` as a Path; a clear error when it is not a local directory (no hub downloads)."""
     path = Path(model_dir).expanduser()

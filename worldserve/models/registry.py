@@ -99,6 +99,11 @@ def load_runner(stage_kind: str, model_dir: Path, **kwargs: Any) -> Any:
     family = resolve(stage_kind, model_dir)
     module_name, function_name = family.loaders[stage_kind].split(":")
     loader = getattr(importlib.import_module(module_name), function_name)
+    if "auto" in (kwargs.get("device"), kwargs.get("dtype")):  # an engine built by hand
+        from worldserve.models.common import resolve_device_names
+
+        kwargs["device"], kwargs["dtype"] = resolve_device_names(kwargs.get("device", "cpu"),
+                                                          kwargs.get("dtype", "float32"))
     _check_loader_options(family.name, stage_kind, loader, kwargs)
     return loader(Path(model_dir), **kwargs)
 

@@ -66,6 +66,10 @@ def create_engine(stage: str, stage_config: StageConfig, server_config: ServerCo
     except KeyError:
         raise ValueError(f"no engine is registered for stage {stage!r} with backend "
                          f"{backend!r}") from None
+    from worldserve.runtime.devices import resolve_in_process
+
     module_name, func_name = target.split(":")
     factory = getattr(importlib.import_module(module_name), func_name)
-    return factory(stage_config, server_config)
+    # the supervisor's plan made device and dtype concrete; in-process and Ray engines
+    # resolve `auto` here
+    return factory(resolve_in_process(stage_config), server_config)

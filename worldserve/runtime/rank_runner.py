@@ -343,7 +343,9 @@ def create_generation_engine(stage_config: GenerationStageConfig,
     always, or over a rank group when `stages.generation.parallel` asks for several ranks."""
     from worldserve.engines.common import model_dir
     from worldserve.engines.generation.engine import GenerationEngine
+    from worldserve.runtime.devices import resolve_in_process
 
+    stage_config = resolve_in_process(stage_config)
     runner = None
     if stage_config.parallel.world_size > 1:
         runner = start_rank_runner(stage_config, model_dir(stage_config),

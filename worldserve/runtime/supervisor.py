@@ -27,6 +27,13 @@ from worldserve import envs
 from worldserve.config import ServerConfig, StageConfig
 from worldserve.ipc.client import StageClient, ZmqStageClient
 from worldserve.ipc.messages import StageInfo
+from worldserve.runtime.devices import (
+    DeviceProbeError,
+    apply_plan,
+    server_plan,
+    stage_environment,
+)
+from worldserve.runtime.placement import PlacementPlan, format_plan
 from worldserve.runtime.restart import RestartPolicy
 
 log = logging.getLogger("worldserve.supervisor")
@@ -119,6 +126,7 @@ class Supervisor:
             tempfile.mkdtemp(prefix=f"worldserve-{config.port}-", dir=envs.run_dir_root())
         )
         self.stages: dict[str, StageProcess] = {}
+        self.plan: PlacementPlan | None = None
         self._stopping = False
 
     @property
@@ -133,7 +141,7 @@ class Supervisor:
     async def start(self) -> None:
         """Start every enabled stage and wait for all handshakes; raise StageStartError."""
         config_file = self.run_dir / "config.json"
-        config_file.write_text(self.config.model_dump_json())
+        config_file.write_text(await self._place())
         for name, stage_config in self.config.stages.enabled().items():
             address = self._address(name, stage_config)
             self.stages[name] = StageProcess(
@@ -152,6 +160,22 @@ class Supervisor:
         for stage in self.stages.values():
             stage.tasks.append(asyncio.get_running_loop().create_task(self._watch(stage)))
 
+    async def _place(self) -> str:
+        """Build and log the placement plan; the stages' config with its devices and dtypes
+        made concrete (JSON). StageStartError when the plan cannot work."""
+        try:
+            plan, _ = await asyncio.to_thread(server_plan, self.config)
+        except DeviceProbeError as exc:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise StageStartError(f"cannot list the GPUs: {exc}") from None
+        for line in format_plan(plan):
+            log.info("placement: %s", line)
+        if not plan.fits:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise StageStartError("the placement plan does not work: " + "; ".join(plan.problems))
+        self.plan = plan
+        return apply_plan(self.config, plan).model_dump_json()
+
     async def _spawn(self, stage: StageProcess, config_file: Path,
                      guests: list[StageProcess] | None = None) -> None:
         """Start the stage's process; `guests` are stages served from the same process."""
@@ -160,6 +184,8 @@ class Supervisor:
         env = dict(os.environ)
         package_root = str(Path(worldserve.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        if self.plan is not None:
+            env.update(stage_environment(self.plan, stage.name, envs.cuda_visible_devices()))
         stage.proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",

@@ -229,3 +229,28 @@ def test_fake_realtime_knobs_are_accepted_with_the_fake_backend() -> None:
     config = build_config({"stages": {"realtime": {
         "backend": "fake", "server_args_overrides": {"fake_forward_ms": 5}}}})
     assert config.stages.realtime.server_args_overrides == {"fake_forward_ms": 5}
+
+
+def test_device_and_dtype_default_to_auto_and_take_yaml_per_stage() -> None:
+    config = build_config({"stages": {"reasoner": {"device": "cuda:1", "dtype": "float16"}}})
+    assert (config.stages.generation.device, config.stages.generation.dtype) == ("auto", "auto")
+    assert (config.stages.reasoner.device, config.stages.reasoner.dtype) == ("cuda:1", "float16")
+    with pytest.raises(ConfigError, match=r"stages\.realtime\.device: device 'cuda:x' is not "
+                                          r"one of auto, cpu, cuda, cuda:N"):
+        build_config({"stages": {"realtime": {"device": "cuda:x"}}})
+    with pytest.raises(ConfigError, match=r"stages\.generation\.dtype"):
+        build_config({"stages": {"generation": {"dtype": "float64"}}})
+
+
+def test_device_and_dtype_variables_set_every_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLDSERVE_DEVICE", "CPU")
+    monkeypatch.setenv("WORLDSERVE_DTYPE", "bfloat16")
+    config = build_config({"stages": {"reasoner": {"device": "cuda:1"}}})
+    for stage in (config.stages.generation, config.stages.reasoner, config.stages.realtime):
+        assert (stage.device, stage.dtype) == ("cpu", "bfloat16")
+    flagged = build_config({}, {"stages.generation.device": "cuda:2"})  # a flag wins
+    assert (flagged.stages.generation.device, flagged.stages.reasoner.device) == ("cuda:2", "cpu")
+    monkeypatch.setenv("WORLDSERVE_DEVICE", "tpu")
+    with pytest.raises(ConfigError, match=r"device 'tpu' is not one of .*\(from "
+                                          r"\$WORLDSERVE_DEVICE\)"):
+        build_config({})

@@ -56,6 +56,7 @@ from worldserve.ipc.messages import (
 )
 from worldserve.models import registry
 from worldserve.models.types import ModelLoadError, feature_capabilities
+from worldserve.runtime.devices import resolve_in_process
 from worldserve.runtime.engine import EngineState, ReplyFn
 
 log = logging.getLogger("worldserve.generation")
@@ -66,6 +67,7 @@ MAX_WAIT_SLEEP_S = 0.002
 class GenerationEngine:
     def __init__(self, stage_config: GenerationStageConfig, server_config: ServerConfig,
                  runner: GenerationRunner | None = None) -> None:
+        stage_config = resolve_in_process(stage_config)  # `auto` device/dtype, built by hand
         path = model_dir(stage_config)
         self.config = stage_config
         _check_prompt_enhancer(stage_config, server_config)

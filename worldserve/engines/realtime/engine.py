@@ -30,6 +30,7 @@ from worldserve.ipc.messages import (
 )
 from worldserve.models import registry
 from worldserve.models.types import ChunkRunOutput, WorldSessionSettings
+from worldserve.runtime.devices import resolve_in_process
 from worldserve.runtime.engine import EngineState, ReplyFn
 
 log = logging.getLogger("worldserve.realtime")
@@ -47,6 +48,7 @@ def warmup_image(size: int = 64) -> bytes:
 class RealtimeEngine:
     def __init__(self, stage_config: RealtimeStageConfig, server_config: ServerConfig,
                  runner: RealtimeRunner | None = None) -> None:
+        stage_config = resolve_in_process(stage_config)  # `auto` device/dtype, built by hand
         if runner is None:
             path = model_dir(stage_config)
             runner = registry.load_runner("realtime", path, dtype=stage_config.dtype,

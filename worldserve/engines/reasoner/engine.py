@@ -47,6 +47,7 @@ from worldserve.ipc.messages import (
     SessionFrame,
 )
 from worldserve.models import registry
+from worldserve.runtime.devices import resolve_in_process
 from worldserve.runtime.engine import EngineState, ReplyFn
 
 log = logging.getLogger("worldserve.reasoner")
@@ -55,6 +56,7 @@ MAX_TOMBSTONES = 1024
 
 class ReasonerEngine:
     def __init__(self, stage_config: ReasonerStageConfig, server_config: ServerConfig) -> None:
+        stage_config = resolve_in_process(stage_config)  # `auto` device/dtype, built by hand
         path = model_dir(stage_config)
         runner: ReasonerRunner = registry.load_runner(
             "reasoner", path, dtype=stage_config.dtype, device=stage_config.device,

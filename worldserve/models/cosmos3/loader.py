@@ -105,7 +105,7 @@ def load_pipeline(model_dir: Path, dtype: Any, device: str, *,
     from diffusers import Cosmos3OmniPipeline
     from diffusers.utils import logging as diffusers_logging
 
-    from worldserve.models.common import require_local_dir, resolve_dtype
+    from worldserve.models.common import direct_device_map, require_local_dir, resolve_dtype
     from worldserve.models.fp8.load import load_generator_transformer
 
     path = require_local_dir(model_dir)
@@ -119,8 +119,9 @@ def load_pipeline(model_dir: Path, dtype: Any, device: str, *,
     try:
         pipe = Cosmos3OmniPipeline.from_pretrained(
             path, dtype=resolve_dtype(dtype), local_files_only=True,
-            enable_safety_checker=safety_checker, **components)
+            enable_safety_checker=safety_checker, device_map=direct_device_map(device),
+            **components)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ModelLoadError(f"{path}: cannot load the Cosmos3 generator: {exc}") from exc
     pipe.set_progress_bar_config(disable=True)
-    return pipe.to(device)
+    return pipe.to(device)  # a no-op for what device_map placed already

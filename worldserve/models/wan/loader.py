@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from worldserve.models.common import require_local_dir, resolve_dtype
+from worldserve.models.common import direct_device_map, require_local_dir, resolve_dtype
 
 # What the step-wise runner calls on the pipeline (WanPipeline-style pipelines have them all).
 REQUIRED_ATTRIBUTES = ("transformer", "vae", "encode_prompt", "prepare_latents")
@@ -28,11 +28,12 @@ def load_pipeline(
     transformers_logging.disable_progress_bar()
     path = require_local_dir(model_dir)
     pipe = DiffusionPipeline.from_pretrained(
-        path, dtype=resolve_dtype(dtype), local_files_only=True
+        path, dtype=resolve_dtype(dtype), local_files_only=True,
+        device_map=direct_device_map(device),  # straight to the device (models/common.py)
     )
     pipe.set_progress_bar_config(disable=True)
     for name in REQUIRED_ATTRIBUTES:
         if not hasattr(pipe, name):
             raise ValueError(f"{type(pipe).__name__} has no {name}: worldserve drives Wan-family "
                              "(WanPipeline-style) video pipelines")
-    return pipe.to(device)
+    return pipe.to(device)  # a no-op for what device_map placed already

@@ -1,0 +1,376 @@
+"""The placement plan: which stage runs on which device(s), in which dtype, and whether it fits.
+
+A pure function of a device inventory (`GpuInfo` per visible GPU) and per-stage checkpoint facts
+(`StageDemand`: element counts per stored dtype from the safetensors headers, a few architecture
+numbers, the configured device and dtype). No torch, no file reads: the supervisor and
+`worldserve check` gather the facts (runtime/checkpoint_facts.py) and the inventory
+(runtime/devices.py), then call `plan_placement`. docs/hardware.md describes the rules.
+
+Memory per GPU (all estimates, documented in docs/hardware.md):
+
+    weights   = sum(numel x bytes(dtype))  float tensors in the stage dtype; FP8 tensors 1 byte
+                where W8A8 runs (CUDA, compute capability >= 8.9), else the stage dtype (W8A16
+                dequantises at load); other tensors at their stored size; / shard for rank groups
+    headroom  generation: 16 x tokens x hidden x b / (ulysses x ring)   (activations of one
+                forward at the largest request)
+                          + 56 x pixels x frames x b / 2 x vae_width / 256        (VAE decode)
+              reasoner:   2 x layers x kv_heads x head_dim x b x kv_tokens   (KV cache)
+                          + 16 x prefill_tokens x hidden x b                  (prefill chunk)
+              realtime:   16 x tokens x hidden x b + KV of the window (as the reasoner's)
+    reserve   1 GiB + 2 % of the GPU (CUDA context, allocator fragmentation, NCCL buffers)
+    fits      sum over the stages on the GPU of (weights + headroom) <= total - reserve
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from worldserve.config import resolve_dtype_name
+
+GIB = 1 << 30
+ACTIVATION_FACTOR = 16  # live [tokens, hidden] tensors at a forward's peak (est.)
+VAE_BYTES_PER_PIXEL_BF16 = 56  # Wan 2.2 VAE decode, 1280x720x189 ~ 9.1 GiB (est.)
+VAE_REFERENCE_WIDTH = 256  # Wan 2.2's decoder_base_dim, which the figure above is for
+RESERVE_BYTES = 1 * GIB
+RESERVE_FRACTION = 0.02
+W8A8_MIN_CAPABILITY = (8, 9)  # torch._scaled_mm FP8 (Ada, Hopper, Blackwell)
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+FLOAT_TENSORS = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
+FP8_TENSORS = {"F8_E4M3", "F8_E5M2", "F8_E8M0"}
+STORED_BYTES = {"I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2, "I8": 1, "U8": 1,
+                "BOOL": 1}
+# Without a pin, stages take free GPUs in this order (the reasoner gets one of its own when
+# there are enough), then share the GPU with the most room left.
+STAGE_ORDER = ("generation", "reasoner", "realtime")
+
+
+class PlacementError(ValueError):
+    """The plan cannot be carried out (a missing device, a stage that does not fit)."""
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One visible GPU; `index` counts within this process's visible devices."""
+
+    index: int
+    name: str
+    total_bytes: int
+    capability: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The largest work a stage is sized for (token counts feed the headroom formula)."""
+
+    activation_tokens: int = 0  # one forward's sequence (generation, realtime)
+    output_pixels: int = 0  # width x height x frames of the largest decode (generation)
+    kv_tokens: int = 0  # tokens held in KV caches at once (reasoner, realtime)
+    prefill_tokens: int = 0  # one prefill chunk (reasoner)
+
+
+@dataclass(frozen=True)
+class Arch:
+    """The architecture numbers the headroom formula needs (0: unknown, term left out)."""
+
+    hidden_size: int = 0
+    num_layers: int = 0
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    vae_width: int = 0  # the VAE decoder's base width (Wan: decoder_base_dim); 0: no VAE
+
+
+@dataclass(frozen=True)
+class StageDemand:
+    """What one stage asks for."""
+
+    stage: str  # generation | reasoner | realtime
+    device: str = "auto"  # auto | cpu | cuda | cuda:N, as configured
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16, as configured
+    dtype_numel: Mapping[str, int] = field(default_factory=dict)  # safetensors dtype -> numel
+    arch: Arch = field(default_factory=Arch)
+    workload: Workload = field(default_factory=Workload)
+    world_size: int = 1  # GPUs of a rank group (stages.generation.parallel)
+    shard: int = 1  # ranks sharing one copy of the weights
+    seq_split: int = 1  # ulysses x ring: each rank holds 1/seq_split of the activations
+    colocate_with: str | None = None  # runs in that stage's process (same devices)
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    stage: str
+    device: str  # "cpu" or "cuda"
+    gpus: tuple[int, ...]  # inventory indices (empty on the CPU)
+    dtype: str
+    weight_bytes: int  # per GPU (the whole stage on the CPU)
+    headroom_bytes: int  # per GPU
+    shared_with: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def stage_device(self) -> str:
+        """The device the stage process uses: it sees only its GPUs, numbered from 0."""
+        return "cuda:0" if self.device == "cuda" else "cpu"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"device": self.device, "gpus": list(self.gpus),
+                "stage_device": self.stage_device, "dtype": self.dtype,
+                "weight_bytes": self.weight_bytes, "headroom_bytes": self.headroom_bytes,
+                "shared_with": list(self.shared_with), "notes": list(self.notes)}
+
+
+@dataclass(frozen=True)
+class GpuUse:
+    gpu: GpuInfo
+    stages: tuple[str, ...]
+    used_bytes: int  # weights + headroom of its stages
+    reserve_bytes: int
+
+    @property
+    def fits(self) -> bool:
+        return self.used_bytes + self.reserve_bytes <= self.gpu.total_bytes
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    gpus: tuple[GpuInfo, ...]
+    stages: dict[str, StagePlan]
+    usage: tuple[GpuUse, ...]
+    problems: tuple[str, ...]
+    notes: tuple[str, ...]
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpus": [{"index": g.index, "name": g.name, "total_bytes": g.total_bytes,
+                      "capability": list(g.capability)} for g in self.gpus],
+            "stages": {name: plan.to_json() for name, plan in self.stages.items()},
+            "usage": [{"gpu": u.gpu.index, "stages": list(u.stages), "used_bytes": u.used_bytes,
+                       "reserve_bytes": u.reserve_bytes, "total_bytes": u.gpu.total_bytes,
+                       "fits": u.fits} for u in self.usage],
+            "fits": self.fits, "problems": list(self.problems), "notes": list(self.notes)}
+
+
+def weight_bytes(dtype_numel: Mapping[str, int], dtype: str, fp8_native: bool) -> int:
+    """Bytes the weights take once loaded in `dtype` (see the module docstring)."""
+    size = DTYPE_BYTES[dtype]
+    total = 0
+    for stored, numel in dtype_numel.items():
+        if stored in FLOAT_TENSORS:
+            total += numel * size
+        elif stored in FP8_TENSORS:
+            total += numel * (1 if fp8_native else size)
+        else:
+            total += numel * STORED_BYTES.get(stored, 4)
+    return total
+
+
+def headroom_bytes(demand: StageDemand, dtype: str) -> int:
+    """Activation / KV / decode memory beyond the weights, per GPU (module docstring)."""
+    b = DTYPE_BYTES[dtype]
+    arch, work = demand.arch, demand.workload
+    kv_per_token = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * b
+    if demand.stage == "reasoner":
+        return (kv_per_token * work.kv_tokens
+                + ACTIVATION_FACTOR * work.prefill_tokens * arch.hidden_size * b)
+    activations = ACTIVATION_FACTOR * work.activation_tokens * arch.hidden_size * b
+    activations //= max(1, demand.seq_split)
+    vae = (VAE_BYTES_PER_PIXEL_BF16 * work.output_pixels * b * arch.vae_width
+           // (2 * VAE_REFERENCE_WIDTH))
+    return activations + vae + kv_per_token * work.kv_tokens
+
+
+def reserve_bytes(gpu: GpuInfo) -> int:
+    return RESERVE_BYTES + int(RESERVE_FRACTION * gpu.total_bytes)
+
+
+def plan_placement(gpus: Sequence[GpuInfo], demands: Sequence[StageDemand]) -> PlacementPlan:
+    """The plan for `demands` on `gpus` (see the module docstring); never raises: what cannot
+    work is listed in `problems` (the caller stops startup on any)."""
+    problems: list[str] = []
+    notes: list[str] = []
+    by_name = {d.stage: d for d in demands}
+    assigned = _assign(list(gpus), demands, problems, notes)
+    stages: dict[str, StagePlan] = {}
+    for demand in demands:
+        indices = assigned.get(demand.stage)
+        if indices is None:
+            continue
+        stages[demand.stage] = _stage_plan(demand, gpus, indices)
+    stages = _mark_sharing(stages, notes)
+    usage = _usage(gpus, stages)
+    for use in usage:
+        if not use.fits:
+            problems.append(_overflow(use, stages))
+    if not gpus and any(d.device == "auto" for d in by_name.values()):
+        notes.append("no CUDA GPU visible: stages with device auto run on the CPU")
+    if any(p.device == "cpu" for p in stages.values()):
+        notes.append("host memory is not checked for stages on the CPU")
+    return PlacementPlan(tuple(gpus), stages, tuple(usage), tuple(problems), tuple(notes))
+
+
+def _assign(gpus: list[GpuInfo], demands: Sequence[StageDemand], problems: list[str],
+            notes: list[str]) -> dict[str, tuple[int, ...]]:
+    """Stage -> inventory indices (empty: the CPU); stages with a problem are left out."""
+    out: dict[str, tuple[int, ...]] = {}
+    load: dict[int, int] = {g.index: 0 for g in gpus}  # bytes promised so far
+    order = sorted(demands, key=lambda d: (d.colocate_with is not None, _pin(d) is None,
+                                           _rank(d.stage)))
+    for demand in order:
+        if demand.colocate_with is not None:
+            if demand.colocate_with in out:
+                out[demand.stage] = out[demand.colocate_with]
+            continue
+        indices = _choose(demand, gpus, load, out, problems)
+        if indices is None:
+            continue
+        out[demand.stage] = indices
+        per_gpu = _per_gpu_bytes(demand, gpus, indices)
+        for i in indices:
+            load[i] += per_gpu
+    return out
+
+
+def _choose(demand: StageDemand, gpus: list[GpuInfo], load: dict[int, int],
+            taken: dict[str, tuple[int, ...]], problems: list[str]) -> tuple[int, ...] | None:
+    setting = f"stages.{demand.stage}.device"
+    want = max(1, demand.world_size)
+    if demand.device == "cpu" or (demand.device == "auto" and not gpus):
+        return ()
+    if not gpus:
+        problems.append(f"{setting} is {demand.device!r} but no CUDA GPU is visible "
+                        "(torch.cuda.is_available() is False here); use --device cpu or auto")
+        return None
+    pin = _pin(demand)
+    if pin is not None:
+        if pin + want > len(gpus):
+            group = f" and its rank group needs {want} GPUs from there" if want > 1 else ""
+            problems.append(f"{setting} is 'cuda:{pin}'{group} but {len(gpus)} GPU(s) are "
+                            f"visible (cuda:0..cuda:{len(gpus) - 1})")
+            return None
+        return tuple(range(pin, pin + want))
+    if want > len(gpus):
+        problems.append(f"stages.{demand.stage}.parallel asks for {want} GPUs (one per rank) "
+                        f"but {len(gpus)} are visible")
+        return None
+    used = {i for indices in taken.values() for i in indices}
+    free = [g.index for g in gpus if g.index not in used]
+    if len(free) >= want:
+        return tuple(free[:want])
+    # share: the GPUs with the most room left after what is already placed on them
+    roomiest = sorted(gpus, key=lambda g: (load[g.index] - g.total_bytes, g.index))
+    return tuple(sorted(g.index for g in roomiest[:want]))
+
+
+def _pin(demand: StageDemand) -> int | None:
+    head, _, index = demand.device.partition(":")
+    return int(index) if head == "cuda" and index else None
+
+
+def _rank(stage: str) -> int:
+    return STAGE_ORDER.index(stage) if stage in STAGE_ORDER else len(STAGE_ORDER)
+
+
+def _stage_capability(gpus: Sequence[GpuInfo], indices: tuple[int, ...]) -> tuple[int, int] | None:
+    caps = [g.capability for g in gpus if g.index in indices]
+    return min(caps) if caps else None
+
+
+def _per_gpu_bytes(demand: StageDemand, gpus: Sequence[GpuInfo], indices: tuple[int, ...]) -> int:
+    plan = _stage_plan(demand, gpus, indices)
+    return plan.weight_bytes + plan.headroom_bytes
+
+
+def _stage_plan(demand: StageDemand, gpus: Sequence[GpuInfo],
+                indices: tuple[int, ...]) -> StagePlan:
+    device = "cuda" if indices else "cpu"
+    capability = _stage_capability(gpus, indices)
+    dtype = resolve_dtype_name(demand.dtype, device, capability)
+    fp8_native = capability is not None and capability >= W8A8_MIN_CAPABILITY
+    weights = weight_bytes(demand.dtype_numel, dtype, fp8_native)
+    notes: list[str] = []
+    if any(stored in FP8_TENSORS for stored in demand.dtype_numel):
+        notes.append("FP8 weights counted at 1 byte (W8A8)" if fp8_native else
+                     f"FP8 weights counted in {dtype} (W8A16: dequantised at load)")
+    if indices and demand.shard > 1:
+        weights //= demand.shard
+        notes.append(f"weights split {demand.shard} ways (shard={demand.shard}; the layers "
+                     "outside the blocks are replicated, so this is a slight underestimate)")
+    if demand.colocate_with is not None:
+        notes.append(f"runs in the {demand.colocate_with} process; counted in full (it shares "
+                     "the generator's text weights, so this over-estimates)")
+    return StagePlan(demand.stage, device, indices, dtype, weights,
+                     headroom_bytes(demand, dtype), notes=tuple(notes))
+
+
+def _mark_sharing(stages: dict[str, StagePlan], notes: list[str]) -> dict[str, StagePlan]:
+    out = {}
+    for name, plan in stages.items():
+        others = tuple(other for other, p in stages.items()
+                       if other != name and set(p.gpus) & set(plan.gpus))
+        out[name] = StagePlan(plan.stage, plan.device, plan.gpus, plan.dtype, plan.weight_bytes,
+                              plan.headroom_bytes, others, plan.notes)
+    for index in sorted({i for p in out.values() for i in p.gpus}):
+        names = [n for n, p in out.items() if index in p.gpus]
+        if len(names) > 1:
+            notes.append(f"cuda:{index} is shared by {' and '.join(names)}")
+    return out
+
+
+def _usage(gpus: Sequence[GpuInfo], stages: dict[str, StagePlan]) -> tuple[GpuUse, ...]:
+    out = []
+    for gpu in gpus:
+        names = tuple(n for n, p in stages.items() if gpu.index in p.gpus)
+        used = sum(stages[n].weight_bytes + stages[n].headroom_bytes for n in names)
+        out.append(GpuUse(gpu, names, used, reserve_bytes(gpu)))
+    return tuple(out)
+
+
+def _overflow(use: GpuUse, stages: dict[str, StagePlan]) -> str:
+    parts = ", ".join(f"{n} {gib(stages[n].weight_bytes)} weights + "
+                      f"{gib(stages[n].headroom_bytes)} headroom" for n in use.stages)
+    return (f"cuda:{use.gpu.index} ({use.gpu.name}, {gib(use.gpu.total_bytes)}) cannot hold "
+            f"{' and '.join(use.stages)}: {parts} + {gib(use.reserve_bytes)} reserve = "
+            f"{gib(use.used_bytes + use.reserve_bytes)}; use more GPUs "
+            "(stages.generation.parallel shard), float8 weights, or a smaller model")
+
+
+def gib(num_bytes: int) -> str:
+    """Bytes for people: GiB, or MiB below 0.1 GiB (the dev checkpoints are tiny)."""
+    if num_bytes < GIB // 10:
+        return f"{num_bytes / (1 << 20):.2f} MiB"
+    return f"{num_bytes / GIB:.2f} GiB"
+
+
+def visible_devices(indices: Sequence[int], parent_visible: Sequence[str] | None) -> str:
+    """CUDA_VISIBLE_DEVICES for a stage on `indices` (counted within the parent's own
+    CUDA_VISIBLE_DEVICES when it has one)."""
+    if parent_visible is None:
+        return ",".join(str(i) for i in indices)
+    return ",".join(parent_visible[i] for i in indices)
+
+
+def format_plan(plan: PlacementPlan) -> list[str]:
+    """The plan as log / terminal lines."""
+    lines = [f"GPUs: {len(plan.gpus)}" + "".join(
+        f"\n  cuda:{g.index} {g.name} {gib(g.total_bytes)} sm{g.capability[0]}{g.capability[1]}"
+        for g in plan.gpus)]
+    for name, stage in plan.stages.items():
+        where = ("cpu" if stage.device == "cpu"
+                 else ",".join(f"cuda:{i}" for i in stage.gpus))
+        shared = f" (shared with {', '.join(stage.shared_with)})" if stage.shared_with else ""
+        lines.append(f"{name}: {where}{shared} {stage.dtype} weights {gib(stage.weight_bytes)} "
+                     f"headroom {gib(stage.headroom_bytes)}"
+                     + "".join(f"; {note}" for note in stage.notes))
+    for use in plan.usage:
+        lines.append(f"cuda:{use.gpu.index}: {gib(use.used_bytes)} + {gib(use.reserve_bytes)} "
+                     f"reserve of {gib(use.gpu.total_bytes)}: "
+                     f"{'fits' if use.fits else 'DOES NOT FIT'}")
+    lines += [f"note: {note}" for note in plan.notes]
+    lines += [f"problem: {problem}" for problem in plan.problems]
+    lines.append(f"fits: {'yes' if plan.fits else 'no'}")
+    return lines
