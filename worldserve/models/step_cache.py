@@ -29,7 +29,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # torch loads with the hooks, never with this module (engines import it)
+from worldserve.models.types import StepCacheSettings
+
+if TYPE_CHECKING:  # torch and diffusers load when the hooks are installed
     import torch
 
 METHODS = ("seacache", "taylorseer")
@@ -41,26 +43,6 @@ DEFAULT_INTERVAL = 3
 _BYPASS_HOOK = "worldserve_step_cache_bypass"
 
 
-@dataclass(frozen=True)
-class StepCacheSettings:
-    """A server's step-cache method and its knob (None: the method's default)."""
-
-    method: str = DEFAULT_METHOD
-    threshold: float | None = None
-    interval: int | None = None  # TaylorSeer only: a full forward every `interval` steps
-
-    def describe(self) -> dict[str, Any]:
-        knob = ({"interval": self.interval or DEFAULT_INTERVAL} if self.method == "taylorseer"
-                else {"threshold": self.resolved_threshold})
-        return {"method": self.method, **knob}
-
-    @property
-    def resolved_threshold(self) -> float | None:
-        if self.method == "taylorseer":
-            return None
-        return self.threshold if self.threshold is not None else DEFAULT_THRESHOLDS[self.method]
-
-
 def diffusers_config(settings: StepCacheSettings, block_list: str) -> Any:
     """The diffusers cache config of `settings` (`block_list`: the transformer's ModuleList of
     repeated blocks, e.g. "layers")."""
@@ -68,7 +50,9 @@ def diffusers_config(settings: StepCacheSettings, block_list: str) -> Any:
     from diffusers.hooks import SeaCacheConfig, TaylorSeerCacheConfig
 
     if settings.method == "seacache":
-        return SeaCacheConfig(threshold=settings.resolved_threshold)
+        threshold = settings.threshold
+        return SeaCacheConfig(threshold=threshold if threshold is not None
+                              else DEFAULT_THRESHOLDS["seacache"])
     if settings.method == "taylorseer":
         # Whole blocks, refreshed every `interval` steps after two warm-up steps (diffusers'
         # default identifiers name attention modules Cosmos3 does not have).

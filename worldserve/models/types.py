@@ -175,6 +175,16 @@ class RunnerFeatures:
 
 
 @dataclass(frozen=True)
+class StepCacheSettings:
+    """A stage's step-cache method and its knob (None: the method's default;
+    models/step_cache.py turns it into diffusers' config)."""
+
+    method: str
+    threshold: float | None = None
+    interval: int | None = None  # TaylorSeer: a full forward every `interval` steps
+
+
+@dataclass(frozen=True)
 class StepCacheStats:
     """One output row's transformer forwards under step caching, and how many of them reused
     cached work instead of running every block."""

@@ -13,8 +13,12 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from worldserve.ipc.messages import ActionsResult, GenerateActions, GenerationParams
-from worldserve.models.step_cache import StepCacheSettings
-from worldserve.models.types import RowExtras, RunnerFeatures, StepCacheStats
+from worldserve.models.types import (
+    RowExtras,
+    RunnerFeatures,
+    StepCacheSettings,
+    StepCacheStats,
+)
 
 
 class RunnerBatch(Protocol):

@@ -60,8 +60,7 @@ from worldserve.ipc.messages import (
     StepCacheReport,
 )
 from worldserve.models import registry
-from worldserve.models.step_cache import StepCacheSettings
-from worldserve.models.types import feature_capabilities
+from worldserve.models.types import StepCacheSettings, feature_capabilities
 from worldserve.runtime.engine import EngineState, ReplyFn
 
 log = logging.getLogger("worldserve.generation")
