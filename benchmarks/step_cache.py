@@ -1,0 +1,156 @@
+"""Step caching on a Cosmos3 dev video: each cache method against no cache, in one run.
+
+For every method (none, seacache, taylorseer) and each guidance scale (--guidance, default
+6 and 1), one 30-step video through the stepped runner (the serving path: per-row cache
+contexts), timed over --repeats runs (median, methods interleaved per repeat so machine load
+hits all alike). Reported per method: the denoising speed ratio against no cache (and the
+whole request's, with prompt encoding and the VAE decode), the transformer forwards skipped, and
+the PSNR of the decoded frames against the uncached frames of the same seed.
+
+Random weights make PSNR a weak signal: a random transformer's velocity is not smooth along
+the trajectory, so a reused residual is off by more than a trained model's would be. With
+guidance_scale 1 there is one forward per step and no CFG amplification of the error, which
+is the smoother case. FBCache, MagCache and TeaCache do not run on Cosmos3 in diffusers 0.42.1
+(models/step_cache.py says why) and are listed as such.
+
+    .venv/bin/python benchmarks/step_cache.py [--model wide|dev] [--steps 30] [--size 64x64]
+        [--frames 9] [--repeats 3] [--threads 2]
+
+Prints a table, then one JSON line: {"step_cache": {method: {guidance: {...}}}, ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.generation_cosmos3 import WIDE  # noqa: E402
+from worldserve.config import UNSUPPORTED_STEP_CACHES  # noqa: E402
+from worldserve.ipc.messages import GenerationParams  # noqa: E402
+from worldserve.models.step_cache import METHODS  # noqa: E402
+from worldserve.models.types import StepCacheSettings  # noqa: E402
+
+PROMPT = "a robot arm picks up the blue cup and puts it on the shelf"
+
+
+def build(kind: str, target: Path) -> Path:
+    from worldserve.models.cosmos3.dev import Cosmos3DevConfig, build_cosmos3
+
+    build_cosmos3(target, 0, Cosmos3DevConfig(**WIDE) if kind == "wide" else Cosmos3DevConfig())
+    (target / "worldserve_dev.json").write_text(json.dumps({"name": f"bench-{kind}"}))
+    return target
+
+
+def load(model: Path, method: str | None, threshold: float | None) -> object:
+    from worldserve.models import registry
+
+    runner = registry.load_runner("generation", model)
+    if method is not None:
+        runner.enable_step_cache(StepCacheSettings(method=method, threshold=threshold))
+    return runner
+
+
+def one_run(runner, params: GenerationParams) -> dict:
+    """Prepare, every step, decode of one row; the seconds of each part and the frames."""
+    started = time.perf_counter()
+    state = runner.prepare(["bench"], [params], params.seeds)
+    prepared = time.perf_counter()
+    while not state.done_denoising:
+        runner.denoise_step(state)
+    denoised = time.perf_counter()
+    frames = runner.decode(state, 0)
+    done = time.perf_counter()
+    stats = runner.step_cache_stats(state, 0)
+    return {"denoise_s": denoised - prepared, "total_s": done - started, "frames": frames,
+            "forwards": stats.num_forwards if stats else None,
+            "skipped": stats.num_forwards_skipped if stats else 0}
+
+
+def psnr(ours: np.ndarray, reference: np.ndarray) -> float:
+    mse = float(np.mean((ours.astype(np.float64) - reference.astype(np.float64)) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(1.0 / mse)
+
+
+def measure(model: Path, args: argparse.Namespace) -> dict:
+    width, height = (int(v) for v in args.size.lower().split("x"))
+    variants = [("none", None, None)] + [(m, m, None) for m in METHODS]
+    variants += [(f"seacache@{t:g}", "seacache", t) for t in args.seacache_thresholds]
+    runners = {name: load(model, method, threshold) for name, method, threshold in variants}
+    results: dict = {}
+    for guidance in args.guidance:
+        params = {name: GenerationParams(
+            prompt=PROMPT, width=width, height=height, num_frames=args.frames,
+            num_inference_steps=args.steps, guidance_scale=guidance, seeds=[7], fps=24.0,
+            step_cache=name != "none") for name in runners}
+        runs: dict[str, list[dict]] = {name: [] for name in runners}
+        for name in runners:  # warm-up (allocator, kernels)
+            one_run(runners[name], params[name])
+        for _ in range(args.repeats):
+            for name, runner in runners.items():
+                runs[name].append(one_run(runner, params[name]))
+        base = runs["none"]
+        base_denoise = statistics.median(r["denoise_s"] for r in base)
+        base_total = statistics.median(r["total_s"] for r in base)
+        for name, items in runs.items():
+            denoise = statistics.median(r["denoise_s"] for r in items)
+            total = statistics.median(r["total_s"] for r in items)
+            results.setdefault(name, {})[f"guidance_{guidance:g}"] = {
+                "denoise_s": round(denoise, 3), "total_s": round(total, 3),
+                "denoise_speedup": round(base_denoise / denoise, 3),
+                "total_speedup": round(base_total / total, 3),
+                "forwards": items[0]["forwards"] or args.steps * (2 if guidance != 1 else 1),
+                "forwards_skipped": items[0]["skipped"],
+                "psnr_db": round(psnr(items[0]["frames"], base[0]["frames"]), 2)}
+    return results
+
+
+def table(results: dict) -> str:
+    lines = ["| method | guidance | denoise s | denoise speedup | request speedup | forwards "
+             "skipped | PSNR vs uncached (dB) |", "|---|---|---|---|---|---|---|"]
+    for name, by_guidance in results.items():
+        for guidance, r in by_guidance.items():
+            lines.append(f"| {name} | {guidance.removeprefix('guidance_')} | {r['denoise_s']} | "
+                         f"{r['denoise_speedup']}x | {r['total_speedup']}x | "
+                         f"{r['forwards_skipped']}/{r['forwards']} | {r['psnr_db']} |")
+    for name, why in UNSUPPORTED_STEP_CACHES.items():
+        lines.append(f"| {name} | - | not run on Cosmos3: {why} | | | | |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=("wide", "dev"), default="wide",
+                        help="wide: the dev Cosmos3 widened to hidden 256 x 4 layers (the "
+                             "transformer dominates, as at full size); dev: the tiny default")
+    parser.add_argument("--model-path", type=Path, default=None)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--size", default="64x64")
+    parser.add_argument("--frames", type=int, default=9)
+    parser.add_argument("--guidance", type=float, nargs="+", default=[6.0, 1.0])
+    parser.add_argument("--seacache-thresholds", type=float, nargs="*", default=[0.5])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model_path or build(args.model, Path(tmp) / args.model)
+        results = measure(model, args)
+    print(table(results))
+    print(json.dumps({"step_cache": results, "model": args.model, "steps": args.steps,
+                      "size": args.size, "frames": args.frames, "repeats": args.repeats}))
+
+
+if __name__ == "__main__":
+    main()
