@@ -152,7 +152,9 @@ class Cosmos3Runner(DiffusersAdminOps):
                 "dtype": str(self.pipe.transformer.dtype).removeprefix("torch."),
                 "device": str(self.device), "lora_supported": True,
                 "lora": self.lora.describe(), "sound": self.supports_sound,
-                "action_generation": self.supports_actions}
+                "action_generation": self.supports_actions,
+                "step_cache": (self.step_cache.settings.method if self.step_cache is not None
+                               else None)}
 
     def _features(self) -> RunnerFeatures:
         from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
