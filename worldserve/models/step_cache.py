@@ -71,8 +71,12 @@ class StepCacheForward:
     skipped: bool = False
 
 
-def _make_hook(base: type, owner: StepCache, plain_forward: Any) -> Any:
-    class BypassHook(base):  # type: ignore[misc, valid-type]
+def _bypass_hook(owner: StepCache, plain_forward: Any) -> Any:
+    """A hook registered outside one module's cache hooks: while `owner.bypass` is set (a row
+    that does not cache), the module runs the forward it had before the cache was enabled."""
+    from diffusers.hooks import ModelHook
+
+    class BypassHook(ModelHook):
         def new_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
             if owner.bypass:
                 return plain_forward(*args, **kwargs)
@@ -102,9 +106,10 @@ class StepCache:
                        if m.__dict__.get("forward") is not before[id(m)]]
         for module in self.hooked:  # outermost: registered after the cache hooks
             HookRegistry.check_if_exists_or_initialize(module).register_hook(
-                _make_hook(_model_hook(), self, plain[id(module)]), _BYPASS_HOOK)
+                _bypass_hook(self, plain[id(module)]), _BYPASS_HOOK)
         HookRegistry.check_if_exists_or_initialize(transformer) \
             .invalidate_child_registries_cache()
+        self._managers = self._find_state_managers()  # the hooks never change after this
         blocks = getattr(transformer, block_list)
         self._calls = 0
         # A submodule of the last block (`probe`): it runs only when the block's forward runs.
@@ -132,7 +137,7 @@ class StepCache:
     def release(self, names: list[str]) -> None:
         """Drop the hooks' state of these context names (a finished or cancelled row)."""
         wanted = set(names)
-        for manager in self._state_managers():
+        for manager in self._managers:
             cache = manager._state_cache  # diffusers keeps no public per-name removal
             for name in wanted.intersection(cache):
                 state = cache.pop(name)
@@ -141,9 +146,9 @@ class StepCache:
 
     def num_contexts(self) -> int:
         """Context states the hooks hold now, over every hook (tests: freed after a job)."""
-        return sum(len(manager._state_cache) for manager in self._state_managers())
+        return sum(len(manager._state_cache) for manager in self._managers)
 
-    def _state_managers(self) -> list[Any]:
+    def _find_state_managers(self) -> list[Any]:
         from diffusers.hooks.hooks import StateManager
 
         managers: dict[int, Any] = {}
@@ -156,9 +161,3 @@ class StepCache:
                     if isinstance(value, StateManager):
                         managers[id(value)] = value
         return list(managers.values())
-
-
-def _model_hook() -> type:
-    from diffusers.hooks import ModelHook
-
-    return ModelHook
