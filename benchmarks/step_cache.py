@@ -6,8 +6,10 @@ contexts), timed over --repeats runs (median, methods interleaved per repeat so 
 hits all alike). Reported per method: the denoising speed ratio against no cache (and the
 whole request's, with prompt encoding and the VAE decode), the transformer forwards skipped, and
 the PSNR of the decoded frames against the uncached frames of the same seed. Ratios are given
-on the process's CPU seconds (stable on a shared, loaded machine: other processes' load does
-not count) and on wall seconds.
+on the main thread's CPU seconds (with --threads 1, torch computes on that thread: the most
+stable figure on a shared, loaded machine) and on wall seconds; `ideal` is forwards / forwards
+run, what the ratio would be if a skipped forward cost nothing and a run one no more than
+without the cache.
 
 Random weights make PSNR a weak signal: a random transformer's velocity is not smooth along
 the trajectory, so a reused residual is off by more than a trained model's would be. With
@@ -16,7 +18,7 @@ is the smoother case. FBCache, MagCache and TeaCache do not run on Cosmos3 in di
 (models/step_cache.py says why) and are listed as such.
 
     .venv/bin/python benchmarks/step_cache.py [--model wide|dev] [--steps 30] [--size 64x64]
-        [--frames 9] [--repeats 3] [--threads 2]
+        [--frames 9] [--repeats 3] [--threads 1] [--seacache-thresholds 0.1 ...]
 
 Prints a table, then one JSON line: {"step_cache": {method: {guidance: {...}}}, ...}.
 """
@@ -63,14 +65,14 @@ def load(model: Path, method: str | None, threshold: float | None) -> object:
 
 def one_run(runner, params: GenerationParams) -> dict:
     """Prepare, every step, decode of one row; the seconds of each part and the frames."""
-    started, started_cpu = time.perf_counter(), time.process_time()
+    started, started_cpu = time.perf_counter(), time.thread_time()
     state = runner.prepare(["bench"], [params], params.seeds)
-    prepared, prepared_cpu = time.perf_counter(), time.process_time()
+    prepared, prepared_cpu = time.perf_counter(), time.thread_time()
     while not state.done_denoising:
         runner.denoise_step(state)
-    denoised, denoised_cpu = time.perf_counter(), time.process_time()
+    denoised, denoised_cpu = time.perf_counter(), time.thread_time()
     frames = runner.decode(state, 0)
-    done, done_cpu = time.perf_counter(), time.process_time()
+    done, done_cpu = time.perf_counter(), time.thread_time()
     stats = runner.step_cache_stats(state, 0)
     return {"denoise_s": denoised - prepared, "total_s": done - started,
             "denoise_cpu_s": denoised_cpu - prepared_cpu, "total_cpu_s": done_cpu - started_cpu,
@@ -107,6 +109,7 @@ def measure(model: Path, args: argparse.Namespace) -> dict:
             return statistics.median(r[key] for r in items)
 
         for name, items in runs.items():
+            forwards = items[0]["forwards"] or args.steps * (2 if guidance != 1 else 1)
             figures = {key: round(median(items, key), 3) for key in
                        ("denoise_s", "total_s", "denoise_cpu_s", "total_cpu_s")}
             results.setdefault(name, {})[f"guidance_{guidance:g}"] = {
@@ -117,24 +120,26 @@ def measure(model: Path, args: argparse.Namespace) -> dict:
                                              / figures["denoise_cpu_s"], 3),
                 "total_speedup_cpu": round(median(base, "total_cpu_s")
                                            / figures["total_cpu_s"], 3),
-                "forwards": items[0]["forwards"] or args.steps * (2 if guidance != 1 else 1),
+                "forwards": forwards,
                 "forwards_skipped": items[0]["skipped"],
+                "ideal_speedup": round(forwards / max(1, forwards - items[0]["skipped"]), 3),
                 "psnr_db": round(psnr(items[0]["frames"], base[0]["frames"]), 2)}
     return results
 
 
 def table(results: dict) -> str:
     lines = ["| method | guidance | denoise CPU s | denoise speedup (CPU s) | request speedup "
-             "(CPU s) | denoise speedup (wall) | forwards skipped | PSNR vs uncached (dB) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "(CPU s) | denoise speedup (wall) | forwards skipped | ideal | PSNR vs uncached "
+             "(dB) |", "|---|---|---|---|---|---|---|---|---|"]
     for name, by_guidance in results.items():
         for guidance, r in by_guidance.items():
             lines.append(f"| {name} | {guidance.removeprefix('guidance_')} | "
                          f"{r['denoise_cpu_s']} | {r['denoise_speedup_cpu']}x | "
                          f"{r['total_speedup_cpu']}x | {r['denoise_speedup']}x | "
-                         f"{r['forwards_skipped']}/{r['forwards']} | {r['psnr_db']} |")
+                         f"{r['forwards_skipped']}/{r['forwards']} | {r['ideal_speedup']}x | "
+                         f"{r['psnr_db']} |")
     for name, why in UNSUPPORTED_STEP_CACHES.items():
-        lines.append(f"| {name} | - | not run on Cosmos3: {why} | | | | | |")
+        lines.append(f"| {name} | - | not run on Cosmos3: {why} | | | | | | |")
     return "\n".join(lines)
 
 
@@ -151,7 +156,9 @@ def main() -> None:
     parser.add_argument("--seacache-thresholds", type=float, nargs="*", default=[],
                         help="extra SeaCache thresholds to run besides the default")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads; with 1 the CPU-second figures are this thread's "
+                             "own, which other processes' load does not inflate")
     args = parser.parse_args()
 
     import torch
