@@ -213,6 +213,46 @@ ATTENTION_BACKENDS = (
     "_native_npu", "_native_xla", "sage", "sage_hub", "sage_blackwell_hub", "sage_varlen",
     "_sage_qk_int8_pv_fp8_cuda", "_sage_qk_int8_pv_fp8_cuda_sm90",
     "_sage_qk_int8_pv_fp16_cuda", "_sage_qk_int8_pv_fp16_triton", "xformers")
+# diffusers cache hooks that do not run on Cosmos3 in diffusers 0.42.1, and why.
+UNSUPPORTED_STEP_CACHES = {
+    "fbcache": "diffusers' FBCache reads the block input as `hidden_states`, which Cosmos3's "
+               "decoder layer does not take (it fails at the first forward)",
+    "magcache": "MagCache needs mag_ratios calibrated for the checkpoint and none are "
+                "published for Cosmos3",
+    "teacache": "TeaCache has no Cosmos3 coefficients",
+}
+
+
+class StepCacheConfig(_Frozen):
+    """Step caching on the generation transformer (docs/generation.md, "Step caching"): the
+    diffusers cache hooks are installed at startup when the model's family declares support;
+    a request caches when it sends `enable_teacache: true`, or, with `default: true`, unless it
+    sends `enable_teacache: false`."""
+
+    enabled: bool = True  # false: no hooks; enable_teacache: true is a 400
+    method: Literal["seacache", "taylorseer"] = "seacache"
+    threshold: float | None = Field(default=None, ge=0, le=10)  # None: the method's default
+    interval: int | None = Field(default=None, ge=1, le=100)  # taylorseer: full-forward period
+    default: bool = False  # requests that omit enable_teacache cache too
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_method(cls, data: Any) -> Any:
+        method = str(data.get("method", "")).lower() if isinstance(data, dict) else ""
+        why = UNSUPPORTED_STEP_CACHES.get(method)
+        if why is not None:
+            raise ValueError(f"step_cache.method {method}: {why}; use seacache or taylorseer")
+        return data
+
+    @model_validator(mode="after")
+    def _knob_fits_method(self) -> StepCacheConfig:
+        if self.method == "taylorseer" and self.threshold is not None:
+            raise ValueError("step_cache.threshold does not apply to taylorseer; set "
+                             "step_cache.interval (a full forward every N steps)")
+        if self.method != "taylorseer" and self.interval is not None:
+            raise ValueError(f"step_cache.interval applies to taylorseer only; {self.method} "
+                             f"takes step_cache.threshold")
+        return self
 
 
 class GenerationStageConfig(StageConfig):
@@ -268,6 +308,8 @@ class GenerationStageConfig(StageConfig):
                              "only; with parallel ranks keep attention_backend: native and "
                              "compile: false")
         return self
+    # Step caching (`enable_teacache`); installed only where the model's family supports it.
+    step_cache: StepCacheConfig = Field(default_factory=StepCacheConfig)
 
     @model_validator(mode="before")
     @classmethod

@@ -129,6 +129,10 @@ class GenerationCapabilities(StageCapabilities, tag="generation"):
     action_generation: ActionGenerationCapabilities | None = None
     action_api: ActionApi | None = None
     flow_shift: bool = False  # a request's flow_shift sets its scheduler's shift
+    # Step caching (`enable_teacache`): the methods the model can cache with ((): none, the
+    # field is a 400) and the one this stage runs (stages.generation.step_cache; None: off).
+    step_cache_methods: tuple[str, ...] = ()
+    step_cache: str | None = None
     # The checkpoint's NIM profile (models/cosmos3/profile.py): variant None when it has none;
     # `model_modes` None: every mode the pipeline supports (else a specialist's only modes).
     variant: str | None = None

@@ -167,6 +167,9 @@ class GenerationParams(msgspec.Struct, kw_only=True):
     condition_frame_indexes_vision: list[int] | None = None
     condition_video_keep: str | None = None  # first | last
     action: ActionCondition | None = None
+    # Step caching (SGLang's `enable_teacache`): None = the stage's default
+    # (stages.generation.step_cache.default), True / False = this request's choice.
+    step_cache: bool | None = None
 
 
 class GenerateMedia(Request):
@@ -211,6 +214,15 @@ class ActionOutput(msgspec.Struct, kw_only=True):
     domain_id: int | None = None
 
 
+class StepCacheReport(msgspec.Struct, kw_only=True):
+    """Step caching of one request: its transformer forwards over all its outputs, and how many
+    of them reused cached work instead of running every block."""
+
+    method: str
+    num_forwards: int
+    num_forwards_skipped: int
+
+
 class GenerationResult(Reply):
     """`stage_durations`: seconds per phase (encode: prompts and latents; denoise; decode; mux:
     writing the files), wall time of the steps the request was in (a batch's steps count for
@@ -224,6 +236,7 @@ class GenerationResult(Reply):
     peak_memory_mb: float | None = None
     stage_durations: dict[str, float] = {}
     actions: list[ActionOutput] = []  # one per output, for action runs that predict actions
+    step_cache: StepCacheReport | None = None  # None: the request did not cache
 
 
 class GenerationCancelled(Reply):

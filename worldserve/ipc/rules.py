@@ -33,6 +33,12 @@ def check_generation(params: GenerationParams, caps: GenerationCapabilities,
     if params.condition_images and params.condition_video is not None:
         raise InvalidRequest("give either an image (input_reference) or a video (video_path, "
                              "video_url or video_reference), not both", param="input_reference")
+    if params.step_cache and caps.step_cache is None:
+        why = ("it is turned off on this server (stages.generation.step_cache.enabled)"
+               if caps.step_cache_methods else
+               "this model does not support it (its family declares no cache method)")
+        raise InvalidRequest(f"enable_teacache: step caching is not available: {why}",
+                             param="enable_teacache")
     if not params.seeds:
         raise InvalidRequest("at least one output is required", param="n")
     if params.num_inference_steps <= 0:

@@ -169,6 +169,29 @@ class RunnerFeatures:
     # engine declares "flow_head" for a separate action head (ipc/capabilities.py ActionApi).
     action_api: str | None = None
     action_resolution_tiers: tuple[int, ...] | None = None  # None: the protocol's defaults
+    # Step-cache methods the runner can run per request (models/step_cache.py); (): none, and a
+    # request's `enable_teacache: true` is a 400.
+    step_cache_methods: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StepCacheSettings:
+    """A stage's step-cache method and its knob (None: the method's default;
+    models/step_cache.py turns it into diffusers' config)."""
+
+    method: str
+    threshold: float | None = None
+    interval: int | None = None  # TaylorSeer: a full forward every `interval` steps
+
+
+@dataclass(frozen=True)
+class StepCacheStats:
+    """One output row's transformer forwards under step caching, and how many of them reused
+    cached work instead of running every block."""
+
+    method: str
+    num_forwards: int
+    num_forwards_skipped: int
 
 
 def feature_capabilities(features: RunnerFeatures, *, action_head: bool = False) -> dict[str, Any]:
@@ -188,4 +211,5 @@ def feature_capabilities(features: RunnerFeatures, *, action_head: bool = False)
             "exact_num_frames": features.exact_num_frames, "sound": features.sound,
             "sound_sample_rate": features.sound_sample_rate,
             "video_conditioning": features.video_conditioning, "action_generation": actions,
-            "action_api": action_api, "flow_shift": features.flow_shift}
+            "action_api": action_api, "flow_shift": features.flow_shift,
+            "step_cache_methods": tuple(features.step_cache_methods)}

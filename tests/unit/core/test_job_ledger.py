@@ -84,7 +84,7 @@ def test_records_of_earlier_versions_load_and_recover(tmp_path: Path) -> None:
     assert json.loads(record.to_json()) == {**OLD_RECORD, "num_input_images": 0,
                                             "response_format": None, "inference_time_s": None,
                                             "peak_memory_mb": None, "action": None,
-                                            "stage_durations": {}}
+                                            "stage_durations": {}, "step_cache": None}
     ledger = JobLedger(tmp_path / "out", ttl_s=0, max_records=0)
     ledger.insert(record)
     restarted = JobLedger(tmp_path / "out", ttl_s=0, max_records=0)

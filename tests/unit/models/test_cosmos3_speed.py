@@ -5,6 +5,7 @@ missing), the stage fields and /admin/model_info."""
 
 from __future__ import annotations
 
+import msgspec
 import pydantic
 import pytest
 import torch
@@ -15,6 +16,7 @@ from worldserve.engines.generation.engine import GenerationEngine
 from worldserve.ipc.messages import ActionCondition, GenerationParams, ModelInfoRequest
 from worldserve.models import registry
 from worldserve.models.speed import check_attention_backend
+from worldserve.models.step_cache import StepCacheSettings
 from worldserve.models.types import ModelLoadError
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -162,21 +164,27 @@ def test_model_info_reports_the_levers(cosmos3_dir, tmp_path):
                                          "compile_s": None, "understanding_kv_reuse": True}
 
 
-def test_reuse_stands_aside_while_a_step_cache_is_enabled(cosmos3_dir):
-    # TaylorSeer: a diffusers cache that runs on Cosmos3 (FirstBlockCache fails on its
-    # `hidden_states`-less block signature in diffusers 0.42.1)
-    from diffusers import TaylorSeerCacheConfig
-
+def test_reuse_runs_beside_the_step_cache_for_rows_that_do_not_cache(cosmos3_dir):
+    # The engine's order: reuse processors, then the step-cache hooks (installed at startup
+    # for every Cosmos3 stage; a row caches only when its request asks).
+    settings = StepCacheSettings(method="taylorseer")
+    plain = registry.load_runner("generation", cosmos3_dir)
     cached_plain = registry.load_runner("generation", cosmos3_dir)
-    cached_reusing = registry.load_runner("generation", cosmos3_dir)
-    cached_reusing.configure_speed(understanding_kv_reuse=True)
-    for runner in (cached_plain, cached_reusing):
-        runner.pipe.transformer.enable_cache(
-            TaylorSeerCacheConfig(cache_interval=2, disable_cache_before_step=1))
+    cached_plain.enable_step_cache(settings)
+    both = registry.load_runner("generation", cosmos3_dir)
+    both.configure_speed(understanding_kv_reuse=True)
+    both.enable_step_cache(settings)
     p = params(num_frames=1, width=32, height=32)
-    state = cached_reusing.prepare(["r"], [p], p.seeds)
-    cached_reusing.denoise_step(state)
+    state = both.prepare(["r"], [p], p.seeds)
+    both.denoise_step(state)
+    assert set(state.rows[0].understanding_kv) == {"cond", "uncond"}  # recorded: it reuses
+    while not state.done_denoising:
+        both.denoise_step(state)
+    assert_same_rows(state.rows[0], denoised(plain, p))
+    caching = msgspec.structs.replace(p, step_cache=True)
+    state = both.prepare(["c"], [caching], caching.seeds)
+    both.denoise_step(state)
     assert state.rows[0].understanding_kv == {}  # nothing recorded: the cache hooks run alone
     while not state.done_denoising:
-        cached_reusing.denoise_step(state)
-    assert_same_rows(state.rows[0], denoised(cached_plain, p))
+        both.denoise_step(state)
+    assert_same_rows(state.rows[0], denoised(cached_plain, caching))

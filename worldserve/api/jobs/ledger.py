@@ -19,6 +19,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from worldserve.api.jobs.params import MediaRequest
 from worldserve.api.jobs.records import (
     LIVE_STATUSES,
@@ -149,6 +151,8 @@ class JobLedger:
                           inference_time_s=result.inference_time_s,
                           peak_memory_mb=result.peak_memory_mb or 0.0,
                           stage_durations=dict(result.stage_durations),
+                          step_cache=(msgspec.to_builtins(result.step_cache)
+                                      if result.step_cache is not None else None),
                           action=record.action or predicted,
                           size=f"{result.width}x{result.height}")
         if not moved:

@@ -154,6 +154,7 @@ def _params(req: SamplingFields, defaults: GenerationDefaults, size: tuple[int, 
         seeds=_seeds(req, defaults.seed, warnings),
         max_sequence_length=max_len or defaults.max_sequence_length,
         lora=parse_lora(req.lora),
+        step_cache=req.enable_teacache,
     )
 
 

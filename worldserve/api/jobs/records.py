@@ -74,6 +74,8 @@ class JobRecord(msgspec.Struct, kw_only=True):
     inference_time_s: float | None = None
     peak_memory_mb: float | None = None
     stage_durations: dict[str, float] = {}  # seconds per phase (encode, denoise, decode, mux)
+    # step caching: {method, num_forwards, num_forwards_skipped}; None: the job did not cache
+    step_cache: dict[str, Any] | None = None
 
     def to_json(self) -> bytes:
         return msgspec.json.encode(self)

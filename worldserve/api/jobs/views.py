@@ -62,6 +62,7 @@ def job_object(record: JobRecord, paths: list[Path], *, base_url: str,
         "peak_memory_mb": record.peak_memory_mb or 0.0,
         "inference_time_s": record.inference_time_s,
         "stage_durations": dict(record.stage_durations),
+        "step_cache": record.step_cache,
         "revised_prompt": record.revised_prompt, "action": record.action,
     }
 
@@ -95,6 +96,7 @@ def image_response(record: JobRecord, paths: list[Path], *, base_url: str,
             "peak_memory_mb": record.peak_memory_mb or 0.0,
             "inference_time_s": record.inference_time_s,
             "stage_durations": dict(record.stage_durations),
+            "step_cache": record.step_cache,
             "usage": {"image_count": len(paths)}}
 
 

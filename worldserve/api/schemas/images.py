@@ -36,7 +36,9 @@ class SamplingFields(_Open):
     generator_device: str | None = "cuda"
     output_quality: Literal["maximum", "high", "medium", "low", "default"] | None = "default"
     output_compression: int | None = Field(default=None, ge=0, le=100)
-    enable_teacache: bool | None = False
+    # Step caching for this request (SGLang's field): true / false; omitted: the server's
+    # default (stages.generation.step_cache.default). A 400 where the model cannot cache.
+    enable_teacache: bool | None = None
     max_sequence_length: int | None = None
     flow_shift: float | None = None
     enable_upscaling: bool | None = False
@@ -70,4 +72,5 @@ class ImageResponse(BaseModel):
     data: list[ImageData]
     peak_memory_mb: float | None = None
     inference_time_s: float | None = None
+    step_cache: dict[str, Any] | None = None  # {method, num_forwards, num_forwards_skipped}
     usage: dict[str, int] | None = None

@@ -87,6 +87,8 @@ class VideoJob(BaseModel):
     peak_memory_mb: float = 0.0
     inference_time_s: float | None = None
     stage_durations: dict[str, float] = {}
+    # step caching of a completed job: {method, num_forwards, num_forwards_skipped}; None: off
+    step_cache: dict[str, Any] | None = None
     revised_prompt: str | None = None
     action: dict[str, Any] | None = None
     deleted: bool | None = None

@@ -12,7 +12,7 @@ import numpy as np
 
 from worldserve.engines.generation.contract import RunnerBatch
 from worldserve.ipc.messages import ActionsResult, GenerateActions, GenerateMedia, GenerationParams
-from worldserve.models.types import RowExtras
+from worldserve.models.types import RowExtras, StepCacheStats
 from worldserve.runtime.engine import ReplyFn
 
 
@@ -37,7 +37,8 @@ def batch_key(params: GenerationParams) -> Hashable | None:
         return None
     return (params.width, params.height, params.num_frames, params.num_inference_steps,
             params.guidance_scale, params.guidance_scale_2, params.max_sequence_length,
-            params.flow_shift, tuple((ref.name, ref.scale) for ref in params.lora))
+            params.flow_shift, tuple((ref.name, ref.scale) for ref in params.lora),
+            params.step_cache)
 
 
 @dataclass(eq=False)
@@ -101,6 +102,7 @@ class RunningBatch:
     state: RunnerBatch | None = None
     decoded: dict[int, np.ndarray] = field(default_factory=dict)  # row -> uint8 frames
     extras: dict[int, RowExtras | None] = field(default_factory=dict)  # row -> sound, actions
+    cache_stats: dict[int, StepCacheStats | None] = field(default_factory=dict)  # row -> forwards
     next_row: int = 0
 
     @property

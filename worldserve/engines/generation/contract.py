@@ -13,7 +13,12 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from worldserve.ipc.messages import ActionsResult, GenerateActions, GenerationParams
-from worldserve.models.types import RowExtras, RunnerFeatures
+from worldserve.models.types import (
+    RowExtras,
+    RunnerFeatures,
+    StepCacheSettings,
+    StepCacheStats,
+)
 
 
 class RunnerBatch(Protocol):
@@ -104,6 +109,17 @@ class LoraRunner(Protocol):
 
     def activate_lora(self, selection: LoraSelection) -> None:
         """Make exactly `selection` active for the next forward (no adapter for ())."""
+
+
+@runtime_checkable
+class StepCacheRunner(Protocol):
+    """Step caching per request row (`features.step_cache_methods` names the methods)."""
+
+    def enable_step_cache(self, settings: StepCacheSettings) -> None:
+        """Install the cache hooks once, at startup; rows cache when their params ask."""
+
+    def step_cache_stats(self, state: Any, row: int) -> StepCacheStats | None:
+        """A row's forwards and skipped forwards (None: the row did not cache)."""
 
 
 @runtime_checkable

@@ -28,7 +28,12 @@ from worldserve.engines.generation.batch import (
     ScheduledRequest,
     SchedulerOutput,
 )
-from worldserve.engines.generation.contract import ActionRunner, GenerationRunner, SpeedRunner
+from worldserve.engines.generation.contract import (
+    ActionRunner,
+    GenerationRunner,
+    SpeedRunner,
+    StepCacheRunner,
+)
 from worldserve.engines.generation.outputs import (
     action_output,
     output_names,
@@ -53,9 +58,10 @@ from worldserve.ipc.messages import (
     GenerationProgress,
     GenerationResult,
     Request,
+    StepCacheReport,
 )
 from worldserve.models import registry
-from worldserve.models.types import ModelLoadError, feature_capabilities
+from worldserve.models.types import ModelLoadError, StepCacheSettings, feature_capabilities
 from worldserve.runtime.devices import resolve_in_process
 from worldserve.runtime.engine import EngineState, ReplyFn
 
@@ -79,6 +85,7 @@ class GenerationEngine:
         if runner is None:  # an injected runner comes configured
             _configure_speed(self.runner, stage_config)
         self.pipe = self.runner.pipe
+        self.step_cache = _enable_step_cache(stage_config, self.runner)
         self.actions: ActionRunner | None = registry.load_actions(path)
         self.defaults = self.runner.features.defaults  # the family's, for this checkpoint
         self.model_name = served_model_name(stage_config, path)
@@ -117,6 +124,7 @@ class GenerationEngine:
             actions=ActionHeadCapabilities(**self.actions.metadata()) if self.actions else None,
             variant=self.profile.variant, precision=self.profile.precision,
             model_modes=self.profile.model_modes,
+            step_cache=self.step_cache,
             **feature_capabilities(self.runner.features, action_head=self.actions is not None),
         )
 
@@ -148,6 +156,8 @@ class GenerationEngine:
         self.admin.check_servable()
         params = msg.params
         params.num_frames = self.runner.snap_frames(params.num_frames)
+        if params.step_cache is None:  # the request left it to the server
+            params.step_cache = self.step_cache is not None and self.config.step_cache.default
         self.runner.check(params)
         params.lora = self.admin.resolve(params.lora)
         output_names(msg.output_stem, msg.output_format, len(params.seeds))  # validates
@@ -231,6 +241,8 @@ class GenerationEngine:
             self.runner.denoise_step(batch.state)
         elif scheduled.phase is Phase.DECODE:
             row = batch.next_row
+            if isinstance(self.runner, StepCacheRunner):
+                batch.cache_stats[row] = self.runner.step_cache_stats(batch.state, row)
             return RunnerOutput(frames=to_uint8(self.runner.decode(batch.state, row)),
                                 extras=self.runner.extras(batch.state, row))
         else:
@@ -319,7 +331,8 @@ class GenerationEngine:
             height=int(frames.shape[1]), num_frames=int(frames.shape[0]),
             inference_time_s=time.perf_counter() - job.started_s, peak_memory_mb=_peak_memory_mb(),
             stage_durations={k: round(v, 6) for k, v in job.durations.items()},
-            actions=[a for a in actions if a is not None]))
+            actions=[a for a in actions if a is not None],
+            step_cache=_step_cache_report([batch.cache_stats.get(row) for row in rows])))
 
     # ------------------------------------------------------------------ failures
 
@@ -356,6 +369,31 @@ def _rows_per_batch(config: GenerationStageConfig, runner: GenerationRunner) -> 
     return max(1, min(config.max_batch_size, runner.max_batch_size))
 
 
+
+
+def _enable_step_cache(config: GenerationStageConfig, runner: GenerationRunner) -> str | None:
+    """Install the runner's step-cache hooks when its family supports them; the method in use
+    (None: no step caching on this stage)."""
+    wanted = config.step_cache
+    methods = runner.features.step_cache_methods
+    if not wanted.enabled or not methods or not isinstance(runner, StepCacheRunner):
+        return None
+    if wanted.method not in methods:
+        raise ValueError(f"stages.generation.step_cache.method={wanted.method!r}: this model "
+                         f"caches with {', '.join(methods)}")
+    runner.enable_step_cache(StepCacheSettings(method=wanted.method, threshold=wanted.threshold,
+                                               interval=wanted.interval))
+    return wanted.method
+
+
+def _step_cache_report(stats: list[Any]) -> StepCacheReport | None:
+    """One request's step caching over its rows (None: it did not cache)."""
+    rows = [s for s in stats if s is not None]
+    if not rows:
+        return None
+    return StepCacheReport(method=rows[0].method,
+                           num_forwards=sum(s.num_forwards for s in rows),
+                           num_forwards_skipped=sum(s.num_forwards_skipped for s in rows))
 
 
 def _as_error(exc: Exception) -> WorldserveError:

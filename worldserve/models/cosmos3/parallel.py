@@ -18,12 +18,14 @@ the request (a CPU generator seeded per row), so rank 0 may refuse a request alo
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from worldserve.errors import NotSupported
+from worldserve.models.cosmos3 import checks
 from worldserve.models.cosmos3.parallel_attention import Cosmos3SequenceParallel
 from worldserve.models.cosmos3.parallel_load import load_sharded_pipeline
 from worldserve.models.cosmos3.parallel_vae import can_split, decode_strips
@@ -59,6 +61,10 @@ class ParallelCosmos3Runner(Cosmos3Runner):
         self.mesh = mesh
         self.layout = mesh.layout
         self.shards = shards
+        # No step caching across ranks: each rank's hooks would decide on its own slice of the
+        # sequence, so ranks could disagree on skipping a forward (a hung collective).
+        self.features = dataclasses.replace(self.features, step_cache_methods=())
+        self.declaration = checks.declaration(self)
         if shards is not None:  # the placeholders count 0: add the blocks' real size
             self.num_params += shards.num_params
         self.sequence = None

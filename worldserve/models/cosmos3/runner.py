@@ -17,10 +17,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import torch
 
@@ -35,7 +38,8 @@ from worldserve.models.cosmos3.loader import load_pipeline
 from worldserve.models.dev import checkpoint_defaults
 from worldserve.models.diffusers_admin import DiffusersAdminOps, LoraAdapters
 from worldserve.models.speed import NATIVE, CompileTimer, apply_attention_backend, compile_blocks
-from worldserve.models.types import RowExtras, RunnerFeatures
+from worldserve.models.step_cache import METHODS, StepCache, StepCacheSettings
+from worldserve.models.types import RowExtras, RunnerFeatures, StepCacheStats
 
 SAMPLING_DTYPE = torch.float32
 log = logging.getLogger("worldserve.models.cosmos3")
@@ -64,6 +68,16 @@ class RowState:
     device: Any  # the pipeline's execution device, resolved once per row
     # "cond" / "uncond" -> that prompt's recorded understanding K/V (models/cosmos3/kv_reuse.py)
     understanding_kv: dict[str, Any] = field(default_factory=dict)
+    # Step caching (models/step_cache.py): this row's cache context prefix, whether it caches,
+    # and its transformer forwards so far (skipped: cached work reused).
+    cache_key: str = ""
+    step_cache: bool = False
+    num_forwards: int = 0
+    num_forwards_skipped: int = 0
+
+    @property
+    def cache_names(self) -> list[str]:
+        return [f"{self.cache_key}/cond", f"{self.cache_key}/uncond"]
 
 
 @dataclass
@@ -76,6 +90,8 @@ class Cosmos3Batch:
     step_index: int = 0
     num_timesteps: int = 0
     extras_cache: dict[int, RowExtras] = field(default_factory=dict)
+    # frees a row's step-cache state (finished or cancelled rows); None: no step cache
+    release: Callable[[RowState], None] | None = None
 
     @property
     def num_steps(self) -> int:
@@ -86,6 +102,10 @@ class Cosmos3Batch:
         return self.step_index >= self.num_timesteps
 
     def keep_rows(self, keep: list[int]) -> None:
+        if self.release is not None:
+            for i, row in enumerate(self.rows):
+                if i not in keep:
+                    self.release(row)
         self.row_owner = [self.row_owner[i] for i in keep]
         self.rows = [self.rows[i] for i in keep]
 
@@ -126,6 +146,14 @@ class Cosmos3Runner(DiffusersAdminOps):
         self.attention_backend = NATIVE
         self.compile_timer = CompileTimer(False)
         self.kv_reuse: Any = None  # an UnderstandingKVReuse once configured
+        self.step_cache: StepCache | None = None
+
+    def enable_step_cache(self, settings: StepCacheSettings) -> None:
+        """Install the cache hooks (at startup); rows cache only when their request asks."""
+        if self.step_cache is not None:
+            raise RuntimeError("step caching is already enabled on this runner")
+        self.step_cache = StepCache(self.pipe.transformer, settings)
+        self.declaration = msgspec.structs.replace(self.declaration, step_cache=settings.method)
 
     def describe(self) -> dict[str, Any]:
         """GET /admin/model_info facts."""
@@ -133,7 +161,9 @@ class Cosmos3Runner(DiffusersAdminOps):
                 "dtype": str(self.pipe.transformer.dtype).removeprefix("torch."),
                 "device": str(self.device), "lora_supported": True,
                 "lora": self.lora.describe(), "sound": self.supports_sound,
-                "action_generation": self.supports_actions, "speed": self.describe_speed()}
+                "action_generation": self.supports_actions, "speed": self.describe_speed(),
+                "step_cache": (self.step_cache.settings.method if self.step_cache is not None
+                               else None)}
 
     def describe_speed(self) -> dict[str, Any]:
         """The speed levers in force (part of /admin/model_info)."""
@@ -187,6 +217,7 @@ class Cosmos3Runner(DiffusersAdminOps):
             action_domain_ids=({name: _EMBODIMENT_TO_DOMAIN_ID[name] for name in domains}
                                if domains is not None else None),
             action_api="world_model" if self.supports_actions else None,
+            step_cache_methods=METHODS,
             action_resolution_tiers=tuple(sorted(int(k) for k in _ACTION_RESOLUTION_BINS)))
 
     # ------------------------------------------------------------------ checks
@@ -206,9 +237,36 @@ class Cosmos3Runner(DiffusersAdminOps):
     def prepare(self, row_owner: list[str], rows: list[GenerationParams],
                 seeds: list[int]) -> Cosmos3Batch:
         states = [self._prepare_row(params, seed) for params, seed in zip(rows, seeds)]
+        for state, params in zip(states, rows):
+            self._attach_cache(state, bool(params.step_cache))
         return Cosmos3Batch(row_owner=row_owner, rows=states,
                             guidance_scale=rows[0].guidance_scale,
-                            num_timesteps=len(states[0].timesteps))
+                            num_timesteps=len(states[0].timesteps),
+                            release=self._release_row if self.step_cache is not None else None)
+
+    def _attach_cache(self, row: RowState, cached: bool) -> None:
+        """Give a row its own cache context names; their state goes when the row does."""
+        cache = self.step_cache
+        if cache is None:
+            if cached:
+                raise InvalidRequest("step caching is not enabled on this server",
+                                     param="enable_teacache")
+            return
+        row.cache_key, row.step_cache = cache.new_row_key(), cached
+        weakref.finalize(row, cache.release, row.cache_names)  # a batch dropped on failure
+
+    def _release_row(self, row: RowState) -> None:
+        if self.step_cache is not None:
+            self.step_cache.release(row.cache_names)
+
+    def step_cache_stats(self, state: Cosmos3Batch, row: int) -> StepCacheStats | None:
+        """A row's transformer forwards and how many reused cached work (None: not cached)."""
+        r = state.rows[row]
+        if not r.step_cache or self.step_cache is None:
+            return None
+        return StepCacheStats(method=self.step_cache.settings.method,
+                              num_forwards=r.num_forwards,
+                              num_forwards_skipped=r.num_forwards_skipped)
 
     def _prepare_row(self, params: GenerationParams, seed: int) -> RowState:
         """`__call__` steps 1-6 for one sample (same calls, same order)."""
@@ -348,6 +406,7 @@ class Cosmos3Runner(DiffusersAdminOps):
             for row in state.rows:
                 self._reset_precision(row)
                 row.understanding_kv.clear()  # the recorded K/V is of no use past the last step
+                self._release_row(row)
 
     def _step_row(self, row: RowState, i: int, guidance: float) -> None:
         from diffusers.pipelines.cosmos.mixed_precision import apply_cosmos3_mixed_precision_step
@@ -403,8 +462,7 @@ class Cosmos3Runner(DiffusersAdminOps):
                    if tokens["sound"] is not None else None)
         action_t = (torch.full((packed["num_noisy_action_tokens"],), timestep, device=device)
                     if tokens["action"] is not None else None)
-        with pipe.transformer.cache_context(name, step_index=i, sigma=sigma,
-                                            num_inference_steps=len(row.timesteps)), \
+        with self._forward(row, name, i, sigma), \
                 self._understanding_kv(row, name, packed["und_len"]), self.compile_timer:
             preds = pipe.transformer(
                 input_ids=packed["input_ids"], text_indexes=packed["text_indexes"],
@@ -443,15 +501,30 @@ class Cosmos3Runner(DiffusersAdminOps):
     def _understanding_kv(self, row: RowState, name: str, und_len: int) -> Any:
         """Record (first step) or replay (later steps) this prompt's understanding K/V; a plain
         forward when reuse is off, under the FP8 step schedule (it may switch understanding
-        linears between steps) or while a step cache is enabled (its hooks cache per-stream
+        linears between steps) or while the row caches steps (its hooks cache per-stream
         block outputs of the full length)."""
-        if (self.kv_reuse is None or row.mixed_precision.enabled
-                or getattr(self.pipe.transformer, "is_cache_enabled", False)):
+        if self.kv_reuse is None or row.mixed_precision.enabled or row.step_cache:
             return contextlib.nullcontext()
         from worldserve.models.cosmos3.kv_reuse import UnderstandingKV
 
         slot = row.understanding_kv.setdefault(name, UnderstandingKV())
         return self.kv_reuse.use(slot, und_len)
+
+    @contextlib.contextmanager
+    def _forward(self, row: RowState, name: str, i: int, sigma: float) -> Iterator[None]:
+        """One transformer call under the row's own cache context (`<row key>/cond`), counted;
+        a row that did not ask for caching runs as if no cache hook were installed."""
+        transformer = self.pipe.transformer
+        context = f"{row.cache_key}/{name}" if row.cache_key else name
+        with transformer.cache_context(context, step_index=i, sigma=sigma,
+                                       num_inference_steps=len(row.timesteps)):
+            if self.step_cache is None:
+                yield
+                return
+            with self.step_cache.forward(row.step_cache) as forward:
+                yield
+        row.num_forwards += 1
+        row.num_forwards_skipped += int(forward.skipped)
 
     def _reset_precision(self, row: RowState) -> None:
         from diffusers.pipelines.cosmos.mixed_precision import reset_cosmos3_mixed_precision
