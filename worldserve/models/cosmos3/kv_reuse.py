@@ -69,13 +69,13 @@ class UnderstandingKVReuse:
         self.processors: list[ReusingAttnProcessor] = []
         self.slot: UnderstandingKV | None = None
         self.replaying = False
+        self.transformer: Any = None
 
     def install(self, transformer: Any) -> None:
         if transformer._cp_shard_fn is not None or transformer._cp_gather_fn is not None:
             raise ValueError("understanding K/V reuse: the transformer's context-parallel seams "
                              "are taken (sequence parallelism); it cannot be combined with it")
-        transformer._cp_shard_fn = self.shard
-        transformer._cp_gather_fn = self.gather
+        self.transformer = transformer  # its seams are set only inside `use` (see there)
         self.processors = []
         for layer in transformer.layers:
             processor = ReusingAttnProcessor()
@@ -86,11 +86,15 @@ class UnderstandingKVReuse:
 
     @contextmanager
     def use(self, slot: UnderstandingKV, und_len: int) -> Iterator[None]:
-        """Run one forward against `slot` (recording it when empty)."""
+        """Run one forward against `slot` (recording it when empty). The seams are set for
+        this forward only: set for good, they would tell other hooks (SeaCache's) that the
+        transformer runs context-parallel."""
         if slot.recorded and slot.und_len != und_len:
             raise ValueError(f"understanding K/V recorded for und_len {slot.und_len}, "
                              f"asked to replay at {und_len}")
         self.slot, self.replaying = slot, slot.recorded
+        self.transformer._cp_shard_fn = self.shard
+        self.transformer._cp_gather_fn = self.gather
         for index, processor in enumerate(self.processors):
             if self.replaying:
                 processor.mode = "replay"
@@ -104,6 +108,7 @@ class UnderstandingKVReuse:
                 slot.values = [p.v_und for p in self.processors]
                 slot.und_len = und_len
         finally:
+            self.transformer._cp_shard_fn = self.transformer._cp_gather_fn = None
             for processor in self.processors:
                 processor.mode, processor.k_und, processor.v_und = "off", None, None
             self.slot, self.replaying = None, False
