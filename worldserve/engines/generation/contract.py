@@ -98,6 +98,20 @@ class LoraRunner(Protocol):
 
 
 @runtime_checkable
+class ChunkedDecodeRunner(Protocol):
+    """A runner whose VAE decode can tile and can be spread over several engine steps
+    (stages.generation.vae_tiling / vae_decode_chunk_frames)."""
+
+    def configure_vae(self, tiling: Any) -> dict[str, Any]:
+        """Spatial tiling on (a `models.wan_vae.TilingOptions`) or off (None); the settings
+        in force, for model_info."""
+
+    def decode_chunk(self, state: Any, row: int, max_frames: int) -> np.ndarray | None:
+        """Decode up to `max_frames` more latent frames of `row`: None while frames are left,
+        then the row's frames exactly as `decode(state, row)` returns them."""
+
+
+@runtime_checkable
 class WeightsRunner(Protocol):
     def update_weights(self, path: str) -> dict[str, Any]:
         """Same-architecture weights from a directory; shapes are checked before anything is

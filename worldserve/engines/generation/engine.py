@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import resource
 import time
-from typing import Any
+from typing import Any, Callable
 
 from worldserve.config import GenerationStageConfig, ServerConfig
 from worldserve.engines.common import model_dir, model_profile, served_model_name
@@ -28,7 +28,11 @@ from worldserve.engines.generation.batch import (
     ScheduledRequest,
     SchedulerOutput,
 )
-from worldserve.engines.generation.contract import ActionRunner, GenerationRunner
+from worldserve.engines.generation.contract import (
+    ActionRunner,
+    ChunkedDecodeRunner,
+    GenerationRunner,
+)
 from worldserve.engines.generation.outputs import (
     action_output,
     output_names,
@@ -56,6 +60,8 @@ from worldserve.ipc.messages import (
 )
 from worldserve.models import registry
 from worldserve.models.types import feature_capabilities
+from worldserve.models.wan_vae import TilingOptions
+from worldserve.models.yielding import BlockYieldHandle, install_block_yield
 from worldserve.runtime.engine import EngineState, ReplyFn
 
 log = logging.getLogger("worldserve.generation")
@@ -87,6 +93,8 @@ class GenerationEngine:
         self.num_finished = 0
         self.denoise_steps = 0  # batched denoising steps run, and the rows they advanced:
         self.denoise_rows = 0  # rows / steps is how well batching works (stats, benchmarks)
+        self.vae = configure_vae(self.runner, stage_config)
+        self._yield_hooks: BlockYieldHandle | None = None
         self.admin = GenerationAdmin(self.runner, self.scheduler, self._served())
         self.warmup = WarmupPlan.create(stage_config, self.defaults, self.runner)
         for params in self.warmup.requests():
@@ -97,7 +105,8 @@ class GenerationEngine:
         return ServedModel(
             name=self.model_name, path=self.model_path, dtype=self.config.dtype,
             device=self.config.device, num_params=self.num_params,
-            action_head=self.actions.metadata() if self.actions is not None else None)
+            action_head=self.actions.metadata() if self.actions is not None else None,
+            vae=self.vae)
 
     # ------------------------------------------------------------------ protocol
 
@@ -167,6 +176,18 @@ class GenerationEngine:
             return False  # running batches hold at this step boundary until continue
         return self.scheduler.has_work() or bool(self.admin.pending)
 
+    def set_yield_point(self, yield_point: Callable[[], None] | None) -> int:
+        """Colocated stages (runtime/colocation.py): call `yield_point()` before every
+        transformer block of the coming forwards (None: take the hooks off again). The number
+        of blocks hooked; 0 when the model has none to hook."""
+        if self._yield_hooks is not None:
+            self._yield_hooks.remove()
+            self._yield_hooks = None
+        if yield_point is None:
+            return 0
+        self._yield_hooks = install_block_yield(self.pipe, yield_point)
+        return self._yield_hooks.num_blocks
+
     def step(self) -> None:
         if self.scheduler.paused or self.admin.apply_due():
             return
@@ -227,11 +248,22 @@ class GenerationEngine:
             self.runner.denoise_step(batch.state)
         elif scheduled.phase is Phase.DECODE:
             row = batch.next_row
-            return RunnerOutput(frames=to_uint8(self.runner.decode(batch.state, row)),
+            frames = self._decode(batch.state, row)
+            if frames is None:  # a chunked decode with frames left: the row stays next
+                return RunnerOutput()
+            return RunnerOutput(frames=to_uint8(frames),
                                 extras=self.runner.extras(batch.state, row))
         else:
             return RunnerOutput(file_names=self._write(batch, batch.requests[0]))
         return RunnerOutput()
+
+    def _decode(self, state: Any, row: int) -> Any:
+        """One row's frames, or None while a chunked decode (vae_decode_chunk_frames) of it
+        has latent frames left; each call is one engine step."""
+        chunk = self.config.vae_decode_chunk_frames
+        if chunk and isinstance(self.runner, ChunkedDecodeRunner):
+            return self.runner.decode_chunk(state, row, chunk)
+        return self.runner.decode(state, row)
 
     def _rows(self, batch: RunningBatch) -> tuple[list[str], list[Any], list[int]]:
         """(row owners, row params, row seeds) of a batch about to start."""
@@ -273,6 +305,8 @@ class GenerationEngine:
         elif scheduled.phase is Phase.DENOISE:
             self._report_steps(batch)
         elif scheduled.phase is Phase.DECODE:
+            if output.frames is None:
+                return
             batch.decoded[batch.next_row] = output.frames
             batch.extras[batch.next_row] = output.extras
             batch.next_row += 1
@@ -352,6 +386,21 @@ def _rows_per_batch(config: GenerationStageConfig, runner: GenerationRunner) -> 
     return max(1, min(config.max_batch_size, runner.max_batch_size))
 
 
+
+
+def configure_vae(runner: GenerationRunner, config: GenerationStageConfig) -> dict[str, Any]:
+    """The stage's VAE decode settings applied to the runner; what is in force (model_info).
+    A setting the runner cannot honour is a startup error, never silently ignored."""
+    family = runner.features.family
+    if not isinstance(runner, ChunkedDecodeRunner):
+        if config.vae_tiling or config.vae_decode_chunk_frames:
+            raise ValueError(f"vae_tiling / vae_decode_chunk_frames: the {family} runner "
+                             f"decodes in one call only; leave them unset for this model")
+        return {"tiling": False, "decode_chunk_frames": 0}
+    tiling = (TilingOptions(config.vae_tile_size, config.vae_tile_stride)
+              if config.vae_tiling else None)
+    return {**runner.configure_vae(tiling),
+            "decode_chunk_frames": config.vae_decode_chunk_frames}
 
 
 def _as_error(exc: Exception) -> WorldserveError:

@@ -33,6 +33,7 @@ from worldserve.models.cosmos3.loader import load_pipeline
 from worldserve.models.dev import checkpoint_defaults
 from worldserve.models.diffusers_admin import DiffusersAdminOps, LoraAdapters
 from worldserve.models.types import RowExtras, RunnerFeatures
+from worldserve.models.wan_vae import TilingOptions, WanDecodeJob, configure_tiling
 
 SAMPLING_DTYPE = torch.float32
 
@@ -58,6 +59,7 @@ class RowState:
     timesteps: torch.Tensor
     mixed_precision: Any
     device: Any  # the pipeline's execution device, resolved once per row
+    decode_job: WanDecodeJob | None = None  # a chunked VAE decode under way (decode_chunk)
 
 
 @dataclass
@@ -404,17 +406,40 @@ class Cosmos3Runner(DiffusersAdminOps):
 
         reset_cosmos3_mixed_precision(self.pipe.transformer, row.mixed_precision)
 
+    def configure_vae(self, tiling: TilingOptions | None) -> dict[str, Any]:
+        """stages.generation.vae_tiling: the Wan VAE's own spatial tiling (models/wan_vae.py)."""
+        return configure_tiling(self.pipe.vae, tiling)
+
     @torch.no_grad()
     def decode(self, state: Cosmos3Batch, row: int) -> np.ndarray:
         """Frames of one row as floats in [0, 1], (T, H, W, 3): `__call__` step 8, "np"."""
-        pipe = self.pipe
         latents = state.rows[row].latents
-        in_dtype, dtype = latents.dtype, pipe.vae.dtype
+        return self._postprocess(self._vae_decode(self._vae_latents(latents)), latents.dtype)
+
+    @torch.no_grad()
+    def decode_chunk(self, state: Cosmos3Batch, row: int, max_frames: int) -> np.ndarray | None:
+        """`decode` spread over calls: up to `max_frames` latent frames (of one VAE tile) per
+        call, the VAE's causal feature cache kept on the row in between (models/wan_vae.py);
+        None until the last call, which returns what `decode` returns."""
+        r = state.rows[row]
+        if r.decode_job is None:
+            r.decode_job = WanDecodeJob(self.pipe.vae, self._vae_latents(r.latents))
+        if not r.decode_job.advance(max_frames):
+            return None
+        job, r.decode_job = r.decode_job, None
+        return self._postprocess(job.result(), r.latents.dtype)
+
+    def _vae_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """Model latents -> the VAE's (un-normalised, in the VAE's dtype), as `__call__`."""
+        pipe = self.pipe
+        dtype = pipe.vae.dtype
         mean = pipe._vae_latents_mean.to(device=latents.device, dtype=dtype)
         inv_std = pipe._vae_latents_inv_std.to(device=latents.device, dtype=dtype)
-        z_raw = latents.to(dtype) / inv_std.view(1, -1, 1, 1, 1) + mean.view(1, -1, 1, 1, 1)
-        decoded = self._vae_decode(z_raw).to(in_dtype)
-        video = pipe.video_processor.postprocess_video(decoded, output_type="np")[0]
+        return latents.to(dtype) / inv_std.view(1, -1, 1, 1, 1) + mean.view(1, -1, 1, 1, 1)
+
+    def _postprocess(self, decoded: torch.Tensor, in_dtype: torch.dtype) -> np.ndarray:
+        pipe = self.pipe
+        video = pipe.video_processor.postprocess_video(decoded.to(in_dtype), output_type="np")[0]
         if pipe.safety_checker is not None:
             video = pipe._apply_video_safety_check(video, output_type="np",
                                                    device=pipe._get_execution_device())
