@@ -77,7 +77,7 @@ def record_calls(engine) -> list[tuple[str, str]]:
 def test_long_decode_lets_another_job_step_between_its_chunks(cosmos3_dir, tmp_path, tiled):
     tiling = dict(vae_tiling=True, vae_tile_size=32, vae_tile_stride=32) if tiled else {}
     engine = engine_for(cosmos3_dir, tmp_path / "out", max_running_requests=2,
-                        vae_decode_chunk_frames=1, **tiling)
+                        vae_decode_chunk_frames=1, warmup_resolutions=["48x32"], **tiling)
     calls = record_calls(engine)
     frames: dict[str, np.ndarray] = {}
     original = engine._decode
