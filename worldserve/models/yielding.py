@@ -69,3 +69,22 @@ def install_block_yield(pipe: Any, yield_point: Callable[[], None]) -> BlockYiel
             handles += [block.register_forward_pre_hook(hook)
                         for block in repeated_blocks(denoiser)]
     return BlockYieldHandle(handles)
+
+
+class BlockYieldOps:
+    """The runner side of `set_yield_point` (engines/generation/contract.py `YieldingRunner`)
+    for a runner that owns a diffusers pipeline as `self.pipe`."""
+
+    pipe: Any
+    _yield_hooks: BlockYieldHandle | None = None
+
+    def set_yield_point(self, yield_point: Callable[[], None] | None) -> int:
+        """Call `yield_point()` before every repeated block of the coming forwards (None: take
+        the hooks off); the number of blocks hooked (0: the model has none)."""
+        if self._yield_hooks is not None:
+            self._yield_hooks.remove()
+            self._yield_hooks = None
+        if yield_point is None:
+            return 0
+        self._yield_hooks = install_block_yield(self.pipe, yield_point)
+        return self._yield_hooks.num_blocks

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
-
-if TYPE_CHECKING:
-    from worldserve.runtime.stage import StageLoop
+from typing import Any, Callable, Protocol, runtime_checkable
 
 log = logging.getLogger("worldserve.colocation")
 
@@ -30,10 +27,21 @@ class YieldingEngine(Protocol):
         number of pause points per forward (0: the model offers none)."""
 
 
+class StageTurns(Protocol):
+    """What a colocation needs of a stage loop (runtime/stage.py `StageLoop`)."""
+
+    stage: str
+    engine: Any
+    running: bool
+
+    def beat(self, idle_ms: float) -> bool:
+        """One turn of the stage; True when its engine had work."""
+
+
 class Colocation:
     """The guests' turns taken at the host's yield points."""
 
-    def __init__(self, guests: list[StageLoop], max_yield_s: float) -> None:
+    def __init__(self, guests: list[StageTurns], max_yield_s: float) -> None:
         self.guests = guests
         self.max_yield_s = max_yield_s
         self._inside = False
@@ -60,7 +68,7 @@ class Colocation:
             self._inside = False
 
 
-def install(host: StageLoop, guests: list[StageLoop], mode: str,
+def install(host: StageTurns, guests: list[StageTurns], mode: str,
             max_yield_ms: float) -> Colocation | None:
     """Give the host engine a yield point that runs the guests (`mode` "blocks"); None when
     the mode is "steps" or the host's model has no blocks to pause at."""
@@ -83,7 +91,7 @@ def install(host: StageLoop, guests: list[StageLoop], mode: str,
     return colocation
 
 
-def uninstall(host: StageLoop) -> None:
+def uninstall(host: StageTurns) -> None:
     engine: Any = host.engine
     if isinstance(engine, YieldingEngine):
         engine.set_yield_point(None)

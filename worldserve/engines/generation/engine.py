@@ -32,6 +32,7 @@ from worldserve.engines.generation.contract import (
     ActionRunner,
     ChunkedDecodeRunner,
     GenerationRunner,
+    YieldingRunner,
 )
 from worldserve.engines.generation.outputs import (
     action_output,
@@ -60,8 +61,6 @@ from worldserve.ipc.messages import (
 )
 from worldserve.models import registry
 from worldserve.models.types import feature_capabilities
-from worldserve.models.wan_vae import TilingOptions
-from worldserve.models.yielding import BlockYieldHandle, install_block_yield
 from worldserve.runtime.engine import EngineState, ReplyFn
 
 log = logging.getLogger("worldserve.generation")
@@ -94,7 +93,6 @@ class GenerationEngine:
         self.denoise_steps = 0  # batched denoising steps run, and the rows they advanced:
         self.denoise_rows = 0  # rows / steps is how well batching works (stats, benchmarks)
         self.vae = configure_vae(self.runner, stage_config)
-        self._yield_hooks: BlockYieldHandle | None = None
         self.admin = GenerationAdmin(self.runner, self.scheduler, self._served())
         self.warmup = WarmupPlan.create(stage_config, self.defaults, self.runner)
         for params in self.warmup.requests():
@@ -180,13 +178,9 @@ class GenerationEngine:
         """Colocated stages (runtime/colocation.py): call `yield_point()` before every
         transformer block of the coming forwards (None: take the hooks off again). The number
         of blocks hooked; 0 when the model has none to hook."""
-        if self._yield_hooks is not None:
-            self._yield_hooks.remove()
-            self._yield_hooks = None
-        if yield_point is None:
+        if not isinstance(self.runner, YieldingRunner):
             return 0
-        self._yield_hooks = install_block_yield(self.pipe, yield_point)
-        return self._yield_hooks.num_blocks
+        return self.runner.set_yield_point(yield_point)
 
     def step(self) -> None:
         if self.scheduler.paused or self.admin.apply_due():
@@ -397,9 +391,8 @@ def configure_vae(runner: GenerationRunner, config: GenerationStageConfig) -> di
             raise ValueError(f"vae_tiling / vae_decode_chunk_frames: the {family} runner "
                              f"decodes in one call only; leave them unset for this model")
         return {"tiling": False, "decode_chunk_frames": 0}
-    tiling = (TilingOptions(config.vae_tile_size, config.vae_tile_stride)
-              if config.vae_tiling else None)
-    return {**runner.configure_vae(tiling),
+    return {**runner.configure_vae(config.vae_tiling, config.vae_tile_size,
+                                   config.vae_tile_stride),
             "decode_chunk_frames": config.vae_decode_chunk_frames}
 
 

@@ -34,6 +34,7 @@ from worldserve.models.dev import checkpoint_defaults
 from worldserve.models.diffusers_admin import DiffusersAdminOps, LoraAdapters
 from worldserve.models.types import RowExtras, RunnerFeatures
 from worldserve.models.wan_vae import TilingOptions, WanDecodeJob, configure_tiling
+from worldserve.models.yielding import BlockYieldOps
 
 SAMPLING_DTYPE = torch.float32
 
@@ -95,10 +96,11 @@ def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu",
     return Cosmos3Runner(pipe, Path(model_dir))
 
 
-class Cosmos3Runner(DiffusersAdminOps):
+class Cosmos3Runner(DiffusersAdminOps, BlockYieldOps):
     """Owns the pipeline; satisfies the generation runner contract (engines/generation), with
     the optional LoRA / weights / memory capabilities of `DiffusersAdminOps` (the pipeline has
-    no LoRA loader: adapters load through the transformer's `load_lora_adapter`)."""
+    no LoRA loader: adapters load through the transformer's `load_lora_adapter`), and yield
+    points between its transformer blocks for a colocated reasoner (`BlockYieldOps`)."""
 
     max_batch_size: int | None = 1  # no batch axis: interleave only
 
@@ -406,9 +408,11 @@ class Cosmos3Runner(DiffusersAdminOps):
 
         reset_cosmos3_mixed_precision(self.pipe.transformer, row.mixed_precision)
 
-    def configure_vae(self, tiling: TilingOptions | None) -> dict[str, Any]:
+    def configure_vae(self, tiling: bool, tile_size: int | None = None,
+                      tile_stride: int | None = None) -> dict[str, Any]:
         """stages.generation.vae_tiling: the Wan VAE's own spatial tiling (models/wan_vae.py)."""
-        return configure_tiling(self.pipe.vae, tiling)
+        options = TilingOptions(tile_size, tile_stride) if tiling else None
+        return configure_tiling(self.pipe.vae, options)
 
     @torch.no_grad()
     def decode(self, state: Cosmos3Batch, row: int) -> np.ndarray:
