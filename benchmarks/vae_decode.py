@@ -1,0 +1,82 @@
+"""The generation stage's VAE decode options on CPU (docs/generation.md "VAE decode"):
+`vae_decode_chunk_frames` (a row decoded a few latent frames per engine step) and `vae_tiling`
+(the Wan VAE's spatial tiles).
+
+VAE: the dev Cosmos3 VAE (`AutoencoderKLWan`, Wan2.2 layout, random weights, base dim
+`--base-dim`), one latent video of `--latent` (frames x height x width latent pixels), seeded.
+In one process:
+  whole    `vae.decode(z)`: one call, the engine step a decode takes today;
+  chunked  `WanDecodeJob.advance(n)` for n in `--chunks`: the longest call (what another
+           job waits at most between its steps) and the sum; asserted bit-equal to `whole`;
+  tiled    `vae.enable_tiling(--tile, --stride)` then `vae.decode(z)`: seconds, and the
+           difference from `whole` (max and mean absolute, in [-1, 1] units); random weights,
+           so the difference is an upper-bound kind of figure, not the trained VAE's.
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+
+def timed(fn):
+    started = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - started
+
+
+def main() -> None:
+    from dataclasses import replace
+
+    from worldserve.models.cosmos3.dev import Cosmos3DevConfig, build_vae
+    from worldserve.models.wan_vae import TilingOptions, WanDecodeJob, configure_tiling
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--latent", default="8x12x12", help="FRAMESxHEIGHTxWIDTH latent pixels")
+    parser.add_argument("--base-dim", type=int, default=8)
+    parser.add_argument("--chunks", default="1,2", help="latent frames per call")
+    parser.add_argument("--tile", type=int, default=128, help="tile size, output pixels")
+    parser.add_argument("--stride", type=int, default=96, help="tile stride, output pixels")
+    args = parser.parse_args()
+    frames, height, width = (int(v) for v in args.latent.split("x"))
+    torch.manual_seed(0)
+    cfg = Cosmos3DevConfig()
+    vae = build_vae(replace(cfg, vae_base_dim=args.base_dim))
+    z = torch.randn(1, cfg.latent_channels, frames, height, width,
+                    generator=torch.Generator().manual_seed(1))
+    report: dict = {"benchmark": "vae_decode", "latent": args.latent, "base_dim": args.base_dim}
+    with torch.no_grad():
+        vae.decode(z[:, :, :2])  # warm up
+        whole, whole_s = timed(lambda: vae.decode(z).sample)
+        report["whole_s"] = round(whole_s, 3)
+        report["output"] = list(whole.shape[2:])
+        for n in (int(v) for v in args.chunks.split(",")):
+            job = WanDecodeJob(vae, z)
+            calls = []
+            while True:
+                finished, seconds = timed(lambda: job.advance(n))
+                calls.append(seconds)
+                if finished:
+                    break
+            result, seconds = timed(job.result)
+            calls[-1] += seconds
+            assert torch.equal(result, whole), f"chunked ({n}) differs from one decode"
+            report[f"chunk{n}"] = {"calls": len(calls), "max_call_s": round(max(calls), 3),
+                                   "total_s": round(sum(calls), 3), "bit_equal": True,
+                                   "max_call_over_whole": round(max(calls) / whole_s, 3)}
+        configure_tiling(vae, TilingOptions(args.tile, args.stride))
+        tiled, tiled_s = timed(lambda: vae.decode(z).sample)
+        diff = (tiled - whole).abs()
+        report["tiled"] = {"tile": args.tile, "stride": args.stride, "s": round(tiled_s, 3),
+                           "max_abs_diff": round(diff.max().item(), 4),
+                           "mean_abs_diff": round(diff.mean().item(), 5),
+                           "time_ratio": round(tiled_s / whole_s, 2)}
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
