@@ -47,10 +47,13 @@ class Colocation:
         self._inside = False
         self.num_yields = 0  # yield points reached, and guest turns taken at them
         self.num_guest_turns = 0
+        # A guest turn that raised: kept and re-raised by `raise_guest_error()` after the
+        # host's step, so that it is neither blamed on the host's job nor swallowed by it.
+        self.guest_error: BaseException | None = None
 
     def yield_point(self) -> None:
         """Run guest turns while a guest has work (or a message waits), up to `max_yield_s`."""
-        if self._inside:  # a guest's own forward reached a yield point: no nesting
+        if self._inside or self.guest_error is not None:  # no nesting; no turns after a crash
             return
         self._inside = True
         self.num_yields += 1
@@ -64,8 +67,17 @@ class Colocation:
                         self.num_guest_turns += 1
                 if not busy or time.perf_counter() >= deadline:
                     return
+        except BaseException as exc:
+            self.guest_error = exc
         finally:
             self._inside = False
+
+    def raise_guest_error(self) -> None:
+        """Re-raise a guest turn's exception outside the host's step (as a turn of its own
+        loop would have raised it)."""
+        if self.guest_error is not None:
+            error, self.guest_error = self.guest_error, None
+            raise error
 
 
 def install(host: StageTurns, guests: list[StageTurns], mode: str,

@@ -211,13 +211,15 @@ def run_together(loops: list[StageLoop], yield_mode: str = "steps",
     its forward and lets the others take turns there while they have work, at most
     `max_yield_ms` per pause (runtime/colocation.py)."""
     host, guests = loops[0], loops[1:]
-    colocation.install(host, guests, yield_mode, max_yield_ms)
+    yielding = colocation.install(host, guests, yield_mode, max_yield_ms)
     idle_ms = IDLE_POLL_MS / len(loops)
     try:
         while all(loop.running for loop in loops):
             busy = any(loop.engine.has_work() for loop in loops)
             for loop in loops:
                 loop.beat(0 if busy else idle_ms)
+                if yielding is not None:
+                    yielding.raise_guest_error()
     finally:
         colocation.uninstall(host)
 

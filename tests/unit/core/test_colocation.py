@@ -10,6 +10,7 @@ reply equal those of each job run alone, and the block hooks are gone when the l
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,7 @@ from worldserve.ipc.messages import (
     Message,
 )
 from worldserve.models import shared
+from worldserve.runtime.colocation import Colocation, install
 from worldserve.runtime.stage import StageLoop, run_together
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -174,8 +176,6 @@ def test_yield_hooks_sit_on_every_block_and_come_off(stages):
 
 
 def test_blocks_mode_without_blocks_falls_back_to_steps(tmp_path: Path, stages):
-    from worldserve.runtime import colocation
-
     host, guest = stages
 
     class NoBlocks:
@@ -184,5 +184,87 @@ def test_blocks_mode_without_blocks_falls_back_to_steps(tmp_path: Path, stages):
 
     loop = StageLoop.__new__(StageLoop)
     loop.stage, loop.engine = "generation", NoBlocks()
-    assert colocation.install(loop, [guest], "blocks", 100.0) is None
-    assert colocation.install(host, [guest], "steps", 100.0) is None
+    assert install(loop, [guest], "blocks", 100.0) is None
+    assert install(host, [guest], "steps", 100.0) is None
+
+
+class FakeHostEngine:
+    """Steps that reach `blocks` yield points each (a model stand-in)."""
+
+    def __init__(self, steps: int, blocks: int) -> None:
+        self.steps, self.blocks = steps, blocks
+        self.point: Any = None
+        self.yields_seen = 0
+
+    def set_yield_point(self, point: Any) -> int:
+        self.point = point
+        return self.blocks if point is not None else 0
+
+    def has_work(self) -> bool:
+        return self.steps > 0
+
+    def step(self) -> None:
+        self.steps -= 1
+        for _ in range(self.blocks):
+            self.yields_seen += 1
+            self.point()
+
+
+class FakeLoop:
+    def __init__(self, stage: str, engine: Any, beat: Any = None) -> None:
+        self.stage, self.engine, self.running = stage, engine, True
+        self._beat = beat
+
+    def beat(self, idle_ms: float) -> bool:
+        if self._beat is not None:
+            return self._beat()
+        busy = self.engine.has_work()
+        if busy:
+            self.engine.step()
+        elif not any(loop.engine.has_work() for loop in LOOPS):
+            for loop in LOOPS:
+                loop.running = False
+        return busy
+
+
+LOOPS: list[FakeLoop] = []
+
+
+def test_a_guest_error_inside_a_yield_surfaces_after_the_host_step():
+    host_engine = FakeHostEngine(steps=3, blocks=4)
+    turns: list[int] = []
+
+    def failing_turn() -> bool:
+        turns.append(host_engine.yields_seen)
+        raise RuntimeError("reasoner broke")
+
+    host = FakeLoop("generation", host_engine)
+    guest = FakeLoop("reasoner", SimpleNamespace(has_work=lambda: True), beat=failing_turn)
+    with pytest.raises(RuntimeError, match="reasoner broke"):
+        run_together([host, guest], "blocks", 100.0)
+    # raised at the first block's yield, kept until the host's step had run its 4 blocks
+    assert turns == [1] and host_engine.yields_seen == 4 and host_engine.steps == 2
+    assert host_engine.point is None  # the hooks came off
+
+
+def test_yield_point_runs_guest_turns_while_the_guest_has_work():
+    host_engine = FakeHostEngine(steps=1, blocks=3)
+    work = [5]  # guest turns of work
+
+    def guest_turn() -> bool:
+        if work[0] == 0:
+            return False
+        work[0] -= 1
+        return True
+
+    host = FakeLoop("generation", host_engine)
+    guest = FakeLoop("reasoner", SimpleNamespace(has_work=lambda: work[0] > 0), beat=guest_turn)
+    LOOPS[:] = [host, guest]
+    try:
+        point = install(host, [guest], "blocks", 60_000.0)
+        assert isinstance(point, Colocation)
+        host_engine.step()
+    finally:
+        LOOPS.clear()
+    assert work == [0]  # all 5 turns ran at the first block
+    assert (point.num_yields, point.num_guest_turns) == (3, 5)
