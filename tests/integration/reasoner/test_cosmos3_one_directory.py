@@ -56,5 +56,9 @@ def test_one_directory_serves_generation_and_reasoning(tmp_path: Path, dev_model
             assert image.status_code == 200, image.text
         # colocated: the reasoner holds no second copy of the understanding weights
         assert ("reasoner shares" in server.log()) is colocated
+        # colocated (colocation_yield: blocks, the default): the generation forward yields
+        # to the reasoner before each transformer block of the dev model (2 layers)
+        assert ("the generation forward yields to reasoner before each of its 2 blocks"
+                in server.log()) is colocated
     finally:
         server.stop()
