@@ -5,6 +5,7 @@
 VAE: the dev Cosmos3 VAE (`AutoencoderKLWan`, Wan2.2 layout, random weights, base dim
 `--base-dim`), one latent video of `--latent` (frames x height x width latent pixels), seeded.
 In one process:
+Each arm runs `--repeats` times in turn; seconds are medians.
   whole    `vae.decode(z)`: one call, the engine step a decode takes today;
   chunked  `WanDecodeJob.advance(n)` for n in `--chunks`: the longest call (what another
            job waits at most between its steps) and the sum; asserted bit-equal to `whole`;
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 import torch
@@ -29,11 +31,29 @@ def timed(fn):
     return out, time.perf_counter() - started
 
 
+def chunked_calls(vae, z, n: int, whole: torch.Tensor) -> list[float]:
+    """Seconds of each call of a decode `n` latent frames at a time (the last one with the
+    result's assembly); the result is asserted bit-equal to `whole`."""
+    from worldserve.models.wan_vae import WanDecodeJob
+
+    job = WanDecodeJob(vae, z)
+    calls = []
+    while True:
+        finished, seconds = timed(lambda: job.advance(n))
+        calls.append(seconds)
+        if finished:
+            break
+    result, seconds = timed(job.result)
+    calls[-1] += seconds
+    assert torch.equal(result, whole), f"chunked ({n}) differs from one decode"
+    return calls
+
+
 def main() -> None:
     from dataclasses import replace
 
     from worldserve.models.cosmos3.dev import Cosmos3DevConfig, build_vae
-    from worldserve.models.wan_vae import TilingOptions, WanDecodeJob, configure_tiling
+    from worldserve.models.wan_vae import TilingOptions, configure_tiling
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latent", default="8x12x12", help="FRAMESxHEIGHTxWIDTH latent pixels")
@@ -41,6 +61,7 @@ def main() -> None:
     parser.add_argument("--chunks", default="1,2", help="latent frames per call")
     parser.add_argument("--tile", type=int, default=128, help="tile size, output pixels")
     parser.add_argument("--stride", type=int, default=96, help="tile stride, output pixels")
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     frames, height, width = (int(v) for v in args.latent.split("x"))
     torch.manual_seed(0)
@@ -48,33 +69,42 @@ def main() -> None:
     vae = build_vae(replace(cfg, vae_base_dim=args.base_dim))
     z = torch.randn(1, cfg.latent_channels, frames, height, width,
                     generator=torch.Generator().manual_seed(1))
-    report: dict = {"benchmark": "vae_decode", "latent": args.latent, "base_dim": args.base_dim}
+    report: dict = {"benchmark": "vae_decode", "latent": args.latent, "base_dim": args.base_dim,
+                    "repeats": args.repeats, "torch_threads": torch.get_num_threads()}
+    chunks = [int(v) for v in args.chunks.split(",")]
+    samples: dict[str, list[float]] = {}
+
+    def sample(key: str, seconds: float) -> None:
+        samples.setdefault(key, []).append(seconds)
+
     with torch.no_grad():
         vae.decode(z[:, :, :2])  # warm up
-        whole, whole_s = timed(lambda: vae.decode(z).sample)
-        report["whole_s"] = round(whole_s, 3)
-        report["output"] = list(whole.shape[2:])
-        for n in (int(v) for v in args.chunks.split(",")):
-            job = WanDecodeJob(vae, z)
-            calls = []
-            while True:
-                finished, seconds = timed(lambda: job.advance(n))
-                calls.append(seconds)
-                if finished:
-                    break
-            result, seconds = timed(job.result)
-            calls[-1] += seconds
-            assert torch.equal(result, whole), f"chunked ({n}) differs from one decode"
-            report[f"chunk{n}"] = {"calls": len(calls), "max_call_s": round(max(calls), 3),
-                                   "total_s": round(sum(calls), 3), "bit_equal": True,
-                                   "max_call_over_whole": round(max(calls) / whole_s, 3)}
-        configure_tiling(vae, TilingOptions(args.tile, args.stride))
-        tiled, tiled_s = timed(lambda: vae.decode(z).sample)
-        diff = (tiled - whole).abs()
-        report["tiled"] = {"tile": args.tile, "stride": args.stride, "s": round(tiled_s, 3),
-                           "max_abs_diff": round(diff.max().item(), 4),
-                           "mean_abs_diff": round(diff.mean().item(), 5),
-                           "time_ratio": round(tiled_s / whole_s, 2)}
+        for _ in range(args.repeats):  # the arms in turn, so that load drifts hit them alike
+            configure_tiling(vae, None)
+            whole, seconds = timed(lambda: vae.decode(z).sample)
+            sample("whole", seconds)
+            for n in chunks:
+                calls = chunked_calls(vae, z, n, whole)
+                sample(f"chunk{n}.max_call", max(calls))
+                sample(f"chunk{n}.total", sum(calls))
+                report[f"chunk{n}"] = {"calls": len(calls), "bit_equal": True}
+            configure_tiling(vae, TilingOptions(args.tile, args.stride))
+            tiled, seconds = timed(lambda: vae.decode(z).sample)
+            sample("tiled", seconds)
+    med = {key: statistics.median(values) for key, values in samples.items()}
+    report["whole_s"] = round(med["whole"], 3)
+    report["output"] = list(whole.shape[2:])
+    for n in chunks:
+        report[f"chunk{n}"].update(
+            max_call_s=round(med[f"chunk{n}.max_call"], 3),
+            total_s=round(med[f"chunk{n}.total"], 3),
+            max_call_over_whole=round(med[f"chunk{n}.max_call"] / med["whole"], 3),
+            total_over_whole=round(med[f"chunk{n}.total"] / med["whole"], 3))
+    diff = (tiled - whole).abs()
+    report["tiled"] = {"tile": args.tile, "stride": args.stride, "s": round(med["tiled"], 3),
+                       "max_abs_diff": round(diff.max().item(), 4),
+                       "mean_abs_diff": round(diff.mean().item(), 5),
+                       "time_ratio": round(med["tiled"] / med["whole"], 2)}
     print(json.dumps(report))
 
 
