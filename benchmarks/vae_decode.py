@@ -62,7 +62,10 @@ def main() -> None:
     parser.add_argument("--tile", type=int, default=128, help="tile size, output pixels")
     parser.add_argument("--stride", type=int, default=96, help="tile stride, output pixels")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     frames, height, width = (int(v) for v in args.latent.split("x"))
     torch.manual_seed(0)
     cfg = Cosmos3DevConfig()
