@@ -20,6 +20,11 @@ from typing import Any
 
 import torch
 
+# `AutoencoderKLWan`'s own tile size and stride (output pixels, diffusers 0.42.1 __init__);
+# `enable_tiling(None)` would keep whatever an earlier call set instead.
+WAN_TILE_SIZE = 256
+WAN_TILE_STRIDE = 192
+
 
 @dataclass(frozen=True)
 class TilingOptions:
@@ -34,10 +39,16 @@ def configure_tiling(vae: Any, options: TilingOptions | None) -> dict[str, Any]:
     if options is None:
         vae.disable_tiling()
         return {"tiling": False}
-    vae.enable_tiling(tile_sample_min_height=options.tile_size,
-                      tile_sample_min_width=options.tile_size,
-                      tile_sample_stride_height=options.tile_stride,
-                      tile_sample_stride_width=options.tile_stride)
+    size = options.tile_size or WAN_TILE_SIZE
+    stride = options.tile_stride or WAN_TILE_STRIDE
+    vae.enable_tiling(tile_sample_min_height=size, tile_sample_min_width=size,
+                      tile_sample_stride_height=stride, tile_sample_stride_width=stride)
+    ratio = int(vae.spatial_compression_ratio)
+    for name, value in (("vae_tile_size", vae.tile_sample_min_height),
+                        ("vae_tile_stride", vae.tile_sample_stride_height)):
+        if value % ratio:
+            raise ValueError(f"{name} {value} is not a multiple of the VAE's spatial factor "
+                             f"{ratio} (tiles are cut in latent pixels)")
     if vae.tile_sample_stride_height > vae.tile_sample_min_height:
         raise ValueError(f"vae_tile_stride {vae.tile_sample_stride_height} is larger than "
                          f"vae_tile_size {vae.tile_sample_min_height}: tiles would leave gaps")

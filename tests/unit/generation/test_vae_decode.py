@@ -47,6 +47,16 @@ def test_decode_in_chunks_equals_one_decode(vae, tiling):
         configure_tiling(vae, None)
 
 
+def test_tile_sizes_the_vae_cannot_cut_are_refused(vae):
+    try:
+        with pytest.raises(ValueError, match="vae_tile_size 40 is not a multiple of"):
+            configure_tiling(vae, TilingOptions(40, 32))
+        with pytest.raises(ValueError, match="vae_tile_stride 192 is larger than"):
+            configure_tiling(vae, TilingOptions(128, None))  # the VAE's own stride stays
+    finally:
+        configure_tiling(vae, None)
+
+
 def test_an_unfinished_job_has_no_result(vae):
     job = WanDecodeJob(vae, torch.zeros(1, 8, 3, 2, 2))
     with torch.no_grad():
