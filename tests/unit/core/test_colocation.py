@@ -268,3 +268,27 @@ def test_yield_point_runs_guest_turns_while_the_guest_has_work():
         LOOPS.clear()
     assert work == [0]  # all 5 turns ran at the first block
     assert (point.num_yields, point.num_guest_turns) == (3, 5)
+
+
+def test_compiled_blocks_still_reach_the_yield_hook_and_keep_the_frames():
+    """`compile_repeated_blocks` (what another option turns on) compiles the hooked blocks: the
+    hook is excluded from tracing, so it still runs at every block, and the frames stay those
+    of the eager run (dynamo with the eager backend: inductor's kernels are its own matter)."""
+    from worldserve.ipc.messages import GenerationParams
+    from worldserve.models.cosmos3.dev import build_pipeline
+    from worldserve.models.cosmos3.runner import Cosmos3Runner
+
+    pipe = build_pipeline(0)
+    runner = Cosmos3Runner(pipe)
+    params = GenerationParams(prompt="a car", width=48, height=32, num_frames=5,
+                              num_inference_steps=2, guidance_scale=4.0, seeds=[1], fps=24.0)
+    eager = runner.run_to_end(params, 1)[0]
+    pipe.transformer.compile_repeated_blocks(backend="eager", dynamic=True)
+    calls: list[int] = []
+    num_blocks = runner.set_yield_point(lambda: calls.append(1))
+    try:
+        compiled = runner.run_to_end(params, 1)[0]
+    finally:
+        runner.set_yield_point(None)
+    assert len(calls) == num_blocks * 2 * 2  # every block, cond + uncond, 2 steps
+    assert np.array_equal(compiled, eager)
