@@ -77,6 +77,9 @@ class BlockYieldOps:
 
     pipe: Any
     _yield_hooks: BlockYieldHandle | None = None
+    # The yield point itself, for the runner's other long calls (the Cosmos3 runner's VAE
+    # decode yields between latent frames); None when not colocated.
+    yield_point: Callable[[], None] | None = None
 
     def set_yield_point(self, yield_point: Callable[[], None] | None) -> int:
         """Call `yield_point()` before every repeated block of the coming forwards (None: take
@@ -84,6 +87,7 @@ class BlockYieldOps:
         if self._yield_hooks is not None:
             self._yield_hooks.remove()
             self._yield_hooks = None
+        self.yield_point = yield_point
         if yield_point is None:
             return 0
         self._yield_hooks = install_block_yield(self.pipe, yield_point)

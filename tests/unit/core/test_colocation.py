@@ -290,5 +290,27 @@ def test_compiled_blocks_still_reach_the_yield_hook_and_keep_the_frames():
         compiled = runner.run_to_end(params, 1)[0]
     finally:
         runner.set_yield_point(None)
-    assert len(calls) == num_blocks * 2 * 2  # every block, cond + uncond, 2 steps
+    # every block of cond + uncond in 2 steps, and once in the decode (2 latent frames)
+    assert len(calls) == num_blocks * 2 * 2 + 1
     assert np.array_equal(compiled, eager)
+
+
+def test_a_colocated_decode_yields_between_latent_frames_with_the_same_frames():
+    from worldserve.ipc.messages import GenerationParams
+    from worldserve.models.cosmos3.dev import build_pipeline
+    from worldserve.models.cosmos3.runner import Cosmos3Runner
+
+    runner = Cosmos3Runner(build_pipeline(0))
+    params = GenerationParams(prompt="a car", width=48, height=32, num_frames=13,
+                              num_inference_steps=1, guidance_scale=1.0, seeds=[1], fps=24.0)
+    state = runner.prepare(["r"], [params], [1])
+    runner.denoise_step(state)
+    plain = runner.decode(state, 0)
+    calls: list[int] = []
+    runner.set_yield_point(lambda: calls.append(1))
+    try:
+        colocated = runner.decode(state, 0)
+    finally:
+        runner.set_yield_point(None)
+    assert len(calls) == 3  # between the 4 latent frames of 13 frames
+    assert np.array_equal(colocated, plain)

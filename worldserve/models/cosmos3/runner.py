@@ -450,8 +450,15 @@ class Cosmos3Runner(DiffusersAdminOps, BlockYieldOps):
         return video
 
     def _vae_decode(self, z_raw: torch.Tensor) -> torch.Tensor:
-        """(1, 3, T, H, W) in [-1, 1] (a rank group splits it: models/cosmos3/parallel.py)."""
-        return self.pipe.vae.decode(z_raw).sample
+        """(1, 3, T, H, W) in [-1, 1] (a rank group splits it: models/cosmos3/parallel.py).
+        In a colocated process (a yield point set) the decode pauses at the yield point
+        between latent frames, as the forward does between blocks; the same frames."""
+        if self.yield_point is None:
+            return self.pipe.vae.decode(z_raw).sample
+        job = WanDecodeJob(self.pipe.vae, z_raw)
+        while not job.advance(1):
+            self.yield_point()
+        return job.result()
 
     @torch.no_grad()
     def extras(self, state: Cosmos3Batch, row: int) -> RowExtras | None:
