@@ -290,7 +290,7 @@ class GenerationStageConfig(StageConfig):
     # torch.compile the transformer's repeated blocks (dynamic shapes) during warmup.
     compile: bool = False
     # Cosmos3: record the understanding (text) stream's K/V at a row's first step and reuse it
-    # at later steps (bit-exact; stands aside while a step cache is enabled).
+    # at later steps (bit-exact; stands aside for rows that cache steps).
     understanding_kv_reuse: bool = True
 
     @field_validator("attention_backend")
@@ -310,6 +310,26 @@ class GenerationStageConfig(StageConfig):
         return self
     # Step caching (`enable_teacache`); installed only where the model's family supports it.
     step_cache: StepCacheConfig = Field(default_factory=StepCacheConfig)
+
+    # VAE decode (docs/generation.md "VAE decode"): spatial tiling (the Wan VAE's
+    # `enable_tiling`; tile size and stride in output pixels, None: the VAE's own 256/192),
+    # and decoding a row a few latent frames per engine step (0: one call per row) so that
+    # interleaved jobs keep stepping during a long decode. Chunks are bit-equal to the plain
+    # decode; tiles are not (blended seams; the docs give the measured difference).
+    vae_tiling: bool = False
+    vae_tile_size: int | None = Field(default=None, ge=32, le=8192)
+    vae_tile_stride: int | None = Field(default=None, ge=16, le=8192)
+    vae_decode_chunk_frames: int = Field(default=0, ge=0, le=1024)
+
+    @model_validator(mode="after")
+    def _tile_sizes_need_tiling(self) -> GenerationStageConfig:
+        if not self.vae_tiling and (self.vae_tile_size or self.vae_tile_stride):
+            raise ValueError("vae_tile_size / vae_tile_stride need vae_tiling: true")
+        if (self.vae_tile_size and self.vae_tile_stride
+                and self.vae_tile_stride > self.vae_tile_size):
+            raise ValueError(f"vae_tile_stride {self.vae_tile_stride} must not exceed "
+                             f"vae_tile_size {self.vae_tile_size} (tiles would leave gaps)")
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -400,6 +420,12 @@ class ReasonerStageConfig(StageConfig):
     # Run in the generation stage's process (same device): a Cosmos3 directory's reasoner then
     # shares the generator's understanding weights instead of holding a second copy.
     colocate_with_generation: bool = False
+    # Colocated only: where the generation forward lets the reasoner run. `blocks`: before
+    # every transformer block, while the reasoner has work, for at most
+    # `colocation_max_yield_ms` per block; `steps`: between whole engine steps only (one
+    # reasoner step per generation step). docs/reasoner-engine.md, benchmarks/colocation.py.
+    colocation_yield: Literal["blocks", "steps"] = "blocks"
+    colocation_max_yield_ms: float = Field(default=250.0, gt=0, le=60_000)
     # Grammar engine of guided_json/guided_choice/guided_regex: the hf and fake backends use
     # llguidance; xgrammar/auto name the NIM's vllm backend and are refused here.
     guided_decoding_backend: Literal["llguidance", "xgrammar", "auto"] = "llguidance"

@@ -40,6 +40,7 @@ from worldserve.ipc.messages import (
     StatsRequest,
 )
 from worldserve.ipc.transport import StageServer
+from worldserve.runtime import colocation
 from worldserve.runtime.engine import Engine, create_engine
 from worldserve.runtime.quiet import quiet_benign_messages
 from worldserve.runtime.telemetry import StageTelemetry
@@ -202,14 +203,25 @@ class StageLoop:
             self.server.send(peer, StageStatus(stage=self.stage, state=state))
 
 
-def run_together(loops: list[StageLoop]) -> None:
+def run_together(loops: list[StageLoop], yield_mode: str = "steps",
+                 max_yield_ms: float = 250.0) -> None:
     """Several stages in one process (a colocated stage): one thread alternates their ticks,
-    so each engine's `step()` stays one bounded unit and neither starves the other."""
+    so each engine's `step()` stays one bounded unit and neither starves the other. With
+    `yield_mode` "blocks" the first (host) engine also pauses before each transformer block of
+    its forward and lets the others take turns there while they have work, at most
+    `max_yield_ms` per pause (runtime/colocation.py)."""
+    host, guests = loops[0], loops[1:]
+    yielding = colocation.install(host, guests, yield_mode, max_yield_ms)
     idle_ms = IDLE_POLL_MS / len(loops)
-    while all(loop.running for loop in loops):
-        busy = any(loop.engine.has_work() for loop in loops)
-        for loop in loops:
-            loop.beat(0 if busy else idle_ms)
+    try:
+        while all(loop.running for loop in loops):
+            busy = any(loop.engine.has_work() for loop in loops)
+            for loop in loops:
+                loop.beat(0 if busy else idle_ms)
+                if yielding is not None:
+                    yielding.raise_guest_error()
+    finally:
+        colocation.uninstall(host)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -253,11 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException:
         _close(loops)
         raise
-    _serve(loops)
+    _serve(loops, config)
     return 0
 
 
-def _serve(loops: list[StageLoop]) -> None:
+def _serve(loops: list[StageLoop], config: ServerConfig) -> None:
     """Run the loops until SIGTERM, then shut every engine down."""
     stopping = StopSignal(loops)
     signal.signal(signal.SIGTERM, stopping.handle)
@@ -266,7 +278,8 @@ def _serve(loops: list[StageLoop]) -> None:
         if len(loops) == 1:
             loops[0].run()
         else:
-            run_together(loops)
+            reasoner = config.stages.reasoner
+            run_together(loops, reasoner.colocation_yield, reasoner.colocation_max_yield_ms)
         stopping.step_finished()
     finally:
         _close(loops)

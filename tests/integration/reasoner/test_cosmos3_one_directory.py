@@ -9,6 +9,7 @@ The directory is the dev Cosmos3 generation checkpoint, which holds its reasoner
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import httpx
@@ -17,6 +18,24 @@ import pytest
 from tests.integration.streaming.support import SESSION_BODY, image_bytes
 from tests.support.server import ServerProcess
 from worldserve.models.dev import MARKER_NAME
+
+
+def wait(http: httpx.Client, job_id: str, until: tuple[str, ...]) -> dict:
+    for _ in range(1200):
+        job = http.get(f"/v1/videos/{job_id}").json()
+        if job["status"] in until:
+            return job
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} stuck: {job}")
+
+
+def chat(http: httpx.Client) -> tuple[str, int]:
+    reply = http.post("/v1/chat/completions", json={
+        "model": "cosmos3-both", "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": 16, "temperature": 0.8, "seed": 3}, timeout=120)
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    return body["choices"][0]["message"]["content"], body["usage"]["completion_tokens"]
 
 
 @pytest.mark.parametrize("colocated", [False, True], ids=["two-processes", "colocated"])
@@ -54,7 +73,21 @@ def test_one_directory_serves_generation_and_reasoning(tmp_path: Path, dev_model
             image = http.post("/v1/images/generations", timeout=300, json={
                 "prompt": "x", "size": "64x64", "num_inference_steps": 2})
             assert image.status_code == 200, image.text
+            # a seeded reply while a video job denoises (colocated: run between its blocks)
+            # equals the same reply with the generation idle
+            video = http.post("/v1/videos", json={"prompt": "a robot", "size": "48x32",
+                                                  "num_frames": 9,
+                                                  "num_inference_steps": 400}).json()
+            wait(http, video["id"], until=("in_progress",))
+            during = chat(http)
+            assert http.get(f"/v1/videos/{video['id']}").json()["status"] == "in_progress"
+            http.delete(f"/v1/videos/{video['id']}")
+            assert chat(http) == during
         # colocated: the reasoner holds no second copy of the understanding weights
         assert ("reasoner shares" in server.log()) is colocated
+        # colocated (colocation_yield: blocks, the default): the generation forward yields
+        # to the reasoner before each transformer block of the dev model (2 layers)
+        assert ("the generation forward yields to reasoner before each of its 2 blocks"
+                in server.log()) is colocated
     finally:
         server.stop()

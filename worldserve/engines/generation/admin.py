@@ -19,7 +19,7 @@ each operation does to running work:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from worldserve.engines.generation.contract import (
@@ -75,6 +75,8 @@ class ServedModel:
     device: str
     num_params: int
     action_head: dict[str, Any] | None  # the action head's metadata, None without one
+    # VAE decode settings in force: tiling (tile_size, tile_stride), decode_chunk_frames
+    vae: dict[str, Any] = field(default_factory=dict)
 
 
 class GenerationAdmin:
@@ -186,6 +188,7 @@ class GenerationAdmin:
             "rank_group": described.get("rank_group"),  # stages.generation.parallel: the ranks
             # attention_backend / compile (and Cosmos3's understanding K/V reuse) in force
             "speed": described.get("speed", {"attention_backend": "native", "compile": False}),
+            "vae": served.vae,
         }
 
     def _lora(self) -> LoraRunner:

@@ -8,7 +8,7 @@ runner owns the model and the tensors of each running batch (the `RunnerBatch` i
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -120,6 +120,30 @@ class StepCacheRunner(Protocol):
 
     def step_cache_stats(self, state: Any, row: int) -> StepCacheStats | None:
         """A row's forwards and skipped forwards (None: the row did not cache)."""
+
+
+class ChunkedDecodeRunner(Protocol):
+    """A runner whose VAE decode can tile and can be spread over several engine steps
+    (stages.generation.vae_tiling / vae_decode_chunk_frames)."""
+
+    def configure_vae(self, tiling: bool, tile_size: int | None,
+                      tile_stride: int | None) -> dict[str, Any]:
+        """Spatial tiling on or off (sizes in output pixels, None: the VAE's own); the
+        settings in force, for model_info."""
+
+    def decode_chunk(self, state: Any, row: int, max_frames: int) -> np.ndarray | None:
+        """Decode up to `max_frames` more latent frames of `row`: None while frames are left,
+        then the row's frames exactly as `decode(state, row)` returns them."""
+
+
+@runtime_checkable
+class YieldingRunner(Protocol):
+    """A runner whose forwards can pause between transformer blocks (a colocated stage runs
+    the reasoner there: runtime/colocation.py)."""
+
+    def set_yield_point(self, yield_point: Callable[[], None] | None) -> int:
+        """Call `yield_point()` before every transformer block of the coming forwards (None:
+        remove the hooks); the number of blocks hooked (0: none to hook)."""
 
 
 @runtime_checkable

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import resource
 import time
-from typing import Any
+from typing import Any, Callable
 
 from worldserve.config import GenerationStageConfig, ServerConfig
 from worldserve.engines.common import model_dir, model_profile, served_model_name
@@ -30,9 +30,11 @@ from worldserve.engines.generation.batch import (
 )
 from worldserve.engines.generation.contract import (
     ActionRunner,
+    ChunkedDecodeRunner,
     GenerationRunner,
     SpeedRunner,
     StepCacheRunner,
+    YieldingRunner,
 )
 from worldserve.engines.generation.outputs import (
     action_output,
@@ -98,6 +100,7 @@ class GenerationEngine:
         self.num_finished = 0
         self.denoise_steps = 0  # batched denoising steps run, and the rows they advanced:
         self.denoise_rows = 0  # rows / steps is how well batching works (stats, benchmarks)
+        self.vae = configure_vae(self.runner, stage_config)
         self.admin = GenerationAdmin(self.runner, self.scheduler, self._served())
         self.warmup = WarmupPlan.create(stage_config, self.defaults, self.runner)
         for params in self.warmup.requests():
@@ -108,7 +111,8 @@ class GenerationEngine:
         return ServedModel(
             name=self.model_name, path=self.model_path, dtype=self.config.dtype,
             device=self.config.device, num_params=self.num_params,
-            action_head=self.actions.metadata() if self.actions is not None else None)
+            action_head=self.actions.metadata() if self.actions is not None else None,
+            vae=self.vae)
 
     # ------------------------------------------------------------------ protocol
 
@@ -181,6 +185,14 @@ class GenerationEngine:
             return False  # running batches hold at this step boundary until continue
         return self.scheduler.has_work() or bool(self.admin.pending)
 
+    def set_yield_point(self, yield_point: Callable[[], None] | None) -> int:
+        """Colocated stages (runtime/colocation.py): call `yield_point()` before every
+        transformer block of the coming forwards (None: take the hooks off again). The number
+        of blocks hooked; 0 when the model has none to hook."""
+        if not isinstance(self.runner, YieldingRunner):
+            return 0
+        return self.runner.set_yield_point(yield_point)
+
     def step(self) -> None:
         if self.scheduler.paused or self.admin.apply_due():
             return
@@ -243,11 +255,22 @@ class GenerationEngine:
             row = batch.next_row
             if isinstance(self.runner, StepCacheRunner):
                 batch.cache_stats[row] = self.runner.step_cache_stats(batch.state, row)
-            return RunnerOutput(frames=to_uint8(self.runner.decode(batch.state, row)),
+            frames = self._decode(batch.state, row)
+            if frames is None:  # a chunked decode with frames left: the row stays next
+                return RunnerOutput()
+            return RunnerOutput(frames=to_uint8(frames),
                                 extras=self.runner.extras(batch.state, row))
         else:
             return RunnerOutput(file_names=self._write(batch, batch.requests[0]))
         return RunnerOutput()
+
+    def _decode(self, state: Any, row: int) -> Any:
+        """One row's frames, or None while a chunked decode (vae_decode_chunk_frames) of it
+        has latent frames left; each call is one engine step."""
+        chunk = self.config.vae_decode_chunk_frames
+        if chunk and isinstance(self.runner, ChunkedDecodeRunner):
+            return self.runner.decode_chunk(state, row, chunk)
+        return self.runner.decode(state, row)
 
     def _rows(self, batch: RunningBatch) -> tuple[list[str], list[Any], list[int]]:
         """(row owners, row params, row seeds) of a batch about to start."""
@@ -289,6 +312,8 @@ class GenerationEngine:
         elif scheduled.phase is Phase.DENOISE:
             self._report_steps(batch)
         elif scheduled.phase is Phase.DECODE:
+            if output.frames is None:
+                return
             batch.decoded[batch.next_row] = output.frames
             batch.extras[batch.next_row] = output.extras
             batch.next_row += 1
@@ -394,6 +419,20 @@ def _step_cache_report(stats: list[Any]) -> StepCacheReport | None:
     return StepCacheReport(method=rows[0].method,
                            num_forwards=sum(s.num_forwards for s in rows),
                            num_forwards_skipped=sum(s.num_forwards_skipped for s in rows))
+
+
+def configure_vae(runner: GenerationRunner, config: GenerationStageConfig) -> dict[str, Any]:
+    """The stage's VAE decode settings applied to the runner; what is in force (model_info).
+    A setting the runner cannot honour is a startup error, never silently ignored."""
+    family = runner.features.family
+    if not isinstance(runner, ChunkedDecodeRunner):
+        if config.vae_tiling or config.vae_decode_chunk_frames:
+            raise ValueError(f"vae_tiling / vae_decode_chunk_frames: the {family} runner "
+                             f"decodes in one call only; leave them unset for this model")
+        return {"tiling": False, "decode_chunk_frames": 0}
+    return {**runner.configure_vae(config.vae_tiling, config.vae_tile_size,
+                                   config.vae_tile_stride),
+            "decode_chunk_frames": config.vae_decode_chunk_frames}
 
 
 def _as_error(exc: Exception) -> WorldserveError:

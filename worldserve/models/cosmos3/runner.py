@@ -40,6 +40,8 @@ from worldserve.models.diffusers_admin import DiffusersAdminOps, LoraAdapters
 from worldserve.models.speed import NATIVE, CompileTimer, apply_attention_backend, compile_blocks
 from worldserve.models.step_cache import METHODS, StepCache, StepCacheSettings
 from worldserve.models.types import RowExtras, RunnerFeatures, StepCacheStats
+from worldserve.models.wan_vae import TilingOptions, WanDecodeJob, configure_tiling
+from worldserve.models.yielding import BlockYieldOps
 
 SAMPLING_DTYPE = torch.float32
 log = logging.getLogger("worldserve.models.cosmos3")
@@ -66,6 +68,7 @@ class RowState:
     timesteps: torch.Tensor
     mixed_precision: Any
     device: Any  # the pipeline's execution device, resolved once per row
+    decode_job: WanDecodeJob | None = None  # a chunked VAE decode under way (decode_chunk)
     # "cond" / "uncond" -> that prompt's recorded understanding K/V (models/cosmos3/kv_reuse.py)
     understanding_kv: dict[str, Any] = field(default_factory=dict)
     # Step caching (models/step_cache.py): this row's cache context prefix, whether it caches,
@@ -120,10 +123,11 @@ def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu",
     return Cosmos3Runner(pipe, Path(model_dir))
 
 
-class Cosmos3Runner(DiffusersAdminOps):
+class Cosmos3Runner(DiffusersAdminOps, BlockYieldOps):
     """Owns the pipeline; satisfies the generation runner contract (engines/generation), with
     the optional LoRA / weights / memory capabilities of `DiffusersAdminOps` (the pipeline has
-    no LoRA loader: adapters load through the transformer's `load_lora_adapter`)."""
+    no LoRA loader: adapters load through the transformer's `load_lora_adapter`), and yield
+    points between its transformer blocks for a colocated reasoner (`BlockYieldOps`)."""
 
     max_batch_size: int | None = 1  # no batch axis: interleave only
 
@@ -531,25 +535,57 @@ class Cosmos3Runner(DiffusersAdminOps):
 
         reset_cosmos3_mixed_precision(self.pipe.transformer, row.mixed_precision)
 
+    def configure_vae(self, tiling: bool, tile_size: int | None = None,
+                      tile_stride: int | None = None) -> dict[str, Any]:
+        """stages.generation.vae_tiling: the Wan VAE's own spatial tiling (models/wan_vae.py)."""
+        options = TilingOptions(tile_size, tile_stride) if tiling else None
+        return configure_tiling(self.pipe.vae, options)
+
     @torch.no_grad()
     def decode(self, state: Cosmos3Batch, row: int) -> np.ndarray:
         """Frames of one row as floats in [0, 1], (T, H, W, 3): `__call__` step 8, "np"."""
-        pipe = self.pipe
         latents = state.rows[row].latents
-        in_dtype, dtype = latents.dtype, pipe.vae.dtype
+        return self._postprocess(self._vae_decode(self._vae_latents(latents)), latents.dtype)
+
+    @torch.no_grad()
+    def decode_chunk(self, state: Cosmos3Batch, row: int, max_frames: int) -> np.ndarray | None:
+        """`decode` spread over calls: up to `max_frames` latent frames (of one VAE tile) per
+        call, the VAE's causal feature cache kept on the row in between (models/wan_vae.py);
+        None until the last call, which returns what `decode` returns."""
+        r = state.rows[row]
+        if r.decode_job is None:
+            r.decode_job = WanDecodeJob(self.pipe.vae, self._vae_latents(r.latents))
+        if not r.decode_job.advance(max_frames):
+            return None
+        job, r.decode_job = r.decode_job, None
+        return self._postprocess(job.result(), r.latents.dtype)
+
+    def _vae_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """Model latents -> the VAE's (un-normalised, in the VAE's dtype), as `__call__`."""
+        pipe = self.pipe
+        dtype = pipe.vae.dtype
         mean = pipe._vae_latents_mean.to(device=latents.device, dtype=dtype)
         inv_std = pipe._vae_latents_inv_std.to(device=latents.device, dtype=dtype)
-        z_raw = latents.to(dtype) / inv_std.view(1, -1, 1, 1, 1) + mean.view(1, -1, 1, 1, 1)
-        decoded = self._vae_decode(z_raw).to(in_dtype)
-        video = pipe.video_processor.postprocess_video(decoded, output_type="np")[0]
+        return latents.to(dtype) / inv_std.view(1, -1, 1, 1, 1) + mean.view(1, -1, 1, 1, 1)
+
+    def _postprocess(self, decoded: torch.Tensor, in_dtype: torch.dtype) -> np.ndarray:
+        pipe = self.pipe
+        video = pipe.video_processor.postprocess_video(decoded.to(in_dtype), output_type="np")[0]
         if pipe.safety_checker is not None:
             video = pipe._apply_video_safety_check(video, output_type="np",
                                                    device=pipe._get_execution_device())
         return video
 
     def _vae_decode(self, z_raw: torch.Tensor) -> torch.Tensor:
-        """(1, 3, T, H, W) in [-1, 1] (a rank group splits it: models/cosmos3/parallel.py)."""
-        return self.pipe.vae.decode(z_raw).sample
+        """(1, 3, T, H, W) in [-1, 1] (a rank group splits it: models/cosmos3/parallel.py).
+        In a colocated process (a yield point set) the decode pauses at the yield point
+        between latent frames, as the forward does between blocks; the same frames."""
+        if self.yield_point is None:
+            return self.pipe.vae.decode(z_raw).sample
+        job = WanDecodeJob(self.pipe.vae, z_raw)
+        while not job.advance(1):
+            self.yield_point()
+        return job.result()
 
     @torch.no_grad()
     def extras(self, state: Cosmos3Batch, row: int) -> RowExtras | None:

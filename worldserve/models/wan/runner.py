@@ -32,6 +32,7 @@ from worldserve.models.speed import NATIVE, CompileTimer, apply_attention_backen
 from worldserve.models.types import ModelLoadError, RowExtras, RunnerFeatures
 from worldserve.models.wan.family import DEFAULTS, DEV_DEFAULTS, FAMILY
 from worldserve.models.wan.loader import load_pipeline
+from worldserve.models.yielding import BlockYieldOps
 
 DEFAULT_MAX_SEQUENCE_LENGTH = 512
 MAX_CONDITION_IMAGES = 4
@@ -86,11 +87,12 @@ def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu",
                            defaults=checkpoint_defaults(model_dir, DEFAULTS, DEV_DEFAULTS))
 
 
-class DiffusionRunner(DiffusersAdminOps):
+class DiffusionRunner(DiffusersAdminOps, BlockYieldOps):
     """Owns the pipeline; stateless between batches except for the model weights.
 
     Satisfies the generation runner contract (engines/generation/contract.py), with the
-    optional LoRA / weights / memory capabilities of `DiffusersAdminOps`.
+    optional LoRA / weights / memory capabilities of `DiffusersAdminOps` and the block yield
+    points of a colocated stage (`BlockYieldOps`).
     """
 
     # Rows of one forward: no limit of its own (the stage's `max_batch_size` decides).
