@@ -122,6 +122,7 @@ class StepCacheRunner(Protocol):
         """A row's forwards and skipped forwards (None: the row did not cache)."""
 
 
+@runtime_checkable
 class ChunkedDecodeRunner(Protocol):
     """A runner whose VAE decode can tile and can be spread over several engine steps
     (stages.generation.vae_tiling / vae_decode_chunk_frames)."""
