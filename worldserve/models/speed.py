@@ -35,12 +35,22 @@ def apply_attention_backend(transformers: list[Any], backend: str, device: Any,
     (ModelLoadError naming what is missing otherwise)."""
     if backend == NATIVE:
         return
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
     check_attention_backend(backend, device, dtype, gqa=gqa)
-    for transformer in transformers:
-        if not hasattr(transformer, "set_attention_backend"):
-            raise ModelLoadError(f"attention_backend {backend!r}: {type(transformer).__name__} "
-                                 f"has no set_attention_backend (use native)")
-        transformer.set_attention_backend(backend)
+    # set_attention_backend also makes `backend` diffusers' process-wide default; every
+    # processor of these transformers passes its own, so put the default back: another model
+    # in this process (a parallel rank, an engine built later) keeps the default dispatch.
+    default = _AttentionBackendRegistry._active_backend
+    try:
+        for transformer in transformers:
+            if not hasattr(transformer, "set_attention_backend"):
+                raise ModelLoadError(f"attention_backend {backend!r}: "
+                                     f"{type(transformer).__name__} has no "
+                                     f"set_attention_backend (use native)")
+            transformer.set_attention_backend(backend)
+    finally:
+        _AttentionBackendRegistry.set_active_backend(default)
     log.info("attention backend: %s", backend)
 
 

@@ -124,6 +124,10 @@ def test_native_math_backend_is_set_on_every_processor_and_equal_within_toleranc
     ours, theirs = denoised(runner, p), denoised(plain, p)
     torch.testing.assert_close(ours.latents, theirs.latents, rtol=0, atol=BACKEND_ATOL)
     assert runner.describe()["speed"]["attention_backend"] == "_native_math"
+    # diffusers' process-wide default is left as it was: a model loaded next dispatches as before
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    assert _AttentionBackendRegistry.get_active_backend()[0].value == "native"
 
 
 @pytest.mark.parametrize("backend, message", [

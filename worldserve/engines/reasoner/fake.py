@@ -152,7 +152,7 @@ class FakeReasonerEngine:
     def capabilities(self) -> ReasonerCapabilities:
         """The fields of the hf engine's capabilities that the api reads."""
         return ReasonerCapabilities(
-            backend="fake", dtype=self.config.dtype, streaming=self.config.fake_streaming,
+            backend="fake", dtype=_fake_dtype(self.config.dtype), streaming=self.config.fake_streaming,
             chat=True,
             max_model_len=self.model_limits.max_model_len,
             max_position_embeddings=self.model_limits.max_position_embeddings,
@@ -295,3 +295,8 @@ def _word_deltas(text: str) -> list[str]:
     """`text` as streamed deltas, one word each (the joined deltas equal `text`)."""
     words = text.split(" ")
     return [w if i == 0 else " " + w for i, w in enumerate(words) if w]
+
+
+def _fake_dtype(dtype: str) -> str:
+    """The fake engine holds no tensors and plans on the CPU: `auto` is float32 there."""
+    return "float32" if dtype == "auto" else dtype
