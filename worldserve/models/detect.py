@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 from typing import Any
 
 MODEL_INDEX = "model_index.json"  # diffusers pipelines
 CONFIG = "config.json"  # transformers models (and the dev action head)
 REALTIME_CONFIG = "realtime_config.json"  # the project's causal realtime layout
+
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # a larger header is no safetensors file we load
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -18,6 +22,24 @@ def read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def read_safetensors_header(path: Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file, its first 8 + N bytes only: tensor name ->
+    {dtype, shape, data_offsets}, and `__metadata__` when the file has one."""
+    from worldserve.models.types import ModelLoadError
+
+    try:
+        with Path(path).open("rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > MAX_HEADER_BYTES:
+                raise ModelLoadError(f"{path}: safetensors header of {length} bytes")
+            header = json.loads(f.read(length))
+    except (OSError, ValueError, struct.error) as exc:
+        raise ModelLoadError(f"{path}: not a readable safetensors file ({exc})") from None
+    if not isinstance(header, dict):
+        raise ModelLoadError(f"{path}: the safetensors header is not an object")
+    return header
 
 
 def diffusers_class(model_dir: Path) -> str | None:

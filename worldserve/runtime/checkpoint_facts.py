@@ -9,18 +9,15 @@ at the root).
 
 from __future__ import annotations
 
-import json
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from worldserve.config import ServerConfig, StageConfig
-from worldserve.models.detect import MODEL_INDEX, read_json
+from worldserve.models.detect import MODEL_INDEX, read_json, read_safetensors_header
 from worldserve.models.types import ModelLoadError
 from worldserve.runtime.placement import FP8_TENSORS, Arch, StageDemand, Workload
 
-MAX_HEADER_BYTES = 100 * 1024 * 1024
 MODELOPT_STATE = "modelopt_state.pth"
 # The largest request a stage is sized for (docs/hardware.md): a 1280x720, 189-frame video; the
 # Cosmos3 / Wan 2.2 VAE packs 32x32 pixels and 4 frames into one transformer token.
@@ -75,21 +72,6 @@ class StageFacts:
                 "files": [{"path": f.path, "bytes": f.num_bytes} for f in self.files]}
 
 
-def read_header(path: Path) -> dict[str, Any]:
-    """The JSON header of a safetensors file (the first 8 + N bytes only)."""
-    try:
-        with path.open("rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            if length > MAX_HEADER_BYTES:
-                raise CheckpointError(f"{path}: safetensors header of {length} bytes")
-            header = json.loads(f.read(length))
-    except (OSError, ValueError, struct.error) as exc:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from None
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{path}: the safetensors header is not an object")
-    return header
-
-
 def header_numel(header: dict[str, Any]) -> dict[str, int]:
     """Elements per stored dtype ("BF16", "F8_E4M3", ...) of one header."""
     out: dict[str, int] = {}
@@ -121,7 +103,7 @@ def stage_facts(stage: str, model_dir: Path | None) -> StageFacts:
     files = []
     for path in weight_files(model_dir, stage):
         files.append(WeightFile(str(path.relative_to(model_dir)), path.stat().st_size,
-                                header_numel(read_header(path))))
+                                header_numel(read_safetensors_header(path))))
     return StageFacts(stage, str(model_dir), family, _layout(model_dir, stage),
                       _quantisation(model_dir, stage, files), tuple(files),
                       _arch(model_dir, stage))

@@ -152,8 +152,8 @@ class FakeReasonerEngine:
     def capabilities(self) -> ReasonerCapabilities:
         """The fields of the hf engine's capabilities that the api reads."""
         return ReasonerCapabilities(
-            backend="fake", dtype=_fake_dtype(self.config.dtype), streaming=self.config.fake_streaming,
-            chat=True,
+            backend="fake", dtype=_fake_dtype(self.config.dtype),
+            streaming=self.config.fake_streaming, chat=True,
             max_model_len=self.model_limits.max_model_len,
             max_position_embeddings=self.model_limits.max_position_embeddings,
             retention=admission.server_retention(self.model_limits, self.streaming),

@@ -18,18 +18,16 @@ found: a quantised checkpoint is never loaded as if it were plain.
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from worldserve.models.detect import read_json
+from worldserve.models.detect import read_json, read_safetensors_header
 from worldserve.models.types import ModelLoadError
 
 MODELOPT_STATE = "modelopt_state.pth"
 FP8_E4M3 = "F8_E4M3"
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
-MAX_HEADER_BYTES = 64 * 1024 * 1024
 # Tensor-name suffixes of the two layouts (a quantised linear `prefix.weight` has these beside it).
 NATIVE_SCALE = "weight_quantizer._scale"
 NATIVE_INPUT_AMAX = "input_quantizer._amax"
@@ -164,12 +162,5 @@ def _fp8_tensors(headers: dict[Path, dict[str, dict[str, Any]]]) -> dict[str, li
 
 def read_header(path: Path) -> dict[str, dict[str, Any]]:
     """Tensor name -> {dtype, shape, data_offsets} from a safetensors header (header only)."""
-    try:
-        with Path(path).open("rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            if length > MAX_HEADER_BYTES:
-                raise Fp8FormatError(f"{path}: safetensors header of {length} bytes")
-            header = json.loads(f.read(length))
-    except (OSError, ValueError, struct.error) as exc:
-        raise ModelLoadError(f"{path}: unreadable safetensors header: {exc}") from exc
+    header = read_safetensors_header(path)
     return {k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
