@@ -246,4 +246,32 @@ PLANTS: tuple[Plant, ...] = (
         caught_by=("tests/unit/cluster/test_job_ids.py"
                    "::test_stems_outside_the_id_alphabet_are_refused",),
     ),
+    # ---------------------------------------------------------------- single-device speed, FP8
+    Plant(
+        name="step-cache-rows-share-context-names",
+        claim="cached requests interleaved on one transformer equal their solo cached runs",
+        path="worldserve/models/cosmos3/runner.py",
+        anchor='        context = f"{row.cache_key}/{name}" if row.cache_key else name\n',
+        replacement="        context = name\n",
+        caught_by=("tests/unit/models/test_step_cache.py"
+                   "::test_interleaved_cached_rows_equal_their_solo_cached_runs",),
+    ),
+    Plant(
+        name="kv-reuse-replays-the-cond-prompt-for-uncond",
+        claim="understanding K/V reuse equals recomputation (cond and uncond recorded apart)",
+        path="worldserve/models/cosmos3/runner.py",
+        anchor="        slot = row.understanding_kv.setdefault(name, UnderstandingKV())\n",
+        replacement='        slot = row.understanding_kv.setdefault("cond", UnderstandingKV())\n',
+        caught_by=("tests/unit/models/test_cosmos3_speed.py"
+                   "::test_reuse_equals_recomputation_and_skips_the_understanding_stream",),
+    ),
+    Plant(
+        name="fp8-w8a16-drops-the-weight-scale",
+        claim="an FP8 checkpoint served W8A16 computes what its dequantised checkpoint computes",
+        path="worldserve/models/fp8/weights.py",
+        anchor="    return (weight * scale).to(dtype)\n",
+        replacement="    return weight.to(dtype)\n",
+        caught_by=("tests/unit/fp8/test_cosmos3_fp8.py"
+                   "::test_greedy_session_replies_equal_the_dequantised_checkpoint",),
+    ),
 )
