@@ -128,6 +128,14 @@ def _drain(fd: int) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
+def _as_from_a_terminal() -> None:
+    """The client's SIGINT as a shell gives it: default and unblocked. An ignored or blocked
+    SIGINT is inherited through exec, and this pytest process may have either from what ran
+    in it before (in-process engines and Ray drivers), which the client must not see."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
 @pytest.mark.parametrize("transport", ["websocket", "rest"])
 def test_ctrl_c_deletes_the_session(server: ServerProcess, url: str, clip: Path,
                                     transport: str) -> None:
@@ -135,7 +143,7 @@ def test_ctrl_c_deletes_the_session(server: ServerProcess, url: str, clip: Path,
                                            "--loop", "--max-frames", "100000",
                                            "--transport", transport),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=REPO_ROOT, env=base_env())
+                            cwd=REPO_ROOT, env=base_env(), preexec_fn=_as_from_a_terminal)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:  # wait until the stream is flowing
