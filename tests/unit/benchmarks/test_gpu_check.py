@@ -12,14 +12,18 @@ from pathlib import Path
 from tests.support.server import REPO_ROOT, base_env
 
 
-def test_tiny_run_reports_every_part(dev_models_dir: Path, tmp_path: Path) -> None:
-    out = tmp_path / "gpu_check.json"
+def run_tiny(parts: str, out: Path) -> tuple[subprocess.CompletedProcess, dict]:
+    """`gpu_check.py --tiny --parts PARTS` as a child process; its run and its JSON file."""
     done = subprocess.run(
         [sys.executable, str(REPO_ROOT / "benchmarks" / "gpu_check.py"), "--tiny",
-         "--parts", "plan,generator,reasoner", "--out", str(out)],
+         "--parts", parts, "--out", str(out)],
         capture_output=True, text=True, timeout=180, env=base_env(), cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(out.read_text())
+    return done, json.loads(out.read_text())
+
+
+def test_tiny_run_reports_every_part(dev_models_dir: Path, tmp_path: Path) -> None:
+    done, result = run_tiny("plan,generator,reasoner", tmp_path / "gpu_check.json")
     assert json.loads(done.stdout.strip().splitlines()[-1]) == result
     assert result["tiny"] is True and result["cuda"] is False
     parts = result["parts"]

@@ -10,6 +10,7 @@ import pydantic
 import pytest
 import torch
 
+from tests.unit.models.test_cosmos3 import params as cosmos3_params
 from tests.unit.models.test_cosmos3 import png
 from worldserve.config import GenerationStageConfig, ServerConfig
 from worldserve.engines.generation.engine import GenerationEngine
@@ -40,10 +41,7 @@ def reusing(cosmos3_dir):
 
 
 def params(**overrides) -> GenerationParams:
-    base = dict(prompt="a robot arm picks up the blue cup", width=48, height=32, num_frames=5,
-                num_inference_steps=3, guidance_scale=4.0, seeds=[3], fps=24.0)
-    base.update(overrides)
-    return GenerationParams(**base)
+    return cosmos3_params(**{"num_inference_steps": 3, **overrides})
 
 
 def denoised(runner, p: GenerationParams):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.unit.models.test_cosmos3 import params as cosmos3_params
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import GenerationParams
 from worldserve.models import registry
@@ -37,10 +38,7 @@ def cached_runners(cosmos3_dir):
 
 
 def params(**overrides) -> GenerationParams:
-    base = dict(prompt="a robot arm picks up the blue cup", width=48, height=32, num_frames=5,
-                num_inference_steps=8, guidance_scale=4.0, seeds=[3], fps=24.0)
-    base.update(overrides)
-    return GenerationParams(**base)
+    return cosmos3_params(**{"num_inference_steps": 8, **overrides})
 
 
 def run(runner, p: GenerationParams):
