@@ -168,3 +168,37 @@ def test_images_and_clips_mix_in_one_prompt_and_bad_clips_are_400(loaded):
         prompting.read_video(_frames(2), 0.0)
     with pytest.raises(InvalidRequest, match="invalid image"):
         prompting.read_video([b"not a frame"], FPS)
+
+
+@pytest.mark.parametrize(("style", "version", "collapses"), [
+    ("timestamped", "5.24.0", False), ("timestamped", "5.24.9", False),
+    ("timestamped", "5.25.0", True), ("timestamped", "5.25.0.dev0", True),
+    ("timestamped", "5.26.1", True), ("timestamped", "6.0.0", True),
+    ("framewise", "5.0.0", True), ("plain", "5.25.0", False)])
+def test_the_video_wrapper_collapses_from_transformers_5_25_for_timestamped_styles(
+        style, version, collapses):
+    """Each side of the version boundary, asked exactly: 5.25.0 is the first release whose
+    Qwen3-VL processor collapses the template's outer video wrapper."""
+    from worldserve.models.qwen_vl.vision import collapses_video_wrapper
+
+    assert collapses_video_wrapper(style, version) is collapses
+
+
+def test_a_timestamped_clip_keeps_or_drops_the_outer_wrapper_by_the_version_asked(tmp_path):
+    """The same clip and prompt (Cosmos3 Omni), prompted for transformers 5.24 and 5.25: the
+    later has exactly the template's outer `<|vision_start|>`/`<|vision_end|>` pair fewer, the
+    spans unchanged."""
+    from worldserve.models.cosmos3_reasoner.dev import write_reasoner_files
+    from worldserve.models.qwen_vl.vision import QwenVLPrompting
+
+    write_reasoner_files(tmp_path, 0, "cosmos3_omni")
+    runner = registry.load_runner("reasoner", tmp_path)
+    assert runner.prompting.video_style == "timestamped"
+    video = runner.prompting.read_video(_frames(4), FPS)
+    text = f"A{VIDEO_PART}B"
+    old, new = (QwenVLPrompting(runner.tokenizer, runner.image_processor, "timestamped", v)
+                .tokenize(text, [video]) for v in ("5.24.0", "5.25.0"))
+    start, end = runner.tokenizer.convert_tokens_to_ids(["<|vision_start|>", "<|vision_end|>"])
+    a, b = runner.tokenizer("A", add_special_tokens=False)["input_ids"], \
+        runner.tokenizer("B", add_special_tokens=False)["input_ids"]
+    assert old == a + [start] + new[len(a):len(new) - len(b)] + [end] + b

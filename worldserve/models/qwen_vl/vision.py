@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import re
 from dataclasses import dataclass
+from importlib.metadata import version as installed_version
 from typing import Any, Literal
 
 import torch
@@ -38,6 +39,27 @@ MAX_VIDEO_FRAMES = 512
 #   framewise    the template's whole `<|vision_start|><|video_pad|><|vision_end|>` becomes those
 #                spans, one per frame (Cosmos3 Edge)
 VideoStyle = Literal["plain", "timestamped", "framewise"]
+# The processors moved: from transformers 5.25.0 `Qwen3VLProcessor` (so Qwen3-VL and Cosmos3 Omni,
+# the "timestamped" style) collapses the template's outer `<|vision_start|><|video_pad|>
+# <|vision_end|>` into the per-group spans as Cosmos3 Edge always did
+# (`get_text_with_replacements`, processing_qwen3_vl.py); up to 5.24.x the spans sat inside that
+# wrapper. The prompt follows the installed processor, so the model sees what its own processor
+# would give it.
+TIMESTAMPED_WRAPPER_COLLAPSED_SINCE = (5, 25)
+
+
+def _release(text: str) -> tuple[int, ...]:
+    """The numeric release of a version string: "5.25.0.dev0" -> (5, 25, 0)."""
+    return tuple(int(part) for part in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+def collapses_video_wrapper(video_style: VideoStyle, transformers_version: str) -> bool:
+    """Whether a processor of `video_style` under `transformers_version` replaces the template's
+    whole video wrapper (not only `<|video_pad|>`) with the clip's spans."""
+    if video_style == "framewise":
+        return True
+    return (video_style == "timestamped"
+            and _release(transformers_version)[:2] >= TIMESTAMPED_WRAPPER_COLLAPSED_SINCE)
 
 
 @dataclass
@@ -70,7 +92,8 @@ def decode_image(data: bytes) -> Image.Image:
 class QwenVLPrompting:
     """Images and clips in, placeholders and processor outputs out, for one checkpoint."""
 
-    def __init__(self, tokenizer: Any, image_processor: Any, video_style: VideoStyle) -> None:
+    def __init__(self, tokenizer: Any, image_processor: Any, video_style: VideoStyle,
+                 transformers_version: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.image_processor = image_processor
         self.video_style = video_style
@@ -81,8 +104,11 @@ class QwenVLPrompting:
         unk = getattr(tokenizer, "unk_token_id", None)
         self.placeholder_ids = tuple(t for t in (self.image_token_id, self.video_token_id)
                                      if isinstance(t, int) and t != unk)
-        # framewise: the whole wrapper the template puts around a video becomes the spans
-        units = [VISION_START + VIDEO_PAD + VISION_END] if video_style == "framewise" else []
+        # the whole wrapper the template puts around a video becomes the spans where the
+        # installed processor does so (`collapses_video_wrapper`)
+        self.collapses_wrapper = collapses_video_wrapper(
+            video_style, transformers_version or installed_version("transformers"))
+        units = [VISION_START + VIDEO_PAD + VISION_END] if self.collapses_wrapper else []
         self._units = {**{u: "video" for u in units}, IMAGE_PAD: "image", VIDEO_PAD: "video"}
         self._split = re.compile("(" + "|".join(re.escape(u) for u in self._units) + ")")
 
