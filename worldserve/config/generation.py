@@ -36,11 +36,16 @@ class StepCacheConfig(FrozenConfig):
     a request caches when it sends `enable_teacache: true`, or, with `default: true`, unless it
     sends `enable_teacache: false`."""
 
-    enabled: bool = True  # false: no hooks; enable_teacache: true is a 400
-    method: Literal["seacache", "taylorseer"] = "seacache"
-    threshold: float | None = Field(default=None, ge=0, le=10)  # None: the method's default
-    interval: int | None = Field(default=None, ge=1, le=100)  # taylorseer: full-forward period
-    default: bool = False  # requests that omit enable_teacache cache too
+    enabled: bool = Field(default=True, description=(
+        "Install the step cache hooks (off: a request's enable_teacache: true is a 400)."))
+    method: Literal["seacache", "taylorseer"] = Field(default="seacache", description=(
+        "Step cache method (SGLang's enable_teacache turns it on per request)."))
+    threshold: float | None = Field(default=None, ge=0, le=10, description=(
+        "seacache: how much change a step may skip (higher: more skipped forwards)."))
+    interval: int | None = Field(default=None, ge=1, le=100, description=(
+        "taylorseer: a full forward every N steps."))
+    default: bool = Field(default=False, description=(
+        "Requests that omit enable_teacache cache too."))
 
     @model_validator(mode="before")
     @classmethod
@@ -69,7 +74,7 @@ class GenerationStageConfig(StageConfig):
         "warmup_mode": "warmup_mode", "warmup_resolutions": "warmup_resolutions",
         "attention_backend": "attention_backend", "enable_torch_compile": "compile"}
 
-    output_dir: Path = Path("outputs")
+    output_dir: Path = Field(default=Path("outputs"), description="Where generated media go.")
     max_batch_size: int = Field(default=4, ge=1, le=64)
     batch_wait_ms: float = Field(default=10.0, ge=0, le=10_000)
     # Requests denoising at once, across all running batches; the engine advances the batches
@@ -89,16 +94,21 @@ class GenerationStageConfig(StageConfig):
     # Cosmos3: run the cosmos_guardrail safety checker (text before, video after generation);
     # when true and the package is missing, the stage fails to start.
     safety_checker: bool = False
-    # One request across several ranks (docs/parallel.md); the default is one process.
-    parallel: GenerationParallelConfig = Field(default_factory=GenerationParallelConfig)
-    # The transformer's attention kernel (diffusers' `set_attention_backend`); "native" is
-    # diffusers' default dispatch (torch SDPA). A backend this machine cannot run fails startup.
-    attention_backend: str = "native"
-    # torch.compile the transformer's repeated blocks (dynamic shapes) during warmup.
-    compile: bool = False
-    # Cosmos3: record the understanding (text) stream's K/V at a row's first step and reuse it
-    # at later steps (bit-exact; stands aside for rows that cache steps).
-    understanding_kv_reuse: bool = True
+    parallel: GenerationParallelConfig = Field(
+        default_factory=GenerationParallelConfig, description=(
+            "One request across several ranks, one device each, e.g. cfg=2,ulysses=2 (axes "
+            "cfg, ulysses, ring, shard)."))
+    # A backend this machine cannot run fails startup (checked with a probe call).
+    attention_backend: str = Field(default="native", description=(
+        "The transformer's attention kernel, one of diffusers' backends (native: torch "
+        "SDPA; flash, _flash_3, sage, flex, _native_cudnn, ...)."))
+    compile: bool = Field(default=False, description=(
+        "torch.compile the transformer's repeated blocks (dynamic shapes), paid during the "
+        "warmup."))
+    # Bit-exact with recomputation; stands aside for rows that cache steps.
+    understanding_kv_reuse: bool = Field(default=True, description=(
+        "Cosmos3: reuse the understanding (text) stream's K/V across a row's denoising "
+        "steps."))
 
     @field_validator("attention_backend")
     @classmethod
@@ -123,10 +133,15 @@ class GenerationStageConfig(StageConfig):
     # and decoding a row a few latent frames per engine step (0: one call per row) so that
     # interleaved jobs keep stepping during a long decode. Chunks are bit-equal to the plain
     # decode; tiles are not (blended seams; the docs give the measured difference).
-    vae_tiling: bool = False
-    vae_tile_size: int | None = Field(default=None, ge=32, le=8192)
-    vae_tile_stride: int | None = Field(default=None, ge=16, le=8192)
-    vae_decode_chunk_frames: int = Field(default=0, ge=0, le=1024)
+    vae_tiling: bool = Field(default=False, description=(
+        "Decode in overlapping spatial tiles (the Wan VAE's enable_tiling)."))
+    vae_tile_size: int | None = Field(default=None, ge=32, le=8192, description=(
+        "Tile size in output pixels (needs VAE tiling)."))
+    vae_tile_stride: int | None = Field(default=None, ge=16, le=8192, description=(
+        "Tile stride in output pixels, at most the tile size (needs VAE tiling)."))
+    vae_decode_chunk_frames: int = Field(default=0, ge=0, le=1024, description=(
+        "Latent frames decoded per engine step, so that other jobs keep stepping (0: a "
+        "row's decode is one step)."))
 
     @model_validator(mode="after")
     def _tile_sizes_need_tiling(self) -> GenerationStageConfig:

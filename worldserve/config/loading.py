@@ -47,12 +47,16 @@ class StageConfig(FrozenConfig):
     ACCEPTED_OVERRIDES: ClassVar[frozenset[str]] = frozenset({"host"})
 
     enabled: bool = True
-    # auto: CUDA when torch sees a GPU (the placement plan picks which), else the CPU;
-    # auto dtype: bfloat16 on CUDA, float32 on the CPU (runtime/placement.py).
-    device: str = "auto"
-    dtype: DtypeName = "auto"
+    # The resolution of `auto` lives in runtime/placement.py.
+    device: str = Field(default="auto", description=(
+        "auto | cpu | cuda | cuda:N for every stage; auto: CUDA when torch sees a GPU (the "
+        "placement plan picks which), else the CPU."))
+    dtype: DtypeName = Field(default="auto", description=(
+        "Weights and compute dtype of every stage; auto: bfloat16 on CUDA (float16 below "
+        "compute capability 8.0), float32 on the CPU."))
     model_path: Path | None = None
-    served_model_name: str | None = None
+    served_model_name: str | None = Field(default=None, description=(
+        "Name reported as `model` in responses."))
     warmup_mode: Literal["off", "server"] = "off"
     start_timeout_s: float = Field(default=300.0, gt=0)
     # Stage sockets: "ipc" (a socket file in the server's run folder) or "tcp" on `host`.

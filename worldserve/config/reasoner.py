@@ -15,23 +15,32 @@ from worldserve.config.loading import StageConfig
 class StreamingConfig(FrozenConfig):
     """Live video reasoning sessions (spec streaming-reasoning.md section 2)."""
 
-    enabled: bool = True
-    max_sessions: int = Field(default=2, ge=1, le=1024)
-    max_video_segments: int = Field(default=8, ge=1)
-    idle_timeout_s: float = Field(default=900.0, gt=0)
-    rest_idle_timeout_s: float = Field(default=120.0, gt=0)
-    frame_timeout_s: float = Field(default=120.0, gt=0)
+    enabled: bool = Field(default=True, description=(
+        "Streaming routes on/off (off: they answer 404, chat is still served)."))
+    max_sessions: int = Field(default=2, ge=1, le=1024, description=(
+        "Live sessions, WebSocket and REST."))
+    max_video_segments: int = Field(default=8, ge=1, description="Default retained frames.")
+    idle_timeout_s: float = Field(default=900.0, gt=0, description=(
+        "WebSocket session idle timeout in seconds."))
+    rest_idle_timeout_s: float = Field(default=120.0, gt=0, description=(
+        "REST session idle timeout in seconds."))
+    frame_timeout_s: float = Field(default=120.0, gt=0, description=(
+        "Per-frame ceiling in seconds."))
     # None: 2 x max_sessions x max_video_segments (never below that floor)
-    image_budget: int | None = Field(default=None, ge=1)
-    encoder_capacity: int | None = Field(default=None, ge=1)
-    # A DFlash drafter directory (transformers' muse_glimmer_assistant, z-lab's DFlashDraftModel
-    # or a speculators `dflash` checkpoint); declared before spec_method, whose validator needs it.
-    spec_model_path: Path | None = None
+    image_budget: int | None = Field(default=None, ge=1, description=(
+        "Per-session image limit, never below 2 x sessions x segments."))
+    encoder_capacity: int | None = Field(default=None, ge=1, description=(
+        "Shared encoder capacity."))
+    # Transformers' muse_glimmer_assistant, z-lab's DFlashDraftModel or a speculators `dflash`
+    # checkpoint; declared before spec_method, whose validator needs it.
+    spec_model_path: Path | None = Field(default=None, description=(
+        "DFlash drafter directory (needed by spec method dflash)."))
     # None: dflash when a drafter is given, else none.
-    spec_method: Literal["none", "ngram", "dflash"] | None = Field(default=None,
-                                                                   validate_default=True)
-    # Drafts per step, both methods (dflash: also at most the drafter's block_size - 1).
-    spec_num_tokens: int = Field(default=3, ge=1, le=16)
+    spec_method: Literal["none", "ngram", "dflash"] | None = Field(
+        default=None, validate_default=True, description="Speculative decoding method.")
+    # dflash: also at most the drafter's block_size - 1.
+    spec_num_tokens: int = Field(default=3, ge=1, le=16, description=(
+        "Draft tokens per step."))
     # None: the library default (7000), lowered to fit small models (A1/A2 of spec 4.5)
     max_session_tokens: int | None = Field(default=None, ge=1024)
     # How often the api's reaper closes idle sessions (spec section 6.1: every 5 s).
@@ -58,25 +67,27 @@ class ReasonerStageConfig(StageConfig):
     max_model_len: int | None = Field(default=None, ge=256)
     # Upper bound of tokens prefilled in one engine step (a frame's chunk is never split).
     max_prefill_tokens: int = Field(default=2048, ge=64)
-    # Batch the decode steps of concurrent sessions into one forward.
-    batch_decode: bool = True
-    # Decode steps through the family's static decode step (fewer host ops than transformers'
-    # forward, token-identical; families without one keep transformers' forward).
-    static_decode: bool = True
-    # torch.compile the static decode step (CUDA: CUDA graphs). Off: not verified on a GPU.
-    compile_decode: bool = False
-    # Run in the generation stage's process (same device): a Cosmos3 directory's reasoner then
-    # shares the generator's understanding weights instead of holding a second copy.
-    colocate_with_generation: bool = False
-    # Colocated only: where the generation forward lets the reasoner run. `blocks`: before
-    # every transformer block, while the reasoner has work, for at most
-    # `colocation_max_yield_ms` per block; `steps`: between whole engine steps only (one
-    # reasoner step per generation step). docs/reasoner-engine.md, benchmarks/colocation.py.
-    colocation_yield: Literal["blocks", "steps"] = "blocks"
-    colocation_max_yield_ms: float = Field(default=250.0, gt=0, le=60_000)
-    # Grammar engine of guided_json/guided_choice/guided_regex: the hf and fake backends use
-    # llguidance; xgrammar/auto name the NIM's vllm backend and are refused here.
-    guided_decoding_backend: Literal["llguidance", "xgrammar", "auto"] = "llguidance"
+    batch_decode: bool = Field(default=True, description=(
+        "Batch the decode steps of concurrent sessions into one forward."))
+    # Families without a static decode step keep transformers' forward.
+    static_decode: bool = Field(default=True, description=(
+        "Decode through the family's static decode step (fewer host ops, token-identical)."))
+    # Off by default: not verified on a GPU.
+    compile_decode: bool = Field(default=False, description=(
+        "torch.compile the static decode step (CUDA: CUDA graphs)."))
+    colocate_with_generation: bool = Field(default=False, description=(
+        "Run the reasoner in the generation stage's process, sharing a Cosmos3 "
+        "directory's understanding weights instead of a second copy."))
+    # docs/reasoner-engine.md, benchmarks/colocation.py.
+    colocation_yield: Literal["blocks", "steps"] = Field(default="blocks", description=(
+        "Colocated: where the generation forward lets the reasoner run, before every "
+        "transformer block or between whole engine steps."))
+    colocation_max_yield_ms: float = Field(default=250.0, gt=0, le=60_000, description=(
+        "Colocated, blocks: the longest the reasoner runs before one transformer block."))
+    # xgrammar/auto name the NIM's vllm backend and are refused here.
+    guided_decoding_backend: Literal["llguidance", "xgrammar", "auto"] = Field(
+        default="llguidance", description=(
+            "Grammar engine of guided_json/guided_choice/guided_regex (llguidance)."))
     # `fake` backend only (protocol tests): delay of every reply, a 0-based frame index that is
     # never answered (frame timeouts), one that fails as an engine error, and whether the
     # backend claims streaming support (False: streaming routes answer 501).

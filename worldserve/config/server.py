@@ -33,25 +33,34 @@ class StagesConfig(FrozenConfig):
 class ServerConfig(FrozenConfig):
     """The whole server. Secrets (the admin key) are not part of it."""
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    # uvicorn's access log: one line per HTTP request and WebSocket handshake (--no-access-log).
-    access_log: bool = True
-    allowed_local_media_path: Path | None = None
-    allowed_media_domains: list[str] = Field(default_factory=list)
-    max_upload_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
-    output_ttl_s: float = Field(default=0.0, ge=0)
-    max_job_records: int = Field(default=0, ge=0)
-    # Base of the absolute `url`s in responses (e.g. https://media.example.com); None: each
-    # request's own scheme and host.
-    public_url: str | None = None
-    # Proxies whose X-Forwarded-Proto/For/Host are believed (comma-separated IPs/CIDRs, "*").
-    forwarded_allow_ips: str = "127.0.0.1"
-    # Which runtime the root /v1/metadata (and /v1/health/ready, /v1/manifest) describes to NIM
-    # clients; None: the reasoner when it is enabled, else the generator. The NIM-compatible
-    # mounts /nim/generator and /nim/reasoner always describe their own (docs/nim.md).
-    nim_runtime: Literal["generator", "reasoner"] | None = None
+    host: str = Field(default="127.0.0.1", description="Bind address of the HTTP server.")
+    port: int = Field(default=8000, ge=0, le=65535, description="HTTP port (0: any free one).")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="Log level of the api and stage processes.")
+    access_log: bool = Field(default=True, description=(
+        "uvicorn's access log: a line per HTTP request and WebSocket handshake."))
+    allowed_local_media_path: Path | None = Field(default=None, description=(
+        "Local media paths in requests must resolve inside this directory."))
+    allowed_media_domains: list[str] = Field(default_factory=list, description=(
+        "Allowed remote media host (repeatable, comma-separated allowed)."))
+    max_upload_bytes: int = Field(default=32 * 1024 * 1024, ge=1, description=(
+        "Largest accepted upload per file, in bytes."))
+    output_ttl_s: float = Field(default=0.0, ge=0, description=(
+        "Delete generated outputs and their records this many seconds after they finish "
+        "(0: never)."))
+    max_job_records: int = Field(default=0, ge=0, description=(
+        "Keep at most this many image/video records; the oldest finished ones go first "
+        "(0: unlimited)."))
+    public_url: str | None = Field(default=None, description=(
+        "Base of the absolute URLs in responses, e.g. https://media.example.com."))
+    forwarded_allow_ips: str = Field(default="127.0.0.1", description=(
+        "Proxies whose X-Forwarded-Proto/For/Host are believed (comma-separated IPs or "
+        "CIDRs, * for any)."))
+    # The NIM-compatible mounts /nim/generator and /nim/reasoner always describe their own
+    # (docs/nim.md).
+    nim_runtime: Literal["generator", "reasoner"] | None = Field(default=None, description=(
+        "The runtime the root /v1/metadata, /v1/health/ready and /v1/manifest describe to NIM "
+        "clients."))
     stages: StagesConfig = Field(default_factory=StagesConfig)
 
     @model_validator(mode="after")
