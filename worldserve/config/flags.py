@@ -182,6 +182,16 @@ YAML_ONLY: dict[str, str] = {
 }
 
 
+def yaml_only_pattern(key: str) -> str | None:
+    """The YAML_ONLY entry that names `key` (`*`: any one stage), None when none does."""
+    names = key.split(".")
+    for pattern in YAML_ONLY:
+        parts = pattern.split(".")
+        if len(parts) == len(names) and all(p in ("*", n) for p, n in zip(parts, names)):
+            return pattern
+    return None
+
+
 def field_of(dotted: str, model: type[BaseModel] = ServerConfig) -> FieldInfo:
     """The pydantic field a dotted key names (KeyError when there is none)."""
     *parents, leaf = dotted.split(".")
