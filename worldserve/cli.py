@@ -101,7 +101,8 @@ def serve(
         help="Model directory (HF layout). A folder with generation/ and reasoner/ subfolders "
         "sets both stages. [default: the dev checkpoints]",
     ),
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML configuration file."),
+    config: Optional[Path] = typer.Option(None, "--config",
+                                          help="YAML configuration file. [default: none]"),
     admin_key_file: Optional[Path] = typer.Option(
         None, help="File holding the admin bearer key. [default: $WORLDSERVE_ADMIN_KEY]"
     ),
@@ -179,7 +180,8 @@ async def _serve(cfg: ServerConfig, key: str | None) -> int:
 def check(
     model_path: Optional[Path] = typer.Option(
         None, help="Model directory, as for `serve`. [default: the dev checkpoints]"),
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML configuration file."),
+    config: Optional[Path] = typer.Option(None, "--config",
+                                          help="YAML configuration file. [default: none]"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     config_overrides: Optional[dict[str, Any]] = None,
 ) -> None:

@@ -43,6 +43,8 @@ def test_every_default_is_shown(help_lines: list[str]) -> None:
         at = text.index(" / ".join(flag.name.split("/")))
         shown = text.index("[default: ", at)
         assert text[shown:].startswith(f"[default: {default_text(flag)}"), flag.name
+    options = [line for line in help_lines if line.strip().startswith("--")]
+    assert text.count("[default: ") == len(options) - 1  # all but --help
     assert "Bind address of the HTTP server. [default: 127.0.0.1]" in text
     assert "[default: 8000]" in text
 
