@@ -284,8 +284,8 @@ def flag_overrides(flags: tuple[ConfigFlag, ...], values: dict[str, Any]) -> dic
 
 def with_config_flags(flags: tuple[ConfigFlag, ...]) -> Callable[[Callable[..., Any]],
                                                                    Callable[..., Any]]:
-    """Add `flags` to a typer command after its own parameters; the command receives the
-    dotted overrides of those given as its `config_overrides` argument."""
+    """Add `flags` to a typer command (after its own options, before its own panels); the
+    command receives the dotted overrides of those given as its `config_overrides`."""
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         hints = typing.get_type_hints(command)
