@@ -15,6 +15,7 @@ import typer
 from worldserve import envs
 from worldserve.clients.streaming import stream_command
 from worldserve.config import ConfigError, ServerConfig, load_config
+from worldserve.config.flags import CHECK_FLAGS, SERVE_FLAGS, PanelledCommand, with_config_flags
 
 app = typer.Typer(
     help="worldserve: serve world foundation models (images, videos, actions, "
@@ -30,7 +31,6 @@ DEV_STAGE_DIRS = ("generation", "reasoner", "realtime")
 # from the one Cosmos3 dev directory (as from a published Cosmos3 checkpoint); the Qwen2.5-VL
 # dev reasoner (`<dev-models>/reasoner`) is served with `--model-path <dev-models>/reasoner`.
 DEV_STAGE_DEFAULTS = {"generation": "generation", "reasoner": "generation", "realtime": "realtime"}
-NIM_PANEL = "Live video reasoning (NIM settings; each flag wins over its NIM_* variable)"
 CLUSTER_PANEL = "Scale-out on Ray Serve (docs/scale-out.md)"
 
 
@@ -52,22 +52,6 @@ def _model_overrides(model_path: Path | None) -> dict[str, Any]:
 
     kinds = [kind for kind in stage_kinds(model_path) if kind in DEV_STAGE_DIRS]
     return {f"stages.{kind}.model_path": str(model_path) for kind in kinds or ["generation"]}
-
-
-def _device_overrides(device: str | None, dtype: str | None) -> dict[str, Any]:
-    """`--device` / `--dtype`: the same setting for every stage (YAML may still set a stage's
-    own when the flag is not given)."""
-    out: dict[str, Any] = {}
-    for stage in DEV_STAGE_DIRS:
-        out[f"stages.{stage}.device"] = device
-        out[f"stages.{stage}.dtype"] = dtype
-    return out
-
-
-DEVICE_HELP = ("auto | cpu | cuda | cuda:N for every stage ($WORLDSERVE_DEVICE; default auto: "
-               "CUDA when torch sees a GPU, the placement plan picks which; docs/hardware.md).")
-DTYPE_HELP = ("auto | bfloat16 | float16 | float32 ($WORLDSERVE_DTYPE; default auto: bfloat16 "
-              "on CUDA, float32 on the CPU).")
 
 
 def _fill_dev_model_paths(config: ServerConfig) -> ServerConfig:
@@ -97,11 +81,6 @@ def _fill_dev_model_paths(config: ServerConfig) -> ServerConfig:
     return ServerConfig.model_validate(data)
 
 
-def _nim(help_text: str) -> Any:
-    """An optional `serve` flag of the NIM settings panel (None: not given on the command line)."""
-    return typer.Option(None, help=help_text, rich_help_panel=NIM_PANEL)
-
-
 def _admin_key(admin_key_file: Path | None) -> str | None:
     if admin_key_file is None:
         return envs.admin_key()
@@ -114,146 +93,41 @@ def _admin_key(admin_key_file: Path | None) -> str | None:
     return key
 
 
-@app.command()
+@app.command(cls=PanelledCommand)
+@with_config_flags(SERVE_FLAGS)
 def serve(
     model_path: Optional[Path] = typer.Option(
         None,
-        help="Model directory (HF layout). A folder "
-        "with generation/ and reasoner/ subfolders sets "
-        "both stages. Default: the dev checkpoints.",
+        help="Model directory (HF layout). A folder with generation/ and reasoner/ subfolders "
+        "sets both stages. [default: the dev checkpoints]",
     ),
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML configuration file."),
-    host: Optional[str] = typer.Option(None, help="Bind address [default: 127.0.0.1]."),
-    port: Optional[int] = typer.Option(None, help="Port [default: 8000]."),
-    output_dir: Optional[Path] = typer.Option(
-        None, help="Where generated media go [default: outputs]."
-    ),
-    allowed_local_media_path: Optional[Path] = typer.Option(
-        None, help="Local media paths in requests must resolve inside this directory."
-    ),
-    allowed_media_domain: Optional[list[str]] = typer.Option(
-        None, help="Allowed remote media host (repeatable, comma-separated allowed)."
-    ),
-    log_level: Optional[str] = typer.Option(None, help="debug | info | warning | error."),
-    no_access_log: bool = typer.Option(
-        False, "--no-access-log",
-        help="No log line per HTTP request and WebSocket handshake (uvicorn's access log)."),
+    config: Optional[Path] = typer.Option(None, "--config",
+                                          help="YAML configuration file. [default: none]"),
     admin_key_file: Optional[Path] = typer.Option(
-        None, help="File holding the admin bearer key (else $WORLDSERVE_ADMIN_KEY)."
+        None, help="File holding the admin bearer key. [default: $WORLDSERVE_ADMIN_KEY]"
     ),
-    output_ttl: Optional[float] = typer.Option(
-        None,
-        help="Delete generated outputs and their records this many seconds after they "
-        "finish [default: 0 = never].",
-    ),
-    max_job_records: Optional[int] = typer.Option(
-        None,
-        help="Keep at most this many image/video records; the oldest finished ones go "
-        "first [default: 0 = unlimited].",
-    ),
-    max_upload_bytes: Optional[int] = typer.Option(
-        None, help="Largest accepted upload per file, in bytes."
-    ),
-    public_url: Optional[str] = typer.Option(
-        None, help="Base of the absolute URLs in responses [default: the request's host]."
-    ),
-    forwarded_allow_ips: Optional[str] = typer.Option(
-        None, help="Proxies trusted for X-Forwarded-Proto/For/Host [default: 127.0.0.1]."
-    ),
-    generation_parallel: Optional[str] = typer.Option(
-        None, help="One request across several ranks, e.g. cfg=2,ulysses=2 (axes cfg, "
-        "ulysses, ring, shard; docs/parallel.md)."
-    ),
-    device: Optional[str] = typer.Option(None, help=DEVICE_HELP),
-    dtype: Optional[str] = typer.Option(None, help=DTYPE_HELP),
-    # --- Live video reasoning: the NIM settings (spec streaming-reasoning.md section 2). Each
-    # flag wins over its NIM_* variable, which wins over the YAML file.
-    enable_streaming: Optional[bool] = typer.Option(
-        None, "--enable-streaming/--disable-streaming", rich_help_panel=NIM_PANEL,
-        help="Streaming routes on/off ($NIM_ENABLE_STREAMING; default on)."),
-    streaming_max_sessions: Optional[int] = _nim(
-        "Live sessions, WebSocket and REST ($NIM_STREAMING_MAX_SESSIONS; 2)."),
-    streaming_max_video_segments: Optional[int] = _nim(
-        "Default retained frames ($NIM_STREAMING_MAX_VIDEO_SEGMENTS; 8)."),
-    streaming_idle_timeout_s: Optional[float] = _nim(
-        "WebSocket session idle timeout ($NIM_STREAMING_IDLE_TIMEOUT_S; 900)."),
-    streaming_rest_idle_timeout_s: Optional[float] = _nim(
-        "REST session idle timeout ($NIM_STREAMING_REST_IDLE_TIMEOUT_S; 120)."),
-    streaming_frame_timeout_s: Optional[float] = _nim("Per-frame ceiling in seconds (120)."),
-    streaming_image_budget: Optional[int] = _nim(
-        "Per-session image limit, never below 2 x sessions x segments "
-        "($NIM_MAX_IMAGES_PER_PROMPT)."),
-    streaming_encoder_capacity: Optional[int] = _nim(
-        "Shared encoder capacity (default: the image budget)."),
-    streaming_spec_method: Optional[str] = _nim(
-        "none | ngram | dflash ($NIM_STREAMING_SPEC_METHOD; dflash when a drafter is "
-        "given, else none)."),
-    streaming_spec_model_path: Optional[Path] = _nim(
-        "DFlash drafter directory (needed by --streaming-spec-method dflash)."),
-    streaming_spec_num_tokens: Optional[int] = _nim(
-        "Draft tokens per step ($NIM_STREAMING_SPEC_NUM_TOKENS; 3)."),
-    guided_decoding_backend: Optional[str] = _nim(
-        "llguidance ($NIM_GUIDED_DECODING_BACKEND; llguidance)."),
-    reasoner_model_name: Optional[str] = _nim(
-        "Name reported as `model` (default: the model id or path)."),
-    nim_runtime: Optional[str] = _nim(
-        "generator | reasoner: the runtime the root /v1/metadata describes ($NIM_MODEL_TYPE; "
-        "default: the reasoner when enabled). /nim/generator and /nim/reasoner always serve "
-        "their own."),
     # --- scale-out (issue 15): docs/scale-out.md
     cluster: Optional[str] = typer.Option(
         None, rich_help_panel=CLUSTER_PANEL,
-        help="'ray': serve on a Ray Serve cluster (extra worldserve[ray])."
+        help="'ray': serve on a Ray Serve cluster (extra worldserve[ray]). [default: one "
+        "machine, no Ray]"
     ),
     ray_address: Optional[str] = typer.Option(
         None, rich_help_panel=CLUSTER_PANEL,
-        help="With --cluster ray: join this Ray cluster [default: start a local one]."
+        help="With --cluster ray: join this Ray cluster. [default: start a local one]"
     ),
     replicas: Optional[str] = typer.Option(
         None, rich_help_panel=CLUSTER_PANEL,
-        help="With --cluster ray: replicas per stage, e.g. generation=2,reasoner=1."
+        help="With --cluster ray: replicas per stage, e.g. generation=2,reasoner=1. [default: "
+        "1 each]"
     ),
     api_replicas: int = typer.Option(1, min=1, rich_help_panel=CLUSTER_PANEL,
                                      help="With --cluster ray: api replicas."),
+    config_overrides: Optional[dict[str, Any]] = None,
 ) -> None:
-    """Start the api process and its stage processes."""
-    streaming = "stages.reasoner.streaming"
-    nim_overrides: dict[str, Any] = {
-        f"{streaming}.enabled": enable_streaming,
-        f"{streaming}.max_sessions": streaming_max_sessions,
-        f"{streaming}.max_video_segments": streaming_max_video_segments,
-        f"{streaming}.idle_timeout_s": streaming_idle_timeout_s,
-        f"{streaming}.rest_idle_timeout_s": streaming_rest_idle_timeout_s,
-        f"{streaming}.frame_timeout_s": streaming_frame_timeout_s,
-        f"{streaming}.image_budget": streaming_image_budget,
-        f"{streaming}.encoder_capacity": streaming_encoder_capacity,
-        f"{streaming}.spec_method": streaming_spec_method,
-        f"{streaming}.spec_num_tokens": streaming_spec_num_tokens,
-        f"{streaming}.spec_model_path": streaming_spec_model_path,
-        "stages.reasoner.guided_decoding_backend": guided_decoding_backend,
-        "stages.reasoner.served_model_name": reasoner_model_name,
-        "nim_runtime": nim_runtime,
-    }
-    overrides: dict[str, Any] = {
-        "host": host,
-        "port": port,
-        "log_level": log_level,
-        "access_log": False if no_access_log else None,
-        "stages.generation.output_dir": str(output_dir) if output_dir else None,
-        "stages.generation.parallel": generation_parallel,
-        "allowed_local_media_path": str(allowed_local_media_path)
-        if allowed_local_media_path
-        else None,
-        "allowed_media_domains": allowed_media_domain or None,
-        "output_ttl_s": output_ttl,
-        "max_job_records": max_job_records,
-        "max_upload_bytes": max_upload_bytes,
-        "public_url": public_url,
-        "forwarded_allow_ips": forwarded_allow_ips,
-        **_model_overrides(model_path),
-        **_device_overrides(device, dtype),
-        **nim_overrides,
-    }
+    """Start the api process and its stage processes. Flags override single config keys
+    (flag > environment variable > YAML file > default)."""
+    overrides = {**_model_overrides(model_path), **(config_overrides or {})}
     try:
         cfg = load_config(config, overrides)
     except ConfigError as exc:
@@ -301,16 +175,15 @@ async def _serve(cfg: ServerConfig, key: str | None) -> int:
     return await run_server(cfg, key)
 
 
-@app.command()
+@app.command(cls=PanelledCommand)
+@with_config_flags(CHECK_FLAGS)
 def check(
     model_path: Optional[Path] = typer.Option(
-        None, help="Model directory, as for `serve` [default: the dev checkpoints]."),
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML configuration file."),
-    device: Optional[str] = typer.Option(None, help=DEVICE_HELP),
-    dtype: Optional[str] = typer.Option(None, help=DTYPE_HELP),
-    generation_parallel: Optional[str] = typer.Option(
-        None, help="As for `serve`: the generation stage's rank group (one GPU per rank)."),
+        None, help="Model directory, as for `serve`. [default: the dev checkpoints]"),
+    config: Optional[Path] = typer.Option(None, "--config",
+                                          help="YAML configuration file. [default: none]"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    config_overrides: Optional[dict[str, Any]] = None,
 ) -> None:
     """Print the placement plan and what each stage would load, without loading anything.
     Exit status 1 when the plan cannot work (a missing device, a stage that does not fit)."""
@@ -319,8 +192,7 @@ def check(
     from worldserve.runtime.devices import DeviceProbeError, server_plan
     from worldserve.runtime.placement import format_plan, gib
 
-    overrides = {"stages.generation.parallel": generation_parallel,
-                 **_model_overrides(model_path), **_device_overrides(device, dtype)}
+    overrides = {**_model_overrides(model_path), **(config_overrides or {})}
     try:
         cfg = _fill_dev_model_paths(load_config(config, overrides))
         plan, facts = server_plan(cfg)

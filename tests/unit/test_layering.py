@@ -27,6 +27,9 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "media": ("worldserve.engines", "worldserve.api", "worldserve.models"),
     "clients": ("worldserve.api", "worldserve.engines", "worldserve.models",
                 "worldserve.runtime"),
+    # Config is read by every process: it knows settings, never what acts on them.
+    "config": (*MODEL_LIBRARIES, "worldserve.api", "worldserve.engines", "worldserve.models",
+               "worldserve.runtime", "worldserve.ipc", "worldserve.media", "worldserve.cluster"),
 }
 # Engines see models only through the registry and the shared types (never a family module).
 ENGINE_MODEL_IMPORTS = ("worldserve.models.registry", "worldserve.models.types")

@@ -14,22 +14,26 @@ from tests.support.server import base_env
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 
-def serve(config: Path, cwd: Path) -> subprocess.CompletedProcess:
+def serve(config: Path, cwd: Path, *flags: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "worldserve", "serve", "--port", "0",
-                           "--config", str(config)],
+                           "--config", str(config), *flags],
                           capture_output=True, text=True, timeout=180, env=base_env(), cwd=cwd)
 
 
-def write_config(tmp_path: Path, model: Path, backend: str) -> Path:
+def write_config(tmp_path: Path, model: Path, backend: str | None) -> Path:
     config = tmp_path / "c.yaml"
+    setting = f"    attention_backend: {backend}\n" if backend else ""
     config.write_text("stages:\n  reasoner: {enabled: false}\n  realtime: {enabled: false}\n"
-                      f"  generation:\n    model_path: {model}\n"
-                      f"    attention_backend: {backend}\n")
+                      f"  generation:\n    model_path: {model}\n{setting}")
     return config
 
 
-def test_unrunnable_backend_fails_startup_naming_the_missing_package(tmp_path, cosmos3_dir):
-    done = serve(write_config(tmp_path, cosmos3_dir, "flash"), tmp_path)
+@pytest.mark.parametrize(("yaml_backend", "flags"), [("flash", ()),
+                                                      (None, ("--attention-backend", "flash"))],
+                         ids=["yaml", "flag"])
+def test_unrunnable_backend_fails_startup_naming_the_missing_package(
+        tmp_path, cosmos3_dir, yaml_backend, flags):
+    done = serve(write_config(tmp_path, cosmos3_dir, yaml_backend), tmp_path, *flags)
     assert done.returncode == 1
     assert "stage 'generation' failed to start" in done.stderr
     assert "attention_backend 'flash' cannot run here" in done.stderr
