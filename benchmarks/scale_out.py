@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import statistics
 import sys
 import tempfile
@@ -34,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ray  # noqa: E402
 from ray import serve  # noqa: E402
 
+from benchmarks import harness  # noqa: E402
 from tests.support.server import ServerProcess, free_port  # noqa: E402
 from worldserve.cluster.app import (  # noqa: E402
     ClusterOptions,
@@ -148,7 +148,7 @@ def main() -> None:
         "added_p50_ms": round(ray_latency["p50_ms"] - single["p50_ms"], 2),
         "added_p99_ms": round(ray_latency["p99_ms"] - single["p99_ms"], 2),
     }
-    print(json.dumps(result))
+    harness.emit(result)
 
 
 if __name__ == "__main__":
