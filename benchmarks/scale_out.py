@@ -34,7 +34,7 @@ import ray  # noqa: E402
 from ray import serve  # noqa: E402
 
 from benchmarks import harness  # noqa: E402
-from tests.support.server import ServerProcess, free_port  # noqa: E402
+from tests.support.server import free_port  # noqa: E402
 from worldserve.cluster.app import (  # noqa: E402
     ClusterOptions,
     deploy,
@@ -96,12 +96,8 @@ def single_node(workdir: Path, n: int) -> dict[str, float]:
     config = {"stages": {"generation": {"enabled": False}, "realtime": {"enabled": False},
                          "reasoner": {"backend": "fake", "model_path": str(workdir)}}}
     (workdir / "single").mkdir()
-    server = ServerProcess(workdir / "single", config)
-    try:
-        server.wait_healthy(timeout_s=120)
+    with harness.server(workdir / "single", config, timeout_s=120) as server:
         return frame_latencies(server.base_url, n)
-    finally:
-        server.stop()
 
 
 def ray_path(workdir: Path, args: argparse.Namespace) -> dict[str, object]:
