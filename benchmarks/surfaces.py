@@ -5,8 +5,9 @@ one live-reasoning frame and one realtime chunk, each timed from the client, `--
     .venv/bin/python benchmarks/surfaces.py                 # starts its own default server
     .venv/bin/python benchmarks/surfaces.py --url http://127.0.0.1:8000   # a running one
 
-Prints one JSON line: `<surface>_s` (median wall seconds), `<surface>_all_s` and `machine`.
-The README's "what to expect" table quotes it.
+Prints one JSON line: `<surface>_s` (median wall seconds), `<surface>_all_s`, `machine` and, for
+a server it started, `torch_threads_per_stage` (`--threads N`; default torch's own, as `make
+serve`: on a busy 2-core machine one thread per stage is faster). The README quotes it.
 """
 
 from __future__ import annotations
@@ -110,14 +111,19 @@ def main() -> None:
     parser.add_argument("--url", help="a running server (default: start `make serve`'s own)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads per stage of the started server (default: its own)")
+                        help="torch threads per stage of the started server (default: torch's "
+                             "own, as `make serve`)")
     args = parser.parse_args()
     if args.url:
         harness.emit(measure(args.url.rstrip("/"), args.repeats))
         return
+    # An empty WORLDSERVE_TORCH_THREADS is torch's default, what `make serve` runs with.
+    threads = {"threads": args.threads} if args.threads else {
+        "env": {"WORLDSERVE_TORCH_THREADS": ""}}
     with tempfile.TemporaryDirectory() as tmp, harness.server(
-            Path(tmp), {"stages": harness.default_stages()}, threads=args.threads) as server:
-        harness.emit(measure(server.base_url, args.repeats))
+            Path(tmp), {"stages": harness.default_stages()}, **threads) as server:
+        result = measure(server.base_url, args.repeats)
+    harness.emit({"torch_threads_per_stage": args.threads or "default", **result})
 
 
 if __name__ == "__main__":
