@@ -6,7 +6,7 @@ A benchmark is a short script on this module:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root
     from benchmarks import harness
 
-    with harness.server(config) as server:
+    with harness.server(workdir, {"stages": harness.default_stages()}) as server:
         _, seconds = harness.timed(httpx.post, server.base_url + "/v1/images/generations", ...)
     harness.emit({"image_s": seconds})
 
