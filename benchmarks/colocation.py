@@ -24,9 +24,9 @@ the ratios `steps / alone` and `blocks / alone`.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
+import sys
 import threading
 import time
 from collections import deque
@@ -36,6 +36,9 @@ from typing import Any
 import torch
 
 from worldserve import envs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.*
+from benchmarks import harness  # noqa: E402
 
 
 class Mailbox:
@@ -212,7 +215,7 @@ def main() -> None:
     from worldserve.models.yielding import repeated_blocks
 
     blocks = len(repeated_blocks(host.engine.pipe.transformer))
-    print(json.dumps({
+    harness.emit({
         "benchmark": "colocation", "reply_tokens": next(iter(replies))[1],
         "model": {"layers": args.layers, "hidden": args.hidden, "blocks_hooked": blocks},
         "video": {"size": args.size, "frames": args.frames, "step_s": round(args.step_s, 4)},
@@ -221,7 +224,7 @@ def main() -> None:
         "steps_during_reply": {arm: [r["steps_during"] for r in rs] for arm, rs in runs.items()},
         "ratio_steps": round(med["steps"] / med["alone"], 2),
         "ratio_blocks": round(med["blocks"] / med["alone"], 2),
-    }))
+    })
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import harness  # noqa: E402
+
 SIZES = {"480p": (480, 832), "720p": (720, 1280)}
 
 
@@ -89,7 +91,7 @@ def main() -> None:
     for name, (h, w) in SIZES.items():
         result[f"{name}_s_per_step"] = round(seconds_per_step(pipe, h, w, args.frames,
                                                               args.steps), 3)
-    print(json.dumps(result))
+    harness.emit(result)
 
 
 if __name__ == "__main__":

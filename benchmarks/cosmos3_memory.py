@@ -16,7 +16,6 @@ library code, and the meta build allocates nothing. With a GPU, compare
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -25,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import harness  # noqa: E402
 from worldserve.models import registry  # noqa: E402
 from worldserve.models.cosmos3_reasoner.dev import (  # noqa: E402
     write_generator_transformer,
@@ -97,8 +97,8 @@ def part_nano() -> dict:
 def main() -> None:
     torch.set_num_threads(1)
     for model_type in ("cosmos3_omni", "cosmos3_edge"):
-        print(json.dumps(part_dev(model_type)), flush=True)
-    print(json.dumps(part_nano()), flush=True)
+        harness.emit(part_dev(model_type))
+    harness.emit(part_nano())
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ Prints one JSON line per part; `part_fp8(report)` is the entry benchmarks/gpu_ch
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
@@ -33,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import harness  # noqa: E402
 from worldserve.ipc.messages import GenerationParams  # noqa: E402
 from worldserve.models import registry  # noqa: E402
 from worldserve.models.fp8 import dev, load  # noqa: E402
@@ -63,12 +63,6 @@ def build_pair(root: Path) -> tuple[Path, Path, str]:
     return quantised, reference, layout
 
 
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    start = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - start
-
-
 def frames(runner: Any) -> np.ndarray:
     out, _ = runner.run_to_end(T2I, T2I.seeds[0])
     return np.asarray(out, dtype=np.float64)  # in [0, 1]
@@ -83,10 +77,10 @@ def logits(model: Any, device: str) -> torch.Tensor:
 def part_w8a16(quantised: Path, reference: Path, device: str, dtype: str) -> dict:
     fp8_s, plain_s = float("inf"), float("inf")
     for _ in range(3):  # alternating, best of three: the first load also warms caches
-        ours, seconds = timed(lambda: registry.load_runner(
+        ours, seconds = harness.timed(lambda: registry.load_runner(
             "generation", quantised, device=device, dtype=dtype, fp8_compute="w8a16"))
         fp8_s = min(fp8_s, seconds)
-        theirs, seconds = timed(lambda: registry.load_runner("generation", reference,
+        theirs, seconds = harness.timed(lambda: registry.load_runner("generation", reference,
                                                              device=device, dtype=dtype))
         plain_s = min(plain_s, seconds)
     # float rounding only (the kernels' last bits follow the weights' memory placement)
@@ -170,7 +164,7 @@ def part_fp8(report: Callable[[dict], None]) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.parse_args()
-    part_fp8(lambda result: print(json.dumps(result), flush=True))
+    part_fp8(lambda result: harness.emit(result))
 
 
 if __name__ == "__main__":

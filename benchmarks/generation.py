@@ -32,10 +32,7 @@ levers instead, each against the native / eager / no-reuse baseline in the same 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,24 +43,19 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import harness  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402
-from worldserve import envs  # noqa: E402
 
 
 def dev_generation_dir() -> Path:
     """The Wan dev checkpoint (dev-models' generation/ is Cosmos3 now)."""
-    root = envs.dev_models_dir()
-    subprocess.run([sys.executable, "-m", "worldserve", "dev-models", "build", str(root)],
-                   check=True)
-    return root / "wan"
+    return harness.dev_model("wan")
 
 
 def start(model: Path, workdir: Path, threads: int, **generation) -> ServerProcess:
     config = {"stages": {"reasoner": {"enabled": False},
                          "generation": {"model_path": str(model), **generation}}}
-    server = ServerProcess(workdir, config, env={"WORLDSERVE_TORCH_THREADS": str(threads)})
-    server.wait_healthy(timeout_s=300)
-    return server
+    return harness.start_server(workdir, config, threads=threads)
 
 
 def body(args: argparse.Namespace, seed: int = 42) -> dict:
@@ -133,9 +125,7 @@ def denoise_counters(server: ServerProcess) -> tuple[int, int]:
 
 def stage_cpu_s(server: ServerProcess) -> float:
     """CPU seconds (user + system) the generation stage process has used so far (Linux)."""
-    pid = server.stage_pids()["generation"]
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return harness.cpu_s(server.stage_pids()["generation"])
 
 
 def batching(batched: ServerProcess, single: ServerProcess, args: argparse.Namespace) -> dict:
@@ -199,12 +189,12 @@ def main() -> None:
             raise SystemExit("--compile / --attention-backend / --kv-reuse: use --model cosmos3")
         from benchmarks.generation_speed import run as run_speed
 
-        print(json.dumps(run_speed(args, work)))
+        harness.emit(run_speed(args, work))
         return
     if args.model == "cosmos3":
         from benchmarks.generation_cosmos3 import run
 
-        print(json.dumps(run(args, work)))
+        harness.emit(run(args, work))
         return
     model = args.model_path or dev_generation_dir()
     batched = start(model, work, args.threads, max_batch_size=4)
@@ -223,7 +213,7 @@ def main() -> None:
             statistics.median(via_server) / statistics.median(direct), 3),
         **gain,
     }
-    print(json.dumps(result))
+    harness.emit(result)
 
 
 if __name__ == "__main__":

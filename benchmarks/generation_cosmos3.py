@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks import harness
 from tests.support.server import ServerProcess
 
 THREADS = "1"
@@ -44,9 +45,7 @@ def build_wide(target: Path) -> Path:
 def start(model: Path, workdir: Path) -> ServerProcess:
     config = {"stages": {"reasoner": {"enabled": False}, "realtime": {"enabled": False},
                          "generation": {"model_path": str(model), "max_running_requests": 2}}}
-    server = ServerProcess(workdir, config, env={"WORLDSERVE_TORCH_THREADS": THREADS})
-    server.wait_healthy(timeout_s=300)
-    return server
+    return harness.start_server(workdir, config, threads=THREADS)
 
 
 def image_body(size: str, steps: int, seed: int = 42) -> dict:

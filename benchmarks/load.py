@@ -22,7 +22,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,8 +36,8 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import harness  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402
-from worldserve import envs  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_REALTIME = (REPO / "worldserve" / "api" / "routes" / "realtime.py").exists()
@@ -52,13 +51,9 @@ def jpeg(seed: int) -> bytes:
 
 
 def rss_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
-    return -1.0
+    """harness.rss_mb for this line: -1 once the process is gone."""
+    mb = harness.rss_mb(pid)
+    return -1.0 if mb is None else round(mb, 1)
 
 
 class Stats:
@@ -292,10 +287,7 @@ def main() -> None:
         help="realtime sessions (fake backend); default: when the route exists",
     )
     args = parser.parse_args()
-    root = envs.dev_models_dir()
-    subprocess.run(
-        [sys.executable, "-m", "worldserve", "dev-models", "build", str(root)], check=True
-    )
+    root = harness.dev_models_dir()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         stages: dict[str, Any] = {
@@ -310,15 +302,10 @@ def main() -> None:
             if args.realtime
             else {"enabled": False},
         }
-        server = ServerProcess(workdir, {"stages": stages})
-        try:
-            server.wait_healthy(timeout_s=300)
+        with harness.server(workdir, {"stages": stages}) as server:
             result = asyncio.run(run(args, server))
             result["server_alive"] = server.proc.poll() is None
-        finally:
-            server.stop()
-    print(json.dumps(result, indent=2), file=sys.stderr)
-    print(json.dumps(result))
+    harness.emit(result, stderr_too=True)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,6 @@ Prints one JSON line at the end with the wall times and the ratios to the baseli
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import harness  # noqa: E402
 from tests.unit.generation import admin_fixtures as fx  # noqa: E402
-from worldserve import envs  # noqa: E402
 from worldserve.config import GenerationStageConfig, ServerConfig  # noqa: E402
 from worldserve.engines.generation.engine import GenerationEngine  # noqa: E402
 from worldserve.ipc.messages import (  # noqa: E402
@@ -40,14 +38,6 @@ from worldserve.ipc.messages import (  # noqa: E402
     LoraRef,
     WeightsUpdate,
 )
-
-
-def dev_generation_dir() -> Path:
-    """The Wan dev checkpoint (dev-models' generation/ is Cosmos3)."""
-    root = envs.dev_models_dir()
-    subprocess.run([sys.executable, "-m", "worldserve", "dev-models", "build", str(root)],
-                   check=True)
-    return root / "wan"
 
 
 def run(engine: GenerationEngine, selections: list[list[LoraRef]], size: int,
@@ -75,7 +65,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    model = args.model_path or dev_generation_dir()
+    model = args.model_path or harness.dev_model("wan")  # dev-models' generation/ is Cosmos3
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         lora_a = fx.build_lora(model, root / "a", 1, ["to_q", "to_k", "to_v", "to_out.0"])
@@ -90,16 +80,17 @@ def main() -> None:
         for name, path in (("a", lora_a), ("b", lora_b)):
             engine.submit(LoraLoad(request_id=f"load-{name}", name=name, path=str(path)),
                           lambda _: None)
-        load_ms = (time.perf_counter() - started) * 1000 / 2
+        load_ms = harness.ms_since(started) / 2
         a, b = [LoraRef(name="a")], [LoraRef(name="b")]
         configs = {"base": [[]] * args.n, "one_adapter": [a] * args.n,
                    "alternating": [a if i % 2 == 0 else b for i in range(args.n)]}
         run(engine, configs["alternating"], args.size, args.steps)  # warm-up
         best = {name: min(run(engine, sel, args.size, args.steps) for _ in range(args.repeats))
                 for name, sel in configs.items()}
-        started = time.perf_counter()
-        engine.submit(WeightsUpdate(request_id="w", path=str(updated)), lambda _: None)
-        update_ms = (time.perf_counter() - started) * 1000
+        _, update_s = harness.timed(engine.submit, WeightsUpdate(request_id="w",
+                                                                  path=str(updated)),
+                                    lambda _: None)
+        update_ms = update_s * 1000
     result = {
         "n": args.n, "size": args.size, "steps": args.steps,
         "base_s": round(best["base"], 4), "one_adapter_s": round(best["one_adapter"], 4),
@@ -109,7 +100,7 @@ def main() -> None:
         "lora_load_ms": round(load_ms, 1), "weights_update_ms": round(update_ms, 1),
         "params": engine.num_params,
     }
-    print(json.dumps(result))
+    harness.emit(result)
 
 
 if __name__ == "__main__":

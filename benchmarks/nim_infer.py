@@ -18,9 +18,7 @@ request's wall time. Timings on a shared CPU are noisy: the pairs interleave so 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,8 +28,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import harness  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402
-from worldserve import envs  # noqa: E402
 
 NIM = {"model_mode": "text2video", "prompt": "a robot arm", "negative_prompt": "",
        "resolution": "720_16_9", "num_frames": 25, "fps": 24.0, "num_inference_steps": 2,
@@ -43,14 +41,10 @@ COOKBOOK_T2V = {**NIM, "num_frames": 189, "num_inference_steps": 35}
 
 
 def start(workdir: Path) -> ServerProcess:
-    root = envs.dev_models_dir()
-    subprocess.run([sys.executable, "-m", "worldserve", "dev-models", "build", str(root)],
-                   check=True, stdout=subprocess.DEVNULL)
     config = {"stages": {"reasoner": {"enabled": False}, "realtime": {"enabled": False},
-                         "generation": {"model_path": str(root / "generation")}}}
-    server = ServerProcess(workdir, config)
-    server.wait_healthy(timeout_s=300)
-    return server
+                         "generation": {
+                             "model_path": str(harness.dev_model("generation", quiet=True))}}}
+    return harness.start_server(workdir, config)
 
 
 def timed_infer(http: httpx.Client, body: dict) -> float:
@@ -93,7 +87,7 @@ def main() -> None:
            "infer_over_native": round(statistics.median(infer) / statistics.median(native), 3),
            "cookbook_t2v_default_s": round(cookbook, 2),
            "cookbook_t2v_default": "720_16_9 (80x48 on the dev checkpoint), 189 frames, 35 steps"}
-    print(json.dumps(out))
+    harness.emit(out)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import harness  # noqa: E402
+
 PROMPT = "a robot arm picks up the blue cup"
 # Widened from the dev config (hidden 32 x 2 layers) until one step takes >= 2 s here.
 WIDE = dict(hidden_size=768, head_dim=64, num_attention_heads=12, num_key_value_heads=4,
@@ -70,7 +72,7 @@ def _contestant(conn: Any, model_dir: str, parallel: str) -> None:
     state = None
     while True:
         verb, arg = conn.recv()
-        start, cpu = time.perf_counter(), [_cpu_s(pid) for pid in pids]
+        start, cpu = time.perf_counter(), [harness.cpu_s(pid) for pid in pids]
         if verb == "prepare":
             params = GenerationParams(**arg)
             state = runner.prepare(["bench"], [params], params.seeds)
@@ -81,16 +83,10 @@ def _contestant(conn: Any, model_dir: str, parallel: str) -> None:
             continue
         else:
             break
-        busiest = max(_cpu_s(pid) - before for pid, before in zip(pids, cpu))
+        busiest = max(harness.cpu_s(pid) - before for pid, before in zip(pids, cpu))
         conn.send((time.perf_counter() - start, busiest))
     if parallel:
         runner.group.close()
-
-
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _spin(queue: Any = None) -> float:
@@ -342,7 +338,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.gpu:
         args.steps = args.steps or 6
-        print(json.dumps(cpu_bench(args)))
+        harness.emit(cpu_bench(args))
         return
     gpus = tuple(int(g) for g in args.gpus.split(","))
     frames = args.frames or (5 if args.dry_run else 93)

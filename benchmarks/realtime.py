@@ -42,9 +42,9 @@ from worldserve.models.causal_dit.loader import RealtimeModel, load_realtime_mod
 from worldserve.models.causal_dit.runner import CausalRunner
 from worldserve.models.types import WorldSessionSettings as SessionSettings
 
-
-def p95(values: list[float]) -> float:
-    return float(np.percentile(values, 95))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.*
+from benchmarks import harness  # noqa: E402
+from benchmarks.harness import p95  # noqa: E402
 
 
 def latency_run(model: RealtimeModel, num_chunks: int, width: int, height: int,
@@ -107,10 +107,9 @@ def _delta_bytes(frames: list[bytes]) -> bytes:
     return b"".join(parts)
 
 
-def _timed(fn, *args) -> tuple[Any, float]:
-    start = time.perf_counter()
-    out = fn(*args)
-    return out, (time.perf_counter() - start) * 1000
+def _timed_ms(fn) -> tuple[Any, float]:
+    out, seconds = harness.timed(fn)
+    return out, seconds * 1000
 
 
 def encoding_figures(frames: list[bytes], width: int, height: int) -> dict[str, float]:
@@ -119,8 +118,8 @@ def encoding_figures(frames: list[bytes], width: int, height: int) -> dict[str, 
     from PIL import Image
 
     n, raw = len(frames), b"".join(frames)
-    gz, gz_ms = _timed(lambda: gzip.compress(_delta_bytes(frames), compresslevel=1))
-    zs, zs_ms = _timed(lambda: zstandard.ZstdCompressor(level=3).compress(_delta_bytes(frames)))
+    gz, gz_ms = _timed_ms(lambda: gzip.compress(_delta_bytes(frames), compresslevel=1))
+    zs, zs_ms = _timed_ms(lambda: zstandard.ZstdCompressor(level=3).compress(_delta_bytes(frames)))
 
     def jpeg() -> int:
         size = 0
@@ -130,7 +129,7 @@ def encoding_figures(frames: list[bytes], width: int, height: int) -> dict[str, 
             size += buf.tell()
         return size
 
-    jp, jp_ms = _timed(jpeg)
+    jp, jp_ms = _timed_ms(jpeg)
     assert zlib.decompress(gz, wbits=31) == _delta_bytes(frames)
     return {
         "raw_bytes_per_frame": len(raw) / n,
@@ -258,7 +257,7 @@ def world_main(args: argparse.Namespace, width: int, height: int) -> None:
         one = world_throughput(runner, 1, args.fps_chunks, width, height, args.steps)
         two = world_throughput(runner, 2, args.fps_chunks, width, height, args.steps)
     result.update({"chunks_per_s_1": one, "chunks_per_s_2": two, "ratio_2_vs_1": two / one})
-    print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}))
+    harness.emit(harness.rounded(result))
 
 
 def main() -> None:
@@ -305,7 +304,7 @@ def main() -> None:
     result.update({f"dev_{k}": v for k, v in dev.items()})
     result.update({f"slow_scene_{k}": v for k, v in slow.items()})
     result["delta_zstd_ratio_slow_scene"] = slow["delta_zstd_ratio"]
-    print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}))
+    harness.emit(harness.rounded(result))
 
 
 def _split(chunk: bytes, width: int, height: int) -> list[bytes]:

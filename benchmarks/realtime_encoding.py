@@ -17,12 +17,16 @@ Prints a table, then one JSON line with every figure and `delta_zstd_ratio_slow_
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from worldserve.media.framing import ChunkEncoder, EncodeSettings, FrameDecoder
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import harness  # noqa: E402
+from worldserve.media.framing import ChunkEncoder, EncodeSettings, FrameDecoder  # noqa: E402
 
 FORMATS = ("raw", "delta-gzip", "delta-zstd", "jpeg", "webp")
 
@@ -94,7 +98,7 @@ def main() -> None:
         "results": {k: {f: {m: round(v, 3) for m, v in row.items()} for f, row in rows.items()}
                     for k, rows in results.items()},
     }
-    print(json.dumps(summary))
+    harness.emit(summary)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,8 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import harness  # noqa: E402
+from benchmarks.harness import p95  # noqa: E402
 from worldserve import envs  # noqa: E402
 from worldserve.config import ReasonerStageConfig, ServerConfig, StreamingConfig  # noqa: E402
 from worldserve.ipc.messages import (  # noqa: E402
@@ -151,10 +153,6 @@ class Bench:
         end = time.time()
         text = out[-1].text
         return (first[0] if first else end) - start, end - start, text
-
-
-def p95(values: list[float]) -> float:
-    return float(np.percentile(values, 95))
 
 
 def part_window(bench: Bench, frames: list[bytes], num_frames: int, window: int,
@@ -531,7 +529,7 @@ def main() -> None:
         print(json.dumps({"part": "speculation", "drafted": extra["spec_drafted"],
                           "accepted": extra["spec_accepted"],
                           "steps": extra["spec_steps"]}), flush=True)
-    print(json.dumps(summary))
+    harness.emit(summary)
 
 
 if __name__ == "__main__":

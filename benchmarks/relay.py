@@ -13,25 +13,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
-import subprocess
 import sys
 import time
+from pathlib import Path
 
-from worldserve import envs
-from worldserve.config import build_config
-from worldserve.ipc.client import StageClient
-from worldserve.ipc.codec import MessageCodec
-from worldserve.ipc.messages import Echo, EchoReply
-from worldserve.runtime.supervisor import Supervisor
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import harness  # noqa: E402
+from worldserve.config import build_config  # noqa: E402
+from worldserve.ipc.client import StageClient  # noqa: E402
+from worldserve.ipc.codec import MessageCodec  # noqa: E402
+from worldserve.ipc.messages import Echo, EchoReply  # noqa: E402
+from worldserve.runtime.supervisor import Supervisor  # noqa: E402
 
 CONCURRENCY = 16
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 async def sequential_ms(client: StageClient, payload: bytes, n: int) -> list[float]:
@@ -73,18 +69,9 @@ async def inprocess_ms(payload: bytes, n: int) -> list[float]:
 
 
 async def main(n_1k: int, n_1m: int) -> dict[str, float]:
-    root = envs.dev_models_dir()
-    subprocess.run(
-        [sys.executable, "-m", "worldserve", "dev-models", "build", str(root)], check=True
-    )
-    config = build_config(
-        {
-            "stages": {
-                "reasoner": {"enabled": False},
-                "generation": {"model_path": str(root / "generation")},
-            }
-        }
-    )
+    config = build_config({"stages": {
+        "reasoner": {"enabled": False}, "realtime": {"enabled": False},
+        "generation": {"model_path": str(harness.dev_model("generation"))}}})
     supervisor = Supervisor(config)
     await supervisor.start()
     client = supervisor.clients["generation"]
@@ -96,7 +83,7 @@ async def main(n_1k: int, n_1m: int) -> dict[str, float]:
             relay = await sequential_ms(client, payload, n)
             base = await inprocess_ms(payload, n)
             result[f"relay_p50_ms_{label}"] = round(statistics.median(relay), 4)
-            result[f"relay_p99_ms_{label}"] = round(percentile(relay, 0.99), 4)
+            result[f"relay_p99_ms_{label}"] = round(harness.percentile(relay, 0.99), 4)
             result[f"relay_msgs_per_s_{label}"] = round(await throughput(client, payload, n), 1)
             result[f"inproc_p50_ms_{label}"] = round(statistics.median(base), 4)
             result[f"relay_over_inproc_p50_{label}"] = round(
@@ -112,4 +99,4 @@ if __name__ == "__main__":
     parser.add_argument("--n-1k", type=int, default=2000)
     parser.add_argument("--n-1m", type=int, default=200)
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(main(args.n_1k, args.n_1m))))
+    harness.emit(asyncio.run(main(args.n_1k, args.n_1m)))

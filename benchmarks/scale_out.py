@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import statistics
 import sys
 import tempfile
@@ -34,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ray  # noqa: E402
 from ray import serve  # noqa: E402
 
-from tests.support.server import ServerProcess, free_port  # noqa: E402
+from benchmarks import harness  # noqa: E402
+from tests.support.server import free_port  # noqa: E402
 from worldserve.cluster.app import (  # noqa: E402
     ClusterOptions,
     deploy,
@@ -96,12 +96,8 @@ def single_node(workdir: Path, n: int) -> dict[str, float]:
     config = {"stages": {"generation": {"enabled": False}, "realtime": {"enabled": False},
                          "reasoner": {"backend": "fake", "model_path": str(workdir)}}}
     (workdir / "single").mkdir()
-    server = ServerProcess(workdir / "single", config)
-    try:
-        server.wait_healthy(timeout_s=120)
+    with harness.server(workdir / "single", config, timeout_s=120) as server:
         return frame_latencies(server.base_url, n)
-    finally:
-        server.stop()
 
 
 def ray_path(workdir: Path, args: argparse.Namespace) -> dict[str, object]:
@@ -148,7 +144,7 @@ def main() -> None:
         "added_p50_ms": round(ray_latency["p50_ms"] - single["p50_ms"], 2),
         "added_p99_ms": round(ray_latency["p99_ms"] - single["p99_ms"], 2),
     }
-    print(json.dumps(result))
+    harness.emit(result)
 
 
 if __name__ == "__main__":

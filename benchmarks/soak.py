@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import signal
@@ -39,7 +38,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import soak_load  # noqa: E402
+from benchmarks import harness, soak_load  # noqa: E402
 from benchmarks.soak_probe import Probe, plot, verdicts  # noqa: E402
 from tests.support.server import base_env, free_port  # noqa: E402
 
@@ -219,8 +218,7 @@ def main() -> None:
             proc.send_signal(signal.SIGTERM)
             rc = proc.wait(60)
         result = report(args, run, probe, rc, (workdir / "server.log").read_text())
-    print(json.dumps(result, indent=2), file=sys.stderr)
-    print(json.dumps(result))
+    harness.emit(result, stderr_too=True)
 
 
 if __name__ == "__main__":

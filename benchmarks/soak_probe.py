@@ -17,17 +17,9 @@ from typing import Any
 
 import httpx
 
+from benchmarks.harness import rss_mb
+
 MB = 1024 * 1024
-
-
-def rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
 
 
 def num_fds(pid: int) -> int | None:

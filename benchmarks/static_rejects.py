@@ -19,9 +19,7 @@ the p50/p90 of each and `stage_over_api_p50`.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -32,8 +30,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import harness  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402
-from worldserve import envs  # noqa: E402
 
 VIDEO = {"prompt": "a robot arm", "size": "48x32", "num_frames": 9}
 BAD = {"api": {**VIDEO, "num_frames": 6, "num_inference_steps": 1},
@@ -41,14 +39,9 @@ BAD = {"api": {**VIDEO, "num_frames": 6, "num_inference_steps": 1},
 
 
 def start(workdir: Path) -> ServerProcess:
-    root = envs.dev_models_dir()
-    subprocess.run([sys.executable, "-m", "worldserve", "dev-models", "build", str(root)],
-                   check=True, stdout=subprocess.DEVNULL)
-    config = {"stages": {"reasoner": {"enabled": False},
-                         "generation": {"model_path": str(root / "generation")}}}
-    server = ServerProcess(workdir, config)
-    server.wait_healthy(timeout_s=300)
-    return server
+    config = {"stages": {"reasoner": {"enabled": False}, "generation": {
+        "model_path": str(harness.dev_model("generation", quiet=True))}}}
+    return harness.start_server(workdir, config)
 
 
 def keep_busy(base_url: str, args: argparse.Namespace, stop: threading.Event) -> None:
@@ -74,11 +67,6 @@ def refusal_ms(http: httpx.Client, kind: str) -> float:
     if response.status_code != 400:
         raise RuntimeError(f"{kind}: expected 400, got {response.status_code} {response.text}")
     return elapsed
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def main() -> None:
@@ -107,11 +95,11 @@ def main() -> None:
         finally:
             server.stop()
     report = {kind: {"p50_ms": round(statistics.median(v), 1),
-                     "p90_ms": round(percentile(v, 0.9), 1)} for kind, v in samples.items()}
+                     "p90_ms": round(harness.percentile(v, 0.9), 1)} for kind, v in samples.items()}
     ratio = report["stage"]["p50_ms"] / max(report["api"]["p50_ms"], 1e-6)
-    print(json.dumps({"benchmark": "static_rejects", "busy_jobs": args.busy_jobs,
-                      "steps": args.steps, "n": args.n, **report,
-                      "stage_over_api_p50": round(ratio, 1)}))
+    harness.emit({"benchmark": "static_rejects", "busy_jobs": args.busy_jobs,
+                  "steps": args.steps, "n": args.n, **report,
+                  "stage_over_api_p50": round(ratio, 1)})
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import harness  # noqa: E402
 from benchmarks.generation_cosmos3 import WIDE  # noqa: E402
 from worldserve.config import UNSUPPORTED_STEP_CACHES  # noqa: E402
 from worldserve.ipc.messages import GenerationParams  # noqa: E402
@@ -168,8 +169,8 @@ def main() -> None:
         model = args.model_path or build(args.model, Path(tmp) / args.model)
         results = measure(model, args)
     print(table(results))
-    print(json.dumps({"step_cache": results, "model": args.model, "steps": args.steps,
-                      "size": args.size, "frames": args.frames, "repeats": args.repeats}))
+    harness.emit({"step_cache": results, "model": args.model, "steps": args.steps,
+                  "size": args.size, "frames": args.frames, "repeats": args.repeats})
 
 
 if __name__ == "__main__":

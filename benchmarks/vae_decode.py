@@ -18,17 +18,15 @@ Prints one JSON line.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-def timed(fn):
-    started = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - started
+from benchmarks import harness  # noqa: E402
 
 
 def chunked_calls(vae, z, n: int, whole: torch.Tensor) -> list[float]:
@@ -39,11 +37,11 @@ def chunked_calls(vae, z, n: int, whole: torch.Tensor) -> list[float]:
     job = WanDecodeJob(vae, z)
     calls = []
     while True:
-        finished, seconds = timed(lambda: job.advance(n))
+        finished, seconds = harness.timed(lambda: job.advance(n))
         calls.append(seconds)
         if finished:
             break
-    result, seconds = timed(job.result)
+    result, seconds = harness.timed(job.result)
     calls[-1] += seconds
     assert torch.equal(result, whole), f"chunked ({n}) differs from one decode"
     return calls
@@ -84,7 +82,7 @@ def main() -> None:
         vae.decode(z[:, :, :2])  # warm up
         for _ in range(args.repeats):  # the arms in turn, so that load drifts hit them alike
             configure_tiling(vae, None)
-            whole, seconds = timed(lambda: vae.decode(z).sample)
+            whole, seconds = harness.timed(lambda: vae.decode(z).sample)
             sample("whole", seconds)
             for n in chunks:
                 calls = chunked_calls(vae, z, n, whole)
@@ -92,7 +90,7 @@ def main() -> None:
                 sample(f"chunk{n}.total", sum(calls))
                 report[f"chunk{n}"] = {"calls": len(calls), "bit_equal": True}
             configure_tiling(vae, TilingOptions(args.tile, args.stride))
-            tiled, seconds = timed(lambda: vae.decode(z).sample)
+            tiled, seconds = harness.timed(lambda: vae.decode(z).sample)
             sample("tiled", seconds)
     med = {key: statistics.median(values) for key, values in samples.items()}
     report["whole_s"] = round(med["whole"], 3)
@@ -108,7 +106,7 @@ def main() -> None:
                        "max_abs_diff": round(diff.max().item(), 4),
                        "mean_abs_diff": round(diff.mean().item(), 5),
                        "time_ratio": round(med["tiled"] / med["whole"], 2)}
-    print(json.dumps(report))
+    harness.emit(report)
 
 
 if __name__ == "__main__":

@@ -24,19 +24,12 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import harness  # noqa: E402
 from benchmarks.generation import dev_generation_dir  # noqa: E402
-from tests.support.server import ServerProcess  # noqa: E402
 
 # two-sided 95 % Student t quantiles by degrees of freedom
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
        9: 2.262, 10: 2.228, 15: 2.131, 20: 2.086, 30: 2.042}
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def launch(model: Path, mode: str, args: argparse.Namespace) -> dict[str, float]:
@@ -44,20 +37,18 @@ def launch(model: Path, mode: str, args: argparse.Namespace) -> dict[str, float]
     config = {"stages": {"reasoner": {"enabled": False},
                          "generation": {"model_path": str(model), "warmup_mode": mode,
                                         "warmup_steps": args.steps}}}
-    started = time.perf_counter()
-    server = ServerProcess(work, config, env={"WORLDSERVE_TORCH_THREADS": "2"})
+    server, ready_s = harness.timed(harness.start_server, work, config, threads=2,
+                                    timeout_s=600)
     try:
-        server.wait_healthy(timeout_s=600)
-        ready_s = time.perf_counter() - started
         pid = server.stage_pids()["generation"]
-        rss_ready = rss_mb(pid)
+        rss_ready = harness.rss_mb(pid)
         t0 = time.perf_counter()
         httpx.post(server.base_url + "/v1/images/generations", timeout=600, json={
             "prompt": "a red car", "size": args.size, "num_inference_steps": args.steps,
             "response_format": "b64_json"}).raise_for_status()
         first_ms = (time.perf_counter() - t0) * 1000
         return {"ready_s": ready_s, "first_request_ms": first_ms, "rss_ready_mb": rss_ready,
-                "rss_after_first_mb": rss_mb(pid)}
+                "rss_after_first_mb": harness.rss_mb(pid)}
     finally:
         server.stop()
 
@@ -91,7 +82,7 @@ def main() -> None:
         diffs = [s[key] - o[key] for s, o in zip(runs["server"], runs["off"])]
         result[f"{key}_server_minus_off"] = mean_ci(diffs)
         result[f"{key}_off_mean"] = round(statistics.fmean(o[key] for o in runs["off"]), 3)
-    print(json.dumps(result))
+    harness.emit(result)
 
 
 if __name__ == "__main__":

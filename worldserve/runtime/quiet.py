@@ -8,7 +8,7 @@ Installed in every stage process (and every Ray stage replica) unless `--log-lev
 - transformers / huggingface_hub: the "Loading weights" progress bars (local files, a few ms).
 
 Anything else these libraries say still reaches the log. The messages that stay and are
-expected on the dev models are listed in README "Start-up log".
+expected on the dev models are listed in docs/operations.md "Logs".
 """
 
 from __future__ import annotations
