@@ -56,7 +56,7 @@ def _contestant(conn: Any, model_dir: str, parallel: str) -> None:
     from worldserve.config import GenerationStageConfig
     from worldserve.ipc.messages import GenerationParams
     from worldserve.models import registry
-    from worldserve.runtime.rank_runner import start_rank_runner
+    from worldserve.ranks.runner import start_rank_runner
 
     torch.set_num_threads(1)
     path = Path(model_dir)

@@ -1,7 +1,7 @@
 """A Cosmos3 runner that is one rank of a generation rank group (`stages.generation.parallel`).
 
 Every rank loads the pipeline and runs the same phases in lockstep (rank 0 for the engine,
-peers on rank 0's commands: runtime/ranks.py); what each rank computes differs only inside a
+peers on rank 0's commands: ranks/group.py); what each rank computes differs only inside a
 denoising step and a decode:
 
 - cfg = 2: the cfg half with index 0 runs the cond forward, index 1 the uncond forward; both

@@ -1,4 +1,4 @@
-"""Messages between rank 0 of a generation rank group and its peer ranks (runtime/ranks.py).
+"""Messages between rank 0 of a generation rank group and its peer ranks (ranks/group.py).
 
 Rank 0 runs the stage's engine; for every runner phase it sends each peer one `RankCommand`
 saying what to do, runs the phase itself, and waits for every peer's `RankDone`. Peers hold
