@@ -248,8 +248,8 @@ def _gpu_rank(rank: int, world: int, port: int, args: Any, queue: Any) -> None:
 
     from worldserve.config import GenerationParallelConfig
     from worldserve.ipc.messages import GenerationParams
+    from worldserve.levers.parallel.mesh import ParallelLayout, RankMesh
     from worldserve.models.cosmos3.parallel import ParallelCosmos3Runner
-    from worldserve.models.parallel.mesh import ParallelLayout, RankMesh
 
     device = "cpu" if args.dry_run else f"cuda:{rank}"
     if not args.dry_run:

@@ -112,7 +112,7 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         name="ring-merge-weights-the-old-part-wrongly",
         claim="ring attention equals full attention (log-sum-exp merge)",
-        path="worldserve/models/parallel/attention.py",
+        path="worldserve/levers/parallel/attention.py",
         anchor="    out = out * torch.exp(lse - new_lse).unsqueeze(-1) \\\n",
         replacement="    out = out * torch.exp(new_lse - lse).unsqueeze(-1) \\\n",
         caught_by=(RANK_COLLECTIVES,),
@@ -120,7 +120,7 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         name="halo-pads-strips-with-zeros",
         claim="strip-parallel convolutions equal the whole picture (halo exchange)",
-        path="worldserve/models/parallel/halo.py",
+        path="worldserve/levers/parallel/halo.py",
         anchor="    above = gathered[handle.index - 1, 1] if handle.index > 0 else zeros\n",
         replacement="    above = zeros\n",
         caught_by=(RANK_COLLECTIVES,),
@@ -128,7 +128,7 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         name="shard-rows-swapped-between-ranks",
         claim="sharded blocks compute with the checkpoint's weights",
-        path="worldserve/models/parallel/shard.py",
+        path="worldserve/levers/parallel/shard.py",
         anchor="    first = min(num_rows, handle.index * per)\n",
         replacement="    first = min(num_rows, (handle.size - 1 - handle.index) * per)\n",
         caught_by=(RANK_COLLECTIVES,),
@@ -268,7 +268,7 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         name="fp8-w8a16-drops-the-weight-scale",
         claim="an FP8 checkpoint served W8A16 computes what its dequantised checkpoint computes",
-        path="worldserve/models/fp8/weights.py",
+        path="worldserve/levers/fp8/weights.py",
         anchor="    return (weight * scale).to(dtype)\n",
         replacement="    return weight.to(dtype)\n",
         caught_by=("tests/unit/fp8/test_cosmos3_fp8.py"

@@ -125,7 +125,7 @@ class RankLaunch(msgspec.Struct, kw_only=True):
     model_dir: str
     dtype: str
     device: str
-    layout: dict[str, int | bool]  # models/parallel/mesh.py ParallelLayout fields
+    layout: dict[str, int | bool]  # levers/parallel/mesh.py ParallelLayout fields
     backend: str  # gloo | nccl
     store_port: int
     command_address: str

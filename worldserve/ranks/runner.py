@@ -329,7 +329,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _is_collective_error(exc: Exception) -> bool:
-    from worldserve.models.parallel.comm import CollectiveError
+    from worldserve.levers.parallel.comm import CollectiveError
 
     return isinstance(exc, CollectiveError)
 
@@ -340,7 +340,7 @@ def _is_collective_error(exc: Exception) -> bool:
 def start_rank_runner(config: GenerationStageConfig, model_dir: Path,
                       log_level: str = "info") -> RankGroupRunner:
     """Start the peers, load rank 0's runner meanwhile, join the group."""
-    from worldserve.models.parallel.mesh import ParallelLayout
+    from worldserve.levers.parallel.mesh import ParallelLayout
 
     _check_family(config, model_dir)
     layout = layout_fields(config.parallel)

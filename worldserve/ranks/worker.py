@@ -108,8 +108,8 @@ def _die_with_parent() -> None:
 def _load(launch: RankLaunch) -> Any:
     import torch
 
+    from worldserve.levers.parallel.mesh import ParallelLayout
     from worldserve.models import registry
-    from worldserve.models.parallel.mesh import ParallelLayout
 
     torch.set_num_threads(launch.torch_threads)
     if launch.device.startswith("cuda"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from worldserve.config import ConfigError, load_config
-from worldserve.models.parallel.mesh import ParallelLayout, RankMesh
+from worldserve.levers.parallel.mesh import ParallelLayout, RankMesh
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 

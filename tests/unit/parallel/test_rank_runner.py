@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from worldserve.errors import InvalidRequest, StageUnavailable
-from worldserve.models.parallel.comm import CollectiveError
+from worldserve.levers.parallel.comm import CollectiveError
 from worldserve.ranks.group import RankGroupError
 from worldserve.ranks.messages import DenoiseStep, PrepareBatch, RankCommand
 from worldserve.ranks.runner import RankGroupRunner

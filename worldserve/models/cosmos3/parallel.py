@@ -8,7 +8,7 @@ denoising step and a decode:
   exchange their velocities and combine them identically (`_guided_velocities`);
 - ulysses / ring: the transformer's generation tokens are split across the sp group
   (parallel_attention.py);
-- shard: the decoder blocks' weights are split across the shard group (models/parallel/shard.py),
+- shard: the decoder blocks' weights are split across the shard group (levers/parallel/shard.py),
   read straight from the checkpoint so no rank holds the whole generator (parallel_load.py);
 - vae: the VAE decode is split by latent rows across all ranks (parallel_vae.py).
 
@@ -25,14 +25,14 @@ from typing import Any
 import torch
 
 from worldserve.errors import NotSupported
+from worldserve.levers.parallel.comm import all_gather
+from worldserve.levers.parallel.mesh import ParallelLayout, RankMesh
+from worldserve.levers.parallel.shard import ShardedBlocks
 from worldserve.models.cosmos3 import checks
 from worldserve.models.cosmos3.parallel_attention import Cosmos3SequenceParallel
 from worldserve.models.cosmos3.parallel_load import load_sharded_pipeline
 from worldserve.models.cosmos3.parallel_vae import can_split, decode_strips
 from worldserve.models.cosmos3.runner import Cosmos3Runner, RowState
-from worldserve.models.parallel.comm import all_gather
-from worldserve.models.parallel.mesh import ParallelLayout, RankMesh
-from worldserve.models.parallel.shard import ShardedBlocks
 
 
 def load_rank_runner(model_dir: Path, *, rank: int, layout: ParallelLayout,

@@ -30,18 +30,18 @@ import torch
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import GenerationParams
 from worldserve.ipc.rules import check_generation
-from worldserve.models import shared
+from worldserve.levers import shared
+from worldserve.levers.diffusers_admin import DiffusersAdminOps, LoraAdapters
+from worldserve.levers.speed import NATIVE, CompileTimer, apply_attention_backend, compile_blocks
+from worldserve.levers.step_cache import METHODS, StepCache, StepCacheSettings
+from worldserve.levers.yielding import BlockYieldOps
 from worldserve.models.common import count_parameters
 from worldserve.models.cosmos3 import checks, inputs
 from worldserve.models.cosmos3.family import DEFAULTS, DEV_DEFAULTS, FAMILY
 from worldserve.models.cosmos3.loader import load_pipeline
 from worldserve.models.dev import checkpoint_defaults
-from worldserve.models.diffusers_admin import DiffusersAdminOps, LoraAdapters
-from worldserve.models.speed import NATIVE, CompileTimer, apply_attention_backend, compile_blocks
-from worldserve.models.step_cache import METHODS, StepCache, StepCacheSettings
 from worldserve.models.types import RowExtras, RunnerFeatures, StepCacheStats
-from worldserve.models.wan_vae import TilingOptions, WanDecodeJob, configure_tiling
-from worldserve.models.yielding import BlockYieldOps
+from worldserve.models.wan.vae import TilingOptions, WanDecodeJob, configure_tiling
 
 SAMPLING_DTYPE = torch.float32
 log = logging.getLogger("worldserve.models.cosmos3")
@@ -71,7 +71,7 @@ class RowState:
     decode_job: WanDecodeJob | None = None  # a chunked VAE decode under way (decode_chunk)
     # "cond" / "uncond" -> that prompt's recorded understanding K/V (models/cosmos3/kv_reuse.py)
     understanding_kv: dict[str, Any] = field(default_factory=dict)
-    # Step caching (models/step_cache.py): this row's cache context prefix, whether it caches,
+    # Step caching (levers/step_cache.py): this row's cache context prefix, whether it caches,
     # and its transformer forwards so far (skipped: cached work reused).
     cache_key: str = ""
     step_cache: bool = False
@@ -537,7 +537,7 @@ class Cosmos3Runner(DiffusersAdminOps, BlockYieldOps):
 
     def configure_vae(self, tiling: bool, tile_size: int | None = None,
                       tile_stride: int | None = None) -> dict[str, Any]:
-        """stages.generation.vae_tiling: the Wan VAE's own spatial tiling (models/wan_vae.py)."""
+        """stages.generation.vae_tiling: the Wan VAE's own spatial tiling (models/wan/vae.py)."""
         options = TilingOptions(tile_size, tile_stride) if tiling else None
         return configure_tiling(self.pipe.vae, options)
 
@@ -550,7 +550,7 @@ class Cosmos3Runner(DiffusersAdminOps, BlockYieldOps):
     @torch.no_grad()
     def decode_chunk(self, state: Cosmos3Batch, row: int, max_frames: int) -> np.ndarray | None:
         """`decode` spread over calls: up to `max_frames` latent frames (of one VAE tile) per
-        call, the VAE's causal feature cache kept on the row in between (models/wan_vae.py);
+        call, the VAE's causal feature cache kept on the row in between (models/wan/vae.py);
         None until the last call, which returns what `decode` returns."""
         r = state.rows[row]
         if r.decode_job is None:
