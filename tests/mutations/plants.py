@@ -79,7 +79,7 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         name="cosmos3-rows-share-the-pipeline-scheduler",
         claim="interleaved Cosmos3 requests equal their solo runs (each row owns its scheduler)",
-        path="worldserve/models/cosmos3/runner.py",
+        path="worldserve/models/cosmos3/prepare.py",
         anchor="        scheduler = type(base).from_config(base.config, **shift)\n",
         replacement="        scheduler = base\n",
         caught_by=(COSMOS3_INTERLEAVED, COSMOS3_ENGINE_INTERLEAVED),
@@ -95,7 +95,7 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         name="cosmos3-sound-steps-the-video-scheduler",
         claim="the stepped Cosmos3 runner equals Cosmos3OmniPipeline.__call__ (sound included)",
-        path="worldserve/models/cosmos3/runner.py",
+        path="worldserve/models/cosmos3/prepare.py",
         anchor="            sound_scheduler=copy.deepcopy(scheduler) if sound_latents",
         replacement="            sound_scheduler=scheduler if sound_latents",
         caught_by=(COSMOS3_SOUND, COSMOS3_ENGINE_INTERLEAVED),
@@ -250,8 +250,8 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         name="step-cache-rows-share-context-names",
         claim="cached requests interleaved on one transformer equal their solo cached runs",
-        path="worldserve/models/cosmos3/runner.py",
-        anchor='        context = f"{row.cache_key}/{name}" if row.cache_key else name\n',
+        path="worldserve/levers/step_cache.py",
+        anchor='        context = f"{row.cache.key}/{name}" if row.cache.key else name\n',
         replacement="        context = name\n",
         caught_by=("tests/unit/models/test_step_cache.py"
                    "::test_interleaved_cached_rows_equal_their_solo_cached_runs",),
@@ -259,7 +259,7 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         name="kv-reuse-replays-the-cond-prompt-for-uncond",
         claim="understanding K/V reuse equals recomputation (cond and uncond recorded apart)",
-        path="worldserve/models/cosmos3/runner.py",
+        path="worldserve/models/cosmos3/denoise.py",
         anchor="        slot = row.understanding_kv.setdefault(name, UnderstandingKV())\n",
         replacement='        slot = row.understanding_kv.setdefault("cond", UnderstandingKV())\n',
         caught_by=("tests/unit/models/test_cosmos3_speed.py"

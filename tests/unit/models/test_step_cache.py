@@ -52,7 +52,7 @@ def interleave(runner, requests: list[GenerationParams], same_names: bool = Fals
     states = [runner.prepare([f"r{i}"], [p], p.seeds) for i, p in enumerate(requests)]
     if same_names:  # what the pipeline's fixed "cond" / "uncond" names amount to
         for state in states:
-            state.rows[0].cache_key = "shared"
+            state.rows[0].cache.key = "shared"
     while not all(s.done_denoising for s in states):
         for state in states:
             if not state.done_denoising:

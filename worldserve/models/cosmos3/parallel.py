@@ -32,7 +32,8 @@ from worldserve.models.cosmos3 import checks
 from worldserve.models.cosmos3.parallel_attention import Cosmos3SequenceParallel
 from worldserve.models.cosmos3.parallel_load import load_sharded_pipeline
 from worldserve.models.cosmos3.parallel_vae import can_split, decode_strips
-from worldserve.models.cosmos3.runner import Cosmos3Runner, RowState
+from worldserve.models.cosmos3.runner import Cosmos3Runner
+from worldserve.models.cosmos3.state import RowState
 
 
 def load_rank_runner(model_dir: Path, *, rank: int, layout: ParallelLayout,
