@@ -29,6 +29,7 @@ MODEL_LIBRARIES = ("torch", "transformers", "diffusers")
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("__main__",),
     ("cli",),
+    ("clients",),
     ("cluster",),
     ("api",),
     ("engines",),
@@ -37,7 +38,6 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("models",),
     ("levers",),
     ("models_shared",),
-    ("clients",),
     ("ipc", "media"),
     ("config", "enhancer_config", "errors"),
     ("envs",),
