@@ -53,8 +53,9 @@ ROLES: dict[str, str] = {
     "levers": "what a stage switches on a loaded model: FP8 weights (`fp8/`), rank-group "
               "collectives and sharding (`parallel/`), step caching (`step_cache.py`), "
               "attention backends and compile (`speed.py`), yield points (`yielding.py`), "
-              "modules shared between colocated loaders (`shared.py`), LoRA, weights and "
-              "memory (`diffusers_admin.py`)",
+              "modules shared between colocated loaders (`shared.py`), LoRA adapters "
+              "(`lora.py`), the runner side of LoRA, weights update and memory release "
+              "(`diffusers_admin.py`)",
     "models_shared": "what levers and families both use: `types.py` (types both sides of a "
                      "contract use), `detect.py` (JSON and safetensors-header reads), "
                      "`common.py` (dtype, device, parameter counts)",

@@ -26,7 +26,8 @@ import numpy as np
 from worldserve.ipc.messages import GenerationParams
 from worldserve.ipc.rules import check_generation
 from worldserve.levers import shared
-from worldserve.levers.diffusers_admin import DiffusersAdminOps, LoraAdapters
+from worldserve.levers.diffusers_admin import DiffusersAdminOps
+from worldserve.levers.lora import LoraAdapters
 from worldserve.levers.speed import NATIVE, CompileTimer, apply_attention_backend, compile_blocks
 from worldserve.levers.step_cache import METHODS, StepCacheBackend, StepCacheSettings
 from worldserve.levers.yielding import BlockYieldOps

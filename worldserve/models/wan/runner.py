@@ -25,7 +25,8 @@ from PIL import Image
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.capabilities import GenerationDefaults
 from worldserve.ipc.messages import GenerationParams
-from worldserve.levers.diffusers_admin import DiffusersAdminOps, LoraAdapters
+from worldserve.levers.diffusers_admin import DiffusersAdminOps
+from worldserve.levers.lora import LoraAdapters
 from worldserve.levers.speed import NATIVE, CompileTimer, apply_attention_backend, compile_blocks
 from worldserve.levers.yielding import BlockYieldOps
 from worldserve.models.common import count_parameters
