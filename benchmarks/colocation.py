@@ -88,7 +88,7 @@ def load_loops(model: Path, out: Path) -> tuple[Any, Any]:
     from worldserve.config import GenerationStageConfig, ReasonerStageConfig, ServerConfig
     from worldserve.engines.generation.engine import GenerationEngine
     from worldserve.engines.reasoner.engine import ReasonerEngine
-    from worldserve.models import shared
+    from worldserve.levers import shared
     from worldserve.runtime.stage import StageLoop
 
     generation = GenerationEngine(GenerationStageConfig(
@@ -212,7 +212,7 @@ def main() -> None:
     replies = {r["reply"] for arm in runs.values() for r in arm}
     assert len(replies) == 1, f"replies differ across arms: {replies}"
     med = {arm: statistics.median(r["reply_s"] for r in rs) for arm, rs in runs.items()}
-    from worldserve.models.yielding import repeated_blocks
+    from worldserve.levers.yielding import repeated_blocks
 
     blocks = len(repeated_blocks(host.engine.pipe.transformer))
     harness.emit({

@@ -34,10 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import harness  # noqa: E402
 from worldserve.ipc.messages import GenerationParams  # noqa: E402
+from worldserve.levers.fp8 import dev, load  # noqa: E402
+from worldserve.levers.fp8.linear import Fp8Linear  # noqa: E402
+from worldserve.levers.fp8.weights import QuantLinear  # noqa: E402
 from worldserve.models import registry  # noqa: E402
-from worldserve.models.fp8 import dev, load  # noqa: E402
-from worldserve.models.fp8.linear import Fp8Linear  # noqa: E402
-from worldserve.models.fp8.weights import QuantLinear  # noqa: E402
 
 T2I = GenerationParams(prompt="a red cup", width=32, height=32, num_frames=1,
                        num_inference_steps=4, guidance_scale=4.0, seeds=[3], fps=24.0)

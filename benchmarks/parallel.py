@@ -58,7 +58,7 @@ def _contestant(conn: Any, model_dir: str, parallel: str) -> None:
     from worldserve.config import GenerationStageConfig
     from worldserve.ipc.messages import GenerationParams
     from worldserve.models import registry
-    from worldserve.runtime.rank_runner import start_rank_runner
+    from worldserve.ranks.runner import start_rank_runner
 
     torch.set_num_threads(1)
     path = Path(model_dir)
@@ -244,8 +244,8 @@ def _gpu_rank(rank: int, world: int, port: int, args: Any, queue: Any) -> None:
 
     from worldserve.config import GenerationParallelConfig
     from worldserve.ipc.messages import GenerationParams
+    from worldserve.levers.parallel.mesh import ParallelLayout, RankMesh
     from worldserve.models.cosmos3.parallel import ParallelCosmos3Runner
-    from worldserve.models.parallel.mesh import ParallelLayout, RankMesh
 
     device = "cpu" if args.dry_run else f"cuda:{rank}"
     if not args.dry_run:

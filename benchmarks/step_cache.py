@@ -15,7 +15,7 @@ Random weights make PSNR a weak signal: a random transformer's velocity is not s
 the trajectory, so a reused residual is off by more than a trained model's would be. With
 guidance_scale 1 there is one forward per step and no CFG amplification of the error, which
 is the smoother case. FBCache, MagCache and TeaCache do not run on Cosmos3 in diffusers 0.42.1
-(models/step_cache.py says why) and are listed as such.
+(levers/step_cache.py says why) and are listed as such.
 
     .venv/bin/python benchmarks/step_cache.py [--model wide|dev] [--steps 30] [--size 64x64]
         [--frames 9] [--repeats 3] [--threads 1] [--seacache-thresholds 0.1 ...]
@@ -41,7 +41,7 @@ from benchmarks import harness  # noqa: E402
 from benchmarks.generation_cosmos3 import WIDE  # noqa: E402
 from worldserve.config import UNSUPPORTED_STEP_CACHES  # noqa: E402
 from worldserve.ipc.messages import GenerationParams  # noqa: E402
-from worldserve.models.step_cache import METHODS  # noqa: E402
+from worldserve.levers.step_cache import METHODS  # noqa: E402
 from worldserve.models.types import StepCacheSettings  # noqa: E402
 
 PROMPT = "a robot arm picks up the blue cup and puts it on the shelf"

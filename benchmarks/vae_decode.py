@@ -32,7 +32,7 @@ from benchmarks import harness  # noqa: E402
 def chunked_calls(vae, z, n: int, whole: torch.Tensor) -> list[float]:
     """Seconds of each call of a decode `n` latent frames at a time (the last one with the
     result's assembly); the result is asserted bit-equal to `whole`."""
-    from worldserve.models.wan_vae import WanDecodeJob
+    from worldserve.models.wan.vae import WanDecodeJob
 
     job = WanDecodeJob(vae, z)
     calls = []
@@ -51,7 +51,7 @@ def main() -> None:
     from dataclasses import replace
 
     from worldserve.models.cosmos3.dev import Cosmos3DevConfig, build_vae
-    from worldserve.models.wan_vae import TilingOptions, configure_tiling
+    from worldserve.models.wan.vae import TilingOptions, configure_tiling
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latent", default="8x12x12", help="FRAMESxHEIGHTxWIDTH latent pixels")

@@ -79,7 +79,7 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         name="cosmos3-rows-share-the-pipeline-scheduler",
         claim="interleaved Cosmos3 requests equal their solo runs (each row owns its scheduler)",
-        path="worldserve/models/cosmos3/runner.py",
+        path="worldserve/models/cosmos3/prepare.py",
         anchor="        scheduler = type(base).from_config(base.config, **shift)\n",
         replacement="        scheduler = base\n",
         caught_by=(COSMOS3_INTERLEAVED, COSMOS3_ENGINE_INTERLEAVED),
@@ -95,7 +95,7 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         name="cosmos3-sound-steps-the-video-scheduler",
         claim="the stepped Cosmos3 runner equals Cosmos3OmniPipeline.__call__ (sound included)",
-        path="worldserve/models/cosmos3/runner.py",
+        path="worldserve/models/cosmos3/prepare.py",
         anchor="            sound_scheduler=copy.deepcopy(scheduler) if sound_latents",
         replacement="            sound_scheduler=scheduler if sound_latents",
         caught_by=(COSMOS3_SOUND, COSMOS3_ENGINE_INTERLEAVED),
@@ -112,7 +112,7 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         name="ring-merge-weights-the-old-part-wrongly",
         claim="ring attention equals full attention (log-sum-exp merge)",
-        path="worldserve/models/parallel/attention.py",
+        path="worldserve/levers/parallel/attention.py",
         anchor="    out = out * torch.exp(lse - new_lse).unsqueeze(-1) \\\n",
         replacement="    out = out * torch.exp(new_lse - lse).unsqueeze(-1) \\\n",
         caught_by=(RANK_COLLECTIVES,),
@@ -120,7 +120,7 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         name="halo-pads-strips-with-zeros",
         claim="strip-parallel convolutions equal the whole picture (halo exchange)",
-        path="worldserve/models/parallel/halo.py",
+        path="worldserve/levers/parallel/halo.py",
         anchor="    above = gathered[handle.index - 1, 1] if handle.index > 0 else zeros\n",
         replacement="    above = zeros\n",
         caught_by=(RANK_COLLECTIVES,),
@@ -128,7 +128,7 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         name="shard-rows-swapped-between-ranks",
         claim="sharded blocks compute with the checkpoint's weights",
-        path="worldserve/models/parallel/shard.py",
+        path="worldserve/levers/parallel/shard.py",
         anchor="    first = min(num_rows, handle.index * per)\n",
         replacement="    first = min(num_rows, (handle.size - 1 - handle.index) * per)\n",
         caught_by=(RANK_COLLECTIVES,),
@@ -250,8 +250,8 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         name="step-cache-rows-share-context-names",
         claim="cached requests interleaved on one transformer equal their solo cached runs",
-        path="worldserve/models/cosmos3/runner.py",
-        anchor='        context = f"{row.cache_key}/{name}" if row.cache_key else name\n',
+        path="worldserve/levers/step_cache.py",
+        anchor='        context = f"{row.cache.key}/{name}" if row.cache.key else name\n',
         replacement="        context = name\n",
         caught_by=("tests/unit/models/test_step_cache.py"
                    "::test_interleaved_cached_rows_equal_their_solo_cached_runs",),
@@ -259,7 +259,7 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         name="kv-reuse-replays-the-cond-prompt-for-uncond",
         claim="understanding K/V reuse equals recomputation (cond and uncond recorded apart)",
-        path="worldserve/models/cosmos3/runner.py",
+        path="worldserve/models/cosmos3/denoise.py",
         anchor="        slot = row.understanding_kv.setdefault(name, UnderstandingKV())\n",
         replacement='        slot = row.understanding_kv.setdefault("cond", UnderstandingKV())\n',
         caught_by=("tests/unit/models/test_cosmos3_speed.py"
@@ -268,7 +268,7 @@ PLANTS: tuple[Plant, ...] = (
     Plant(
         name="fp8-w8a16-drops-the-weight-scale",
         claim="an FP8 checkpoint served W8A16 computes what its dequantised checkpoint computes",
-        path="worldserve/models/fp8/weights.py",
+        path="worldserve/levers/fp8/weights.py",
         anchor="    return (weight * scale).to(dtype)\n",
         replacement="    return weight.to(dtype)\n",
         caught_by=("tests/unit/fp8/test_cosmos3_fp8.py"

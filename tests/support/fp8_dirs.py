@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from worldserve.models.fp8 import dev
+from worldserve.levers.fp8 import dev
 
 # The generator's `quantization_config` as diffusers' ModelOpt quantizer spells it (quant_type);
 # the reasoner's as ModelOpt's HF export does (quant_algo): both spellings are in use.

@@ -1,4 +1,4 @@
-"""Checks of the generic rank-group collectives (models/parallel), run in each process of a
+"""Checks of the generic rank-group collectives (levers/parallel), run in each process of a
 real gloo group by tests/unit/parallel/test_collectives.py. Every check computes the
 one-process answer with plain torch in the same process and returns how far the parallel
 answer is from it."""
@@ -26,7 +26,7 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 def check_ulysses(mesh: Any) -> float:
     """Chunks of q (4 heads) and GQA k, v (2 heads) -> head groups in one all-to-all ->
     attention -> back == the full attention's chunk."""
-    from worldserve.models.parallel.attention import gather_heads, scatter_heads_many
+    from worldserve.levers.parallel.attention import gather_heads, scatter_heads_many
 
     g = torch.Generator().manual_seed(1)
     q = torch.randn(12, 4, 8, generator=g)
@@ -40,7 +40,7 @@ def check_ulysses(mesh: Any) -> float:
 
 def check_ring(mesh: Any) -> float:
     """Ring attention over padded, unequal chunks plus a replicated prefix == full attention."""
-    from worldserve.models.parallel.attention import repeat_kv, ring_attention
+    from worldserve.levers.parallel.attention import repeat_kv, ring_attention
 
     g = torch.Generator().manual_seed(2)
     real, chunk = 11, 6  # rank 1's chunk has 5 real rows and one padding row
@@ -59,7 +59,7 @@ def check_ring(mesh: Any) -> float:
 
 def check_shard(mesh: Any) -> dict[str, float]:
     """Blocks sharded over the group give the same output as the whole blocks, holding half."""
-    from worldserve.models.parallel.shard import ShardedBlocks
+    from worldserve.levers.parallel.shard import ShardedBlocks
 
     torch.manual_seed(3)
     blocks = [torch.nn.Sequential(torch.nn.Linear(5, 5), torch.nn.LayerNorm(5)) for _ in range(3)]
@@ -80,7 +80,7 @@ def check_shard(mesh: Any) -> dict[str, float]:
 
 def check_halo(mesh: Any) -> float:
     """Two 3x3 convolutions on row strips with halo exchange == on the whole picture."""
-    from worldserve.models.parallel.halo import gather_rows, split_rows, with_halo
+    from worldserve.levers.parallel.halo import gather_rows, split_rows, with_halo
 
     g = torch.Generator().manual_seed(4)
     x = torch.randn(2, 3, 9, 7, generator=g)
@@ -97,7 +97,7 @@ def check_halo(mesh: Any) -> float:
 
 def check_dead_peer(mesh: Any) -> dict[str, Any]:
     """Rank 1 exits; rank 0's next collective fails with CollectiveError, promptly."""
-    from worldserve.models.parallel.comm import CollectiveError, all_gather
+    from worldserve.levers.parallel.comm import CollectiveError, all_gather
 
     if mesh.rank == 1:
         time.sleep(0.3)
@@ -114,7 +114,7 @@ def entry(rank: int, port: int, results: Any) -> None:
     """One rank: join the gloo group, run every check, put rank 0's results on the queue."""
     import torch.distributed as dist
 
-    from worldserve.models.parallel.mesh import ParallelLayout, RankMesh
+    from worldserve.levers.parallel.mesh import ParallelLayout, RankMesh
 
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")

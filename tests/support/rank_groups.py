@@ -86,7 +86,7 @@ def assert_extras_close(ours: RowExtras | None, ref: RowExtras | None,
 @contextmanager
 def rank_group(model_dir: Path, parallel: str, **stage: Any) -> Iterator[Any]:
     """A rank group with this process as rank 0 (one torch thread per rank), closed after."""
-    from worldserve.runtime.rank_runner import start_rank_runner
+    from worldserve.ranks.runner import start_rank_runner
 
     torch.set_num_threads(1)
     config = GenerationStageConfig(model_path=model_dir, parallel=parallel, **stage)

@@ -1,10 +1,14 @@
 """Layering rules of docs/architecture.md over every absolute import statement in worldserve/
 (module level, in functions, under TYPE_CHECKING; not `importlib` calls) by an `ast` walk.
 
-The api process must never load model libraries; engines reach models only through the family
-registry and the shared types; model families know nothing about scheduling, HTTP or ZeroMQ.
-No module imports itself through others (no import circles). The api and the engines read what
-a family declares and never spell a family's name (issue 21).
+The package is a stack of rooms on floors (`FLOORS`): a room imports only rooms on the floors
+below it, so no arrow runs back up. On top of that, `FORBIDDEN` names what a room must not
+import although it sits above it: the api process must never load model libraries; engines
+reach models only through the family registry and the shared types; model families know
+nothing about scheduling, HTTP or ZeroMQ. No module imports itself through others (no import
+circles). The api and the engines read what a family declares and never spell a family's name
+(issue 21). These tables are the one source of docs/architecture.md's room table
+(`python -m tools.architecture`).
 """
 
 from __future__ import annotations
@@ -18,12 +22,36 @@ from worldserve.models import registry
 PACKAGE = Path(__file__).resolve().parents[2] / "worldserve"
 MODEL_LIBRARIES = ("torch", "transformers", "diffusers")
 
-# layer -> the prefixes it must not import
+# The rooms of worldserve/, top floor first: a folder is a room, a top-level module is a room,
+# and models/ is two: the families (with the registry and the dev builders) above the levers,
+# and the few shared modules (`MODEL_SHARED`) that levers and families both use below them.
+# Rooms on one floor do not import each other.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("__main__",),
+    ("cli",),
+    ("clients",),
+    ("cluster",),
+    ("api",),
+    ("engines",),
+    ("ranks",),
+    ("runtime",),
+    ("models",),
+    ("levers",),
+    ("models_shared",),
+    ("ipc", "media"),
+    ("config", "enhancer_config", "errors"),
+    ("envs",),
+)
+MODEL_SHARED = ("types", "detect", "common")
+# room -> the prefixes it must not import although they sit on lower floors (and model
+# libraries it must not import at all)
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "api": (*MODEL_LIBRARIES, "worldserve.engines", "worldserve.models"),
-    "engines": ("worldserve.api",),
-    "models": ("worldserve.engines", "worldserve.api", "worldserve.runtime"),
-    "ipc": ("worldserve.engines", "worldserve.models"),
+    "api": (*MODEL_LIBRARIES, "worldserve.engines", "worldserve.models", "worldserve.ranks",
+            "worldserve.levers"),
+    "engines": ("worldserve.api", "worldserve.levers"),
+    "ranks": ("worldserve.api", "worldserve.engines", "worldserve.cluster"),
+    "models": ("worldserve.engines", "worldserve.api", "worldserve.runtime", "worldserve.ranks"),
+    "ipc": ("worldserve.engines", "worldserve.models", "worldserve.ranks"),
     "media": ("worldserve.engines", "worldserve.api", "worldserve.models"),
     "clients": ("worldserve.api", "worldserve.engines", "worldserve.models",
                 "worldserve.runtime"),
@@ -36,6 +64,8 @@ ENGINE_MODEL_IMPORTS = ("worldserve.models.registry", "worldserve.models.types")
 # Known current violations, as (file, imported module). Empty: keep it that way.
 ALLOWED: set[tuple[str, str]] = set()
 MODEL_BASES = {"Module", "ModelMixin", "PreTrainedModel"}
+# Where model classes may live: the families, and the levers' layers (an FP8 linear).
+MODEL_LAYERS = ("models", "levers")
 # Ray (scale-out, extra worldserve[ray]) is imported only here; the cli reaches it only through
 # worldserve.cluster, under `--cluster ray`.
 RAY_IMPORTERS = ("worldserve/cluster/",)
@@ -61,6 +91,22 @@ def imported(tree: ast.Module) -> list[str]:
 def layer_of(path: str) -> str | None:
     parts = Path(path).parts  # ("worldserve", "<layer>", ...)
     return parts[1] if len(parts) > 2 else None
+
+
+def room_of(module: str) -> str | None:
+    """The room of a worldserve module (`worldserve.models.types` -> "models_shared"); None for
+    the package itself."""
+    parts = module.split(".")
+    if len(parts) < 2:
+        return None
+    if parts[1] == "models" and len(parts) > 2 and parts[2] in MODEL_SHARED:
+        return "models_shared"
+    return parts[1]
+
+
+def floor_of(room: str) -> int:
+    """0 for the top floor; a room missing from FLOORS is a KeyError (give it a floor)."""
+    return {r: i for i, rooms in enumerate(FLOORS) for r in rooms}[room]
 
 
 def matches(name: str, prefix: str) -> bool:
@@ -98,7 +144,7 @@ def test_nothing_but_the_cli_imports_the_cluster_package() -> None:
 def test_model_classes_live_under_models() -> None:
     found = []
     for path, tree in modules():
-        if layer_of(path) == "models":
+        if layer_of(path) in MODEL_LAYERS:
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
@@ -106,7 +152,8 @@ def test_model_classes_live_under_models() -> None:
                          for b in node.bases}
                 if bases & MODEL_BASES:
                     found.append(f"{path}: class {node.name}")
-    assert not found, "model classes outside worldserve/models/:\n" + "\n".join(found)
+    assert not found, ("model classes outside worldserve/models/ and worldserve/levers/:\n"
+                       + "\n".join(found))
 
 
 def test_the_walk_sees_function_level_imports() -> None:
@@ -168,6 +215,39 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
                     if len(component) > 1:
                         found.append(sorted(component))
     return found
+
+
+def arrows_up(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from a room to a room on its own floor or a higher one."""
+    found = []
+    for name, targets in graph.items():
+        src = room_of(name)
+        for target in sorted(targets):
+            dst = room_of(target)
+            if None in (src, dst) or src == dst:
+                continue
+            if floor_of(dst) <= floor_of(src):  # type: ignore[arg-type]
+                found.append(f"{name} ({src}) imports {target} ({dst})")
+    return found
+
+
+def test_every_room_has_a_floor() -> None:
+    rooms = {room_of(module_name(path)) for path, _ in modules()} - {None}
+    floored = {room for floor in FLOORS for room in floor}
+    assert rooms <= floored, f"rooms without a floor in FLOORS: {sorted(rooms - floored)}"
+
+
+def test_no_arrow_runs_back_up() -> None:
+    found = arrows_up(import_graph())
+    assert not found, "imports up or sideways a floor:\n" + "\n".join(found)
+
+
+def test_the_floor_check_finds_an_arrow_up() -> None:
+    graph = {"worldserve.runtime.x": {"worldserve.engines.y", "worldserve.models.types"},
+             "worldserve.models.cosmos3.z": {"worldserve.levers.speed"},
+             "worldserve.levers.speed": {"worldserve.models.types"}}
+    assert arrows_up(graph) == ["worldserve.runtime.x (runtime) imports worldserve.engines.y "
+                                "(engines)"]
 
 
 def test_no_import_circles() -> None:

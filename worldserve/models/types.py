@@ -169,7 +169,7 @@ class RunnerFeatures:
     # engine declares "flow_head" for a separate action head (ipc/capabilities.py ActionApi).
     action_api: str | None = None
     action_resolution_tiers: tuple[int, ...] | None = None  # None: the protocol's defaults
-    # Step-cache methods the runner can run per request (models/step_cache.py); (): none, and a
+    # Step-cache methods the runner can run per request (levers/step_cache.py); (): none, and a
     # request's `enable_teacache: true` is a 400.
     step_cache_methods: tuple[str, ...] = ()
 
@@ -177,7 +177,7 @@ class RunnerFeatures:
 @dataclass(frozen=True)
 class StepCacheSettings:
     """A stage's step-cache method and its knob (None: the method's default;
-    models/step_cache.py turns it into diffusers' config)."""
+    levers/step_cache.py turns it into diffusers' config)."""
 
     method: str
     threshold: float | None = None

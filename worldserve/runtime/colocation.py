@@ -3,7 +3,7 @@ inside its own steps.
 
 `run_together` (runtime/stage.py) alternates the stage loops' turns; with
 `stages.reasoner.colocation_yield: blocks` the host engine also calls `yield_point()` before
-each transformer block of its forward (models/yielding.py), and the guests take turns there
+each transformer block of its forward (levers/yielding.py), and the guests take turns there
 while they have work, for at most `max_yield_s` per yield point. A guest's token then waits
 for one block of the host's forward instead of a whole denoising step. With `steps` only the
 alternation of whole turns remains (one guest turn per host step).

@@ -23,7 +23,8 @@ EngineState = Literal["warming", "ready", "released"]
 DEFAULT_BACKEND = "default"
 ENGINE_FACTORIES: dict[tuple[str, str], str] = {
     # GenerationEngine, on one process or over a rank group (stages.generation.parallel)
-    ("generation", DEFAULT_BACKEND): "worldserve.runtime.rank_runner:create_generation_engine",
+    ("generation", DEFAULT_BACKEND):
+        "worldserve.engines.generation.factory:create_generation_engine",
     ("reasoner", "hf"): "worldserve.engines.reasoner.engine:ReasonerEngine",
     ("reasoner", "fake"): "worldserve.engines.reasoner.fake:FakeReasonerEngine",
     ("realtime", "causal"): "worldserve.engines.realtime.engine:RealtimeEngine",

@@ -29,7 +29,7 @@ from worldserve.ipc.messages import (
     GenerationResult,
     Message,
 )
-from worldserve.models import shared
+from worldserve.levers import shared
 from worldserve.runtime.colocation import Colocation, install
 from worldserve.runtime.stage import StageLoop, run_together
 

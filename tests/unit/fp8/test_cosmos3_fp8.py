@@ -21,11 +21,11 @@ from tests.unit.reasoner.drive import windowed_greedy_replies
 from worldserve.config import ReasonerStageConfig, ServerConfig
 from worldserve.engines.reasoner.engine import ReasonerEngine
 from worldserve.ipc.messages import GenerationParams
+from worldserve.levers.fp8 import load
+from worldserve.levers.fp8.detect import Fp8FormatError
+from worldserve.levers.fp8.linear import Fp8Linear, scaled_mm_fits
+from worldserve.levers.fp8.weights import read_fp8_tensors
 from worldserve.models import registry
-from worldserve.models.fp8 import load
-from worldserve.models.fp8.detect import Fp8FormatError
-from worldserve.models.fp8.linear import Fp8Linear, scaled_mm_fits
-from worldserve.models.fp8.weights import read_fp8_tensors
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 torch.set_num_threads(1)

@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from worldserve.models.fp8.detect import Fp8FormatError, detect
-from worldserve.models.fp8.dev import quantise_weight
-from worldserve.models.fp8.load import generator_format, reasoner_format
+from worldserve.levers.fp8.detect import Fp8FormatError, detect
+from worldserve.levers.fp8.dev import quantise_weight
+from worldserve.levers.fp8.load import generator_format, reasoner_format
 
 EXPORTED = {"quant_method": "modelopt", "quant_algo": "FP8"}
 

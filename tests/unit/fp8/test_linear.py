@@ -9,16 +9,16 @@ import pytest
 import torch
 from torch import nn
 
-from worldserve.models.fp8 import load
-from worldserve.models.fp8.detect import QuantFormat
-from worldserve.models.fp8.dev import quantise_weight
-from worldserve.models.fp8.linear import (
+from worldserve.levers.fp8 import load
+from worldserve.levers.fp8.detect import QuantFormat
+from worldserve.levers.fp8.dev import quantise_weight
+from worldserve.levers.fp8.linear import (
     Fp8Linear,
     quantise_input,
     scaled_mm_reference,
     swap_in_fp8_linears,
 )
-from worldserve.models.fp8.weights import (
+from worldserve.levers.fp8.weights import (
     FP8_MAX,
     Fp8FormatError,
     QuantLinear,

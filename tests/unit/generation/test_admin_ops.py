@@ -269,7 +269,7 @@ def test_transformer_level_loading_equals_the_pipeline_loader(engine, tiny_wan_d
     `load_lora_adapter`, from the diffusers layout and from the PEFT layout."""
     from safetensors.torch import load_file, save_file
 
-    from worldserve.models.diffusers_admin import LoraAdapters
+    from worldserve.levers.lora import LoraAdapters
 
     engine.runner.lora = LoraAdapters(engine.pipe, via_pipeline=False)
     state = load_file(str(admin_assets["lora_a"] / "pytorch_lora_weights.safetensors"))

@@ -16,7 +16,7 @@ from worldserve.config import GenerationStageConfig, ServerConfig
 from worldserve.engines.generation.engine import GenerationEngine
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import GenerationResult
-from worldserve.models.step_cache import METHODS
+from worldserve.levers.step_cache import METHODS
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 

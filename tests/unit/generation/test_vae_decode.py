@@ -14,10 +14,10 @@ import torch
 
 from tests.unit.generation.test_cosmos3_engine import Replies, engine_for, media
 from worldserve.config import GenerationStageConfig
-from worldserve.engines.generation.engine import configure_vae
+from worldserve.engines.generation.levers import configure_vae
 from worldserve.ipc.messages import GenerationResult
 from worldserve.models.cosmos3.dev import Cosmos3DevConfig, build_vae
-from worldserve.models.wan_vae import TilingOptions, WanDecodeJob, configure_tiling
+from worldserve.models.wan.vae import TilingOptions, WanDecodeJob, configure_tiling
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 

@@ -15,9 +15,9 @@ from tests.unit.models.test_cosmos3 import png
 from worldserve.config import GenerationStageConfig, ServerConfig
 from worldserve.engines.generation.engine import GenerationEngine
 from worldserve.ipc.messages import ActionCondition, GenerationParams, ModelInfoRequest
+from worldserve.levers.speed import check_attention_backend
+from worldserve.levers.step_cache import StepCacheSettings
 from worldserve.models import registry
-from worldserve.models.speed import check_attention_backend
-from worldserve.models.step_cache import StepCacheSettings
 from worldserve.models.types import ModelLoadError
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")

@@ -1,4 +1,4 @@
-"""Step caching on the dev Cosmos3 (models/step_cache.py): rows that do not cache equal the
+"""Step caching on the dev Cosmos3 (levers/step_cache.py): rows that do not cache equal the
 pipeline's own `__call__` bit for bit with the hooks installed, cached rows interleaved with
 other requests equal their solo cached runs (and would not under shared context names), the
 skipped forwards are counted, and the hooks' per-context state is freed with the row."""
@@ -15,8 +15,8 @@ import torch
 from tests.unit.models.test_cosmos3 import params as cosmos3_params
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.messages import GenerationParams
+from worldserve.levers.step_cache import METHODS, StepCacheSettings
 from worldserve.models import registry
-from worldserve.models.step_cache import METHODS, StepCacheSettings
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -52,7 +52,7 @@ def interleave(runner, requests: list[GenerationParams], same_names: bool = Fals
     states = [runner.prepare([f"r{i}"], [p], p.seeds) for i, p in enumerate(requests)]
     if same_names:  # what the pipeline's fixed "cond" / "uncond" names amount to
         for state in states:
-            state.rows[0].cache_key = "shared"
+            state.rows[0].cache.key = "shared"
     while not all(s.done_denoising for s in states):
         for state in states:
             if not state.done_denoising:

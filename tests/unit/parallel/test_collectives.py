@@ -1,4 +1,4 @@
-"""The generic rank-group pieces (models/parallel) in a real two-process gloo group: Ulysses
+"""The generic rank-group pieces (levers/parallel) in a real two-process gloo group: Ulysses
 all-to-all, ring attention, sharded blocks and halo convolutions each equal their one-process
 computation, and a collective whose peer died fails promptly instead of hanging."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from worldserve.config import ConfigError, load_config
-from worldserve.models.parallel.mesh import ParallelLayout, RankMesh
+from worldserve.levers.parallel.mesh import ParallelLayout, RankMesh
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -61,7 +61,7 @@ def test_ulysses_must_divide_the_attention_heads(cosmos3_dir):
 
 def test_a_family_without_rank_groups_is_refused_before_anything_starts(tmp_path):
     from worldserve.config import GenerationStageConfig
-    from worldserve.runtime.rank_runner import start_rank_runner
+    from worldserve.ranks.runner import start_rank_runner
 
     (tmp_path / "model_index.json").write_text('{"_class_name": "WanPipeline"}')
     config = GenerationStageConfig(model_path=tmp_path, parallel="cfg=2")

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from worldserve.errors import InvalidRequest, StageUnavailable
-from worldserve.ipc.ranks import DenoiseStep, PrepareBatch, RankCommand
-from worldserve.models.parallel.comm import CollectiveError
-from worldserve.runtime.rank_runner import RankGroupRunner
-from worldserve.runtime.ranks import RankGroupError
+from worldserve.levers.parallel.comm import CollectiveError
+from worldserve.ranks.group import RankGroupError
+from worldserve.ranks.messages import DenoiseStep, PrepareBatch, RankCommand
+from worldserve.ranks.runner import RankGroupRunner
 
 
 class Group:

@@ -11,9 +11,9 @@ import shutil
 import pytest
 import torch
 
+from worldserve.levers.parallel.mesh import GroupHandle
+from worldserve.levers.parallel.shard import BUFFER_PREFIX
 from worldserve.models.cosmos3.parallel_load import load_sharded_pipeline
-from worldserve.models.parallel.mesh import GroupHandle
-from worldserve.models.parallel.shard import BUFFER_PREFIX
 from worldserve.models.types import ModelLoadError
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")

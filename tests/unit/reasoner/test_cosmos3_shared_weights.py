@@ -121,7 +121,7 @@ def test_tying_refuses_a_generator_that_differs(one_dir, tmp_path):
 def test_colocated_loader_ties_to_the_published_generator(one_dir):
     """In a colocated stage process the generation loader publishes its transformer; the
     reasoner loader of the same directory finds it and shares the LLM tensors."""
-    from worldserve.models import shared
+    from worldserve.levers import shared
 
     target, _ = one_dir
     generator = Cosmos3OmniTransformer.from_pretrained(target / "transformer").eval()
@@ -147,7 +147,7 @@ def test_tying_refuses_another_dtype(one_dir):
 def test_cosmos3_dev_directory_serves_both_and_shares_in_one_process(tmp_path):
     """The dev Cosmos3 generation directory holds its reasoner; loading the generation runner
     then the reasoner runner in one process (a colocated stage) leaves one copy of the LLM."""
-    from worldserve.models import shared
+    from worldserve.levers import shared
     from worldserve.models.cosmos3.dev import build_generation
 
     build_generation(tmp_path, 0)

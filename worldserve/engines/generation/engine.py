@@ -7,6 +7,9 @@ one runner phase (prepare, one denoising step, one row's decode, or writing one 
 files); `update` turns its output into replies. Several batches run at once, each advanced one
 phase per turn, so a short request is not stuck behind a long one; cancellation applies at the
 next step boundary; a request that fails inside a batch is retried alone and then fails alone.
+
+Past ~400 lines on purpose: the loop's three steps and the reply of each phase read best in one
+file (nano-vllm's `llm_engine.py` shape); startup levers are in levers.py, outputs in outputs.py.
 """
 
 from __future__ import annotations
@@ -32,9 +35,14 @@ from worldserve.engines.generation.contract import (
     ActionRunner,
     ChunkedDecodeRunner,
     GenerationRunner,
-    SpeedRunner,
     StepCacheRunner,
     YieldingRunner,
+)
+from worldserve.engines.generation.levers import (
+    configure_speed,
+    configure_vae,
+    enable_step_cache,
+    step_cache_report,
 )
 from worldserve.engines.generation.outputs import (
     action_output,
@@ -60,10 +68,9 @@ from worldserve.ipc.messages import (
     GenerationProgress,
     GenerationResult,
     Request,
-    StepCacheReport,
 )
 from worldserve.models import registry
-from worldserve.models.types import ModelLoadError, StepCacheSettings, feature_capabilities
+from worldserve.models.types import feature_capabilities
 from worldserve.runtime.devices import resolve_in_process
 from worldserve.runtime.engine import EngineState, ReplyFn
 
@@ -85,9 +92,9 @@ class GenerationEngine:
             "generation", path, dtype=stage_config.dtype, device=stage_config.device,
             safety_checker=stage_config.safety_checker, **stage_config.quant_options())
         if runner is None:  # an injected runner comes configured
-            _configure_speed(self.runner, stage_config)
+            configure_speed(self.runner, stage_config)
         self.pipe = self.runner.pipe
-        self.step_cache = _enable_step_cache(stage_config, self.runner)
+        self.step_cache = enable_step_cache(stage_config, self.runner)
         self.actions: ActionRunner | None = registry.load_actions(path)
         self.defaults = self.runner.features.defaults  # the family's, for this checkpoint
         self.model_name = served_model_name(stage_config, path)
@@ -357,7 +364,7 @@ class GenerationEngine:
             inference_time_s=time.perf_counter() - job.started_s, peak_memory_mb=_peak_memory_mb(),
             stage_durations={k: round(v, 6) for k, v in job.durations.items()},
             actions=[a for a in actions if a is not None],
-            step_cache=_step_cache_report([batch.cache_stats.get(row) for row in rows])))
+            step_cache=step_cache_report([batch.cache_stats.get(row) for row in rows])))
 
     # ------------------------------------------------------------------ failures
 
@@ -394,47 +401,6 @@ def _rows_per_batch(config: GenerationStageConfig, runner: GenerationRunner) -> 
     return max(1, min(config.max_batch_size, runner.max_batch_size))
 
 
-
-
-def _enable_step_cache(config: GenerationStageConfig, runner: GenerationRunner) -> str | None:
-    """Install the runner's step-cache hooks when its family supports them; the method in use
-    (None: no step caching on this stage)."""
-    wanted = config.step_cache
-    methods = runner.features.step_cache_methods
-    if not wanted.enabled or not methods or not isinstance(runner, StepCacheRunner):
-        return None
-    if wanted.method not in methods:
-        raise ValueError(f"stages.generation.step_cache.method={wanted.method!r}: this model "
-                         f"caches with {', '.join(methods)}")
-    runner.enable_step_cache(StepCacheSettings(method=wanted.method, threshold=wanted.threshold,
-                                               interval=wanted.interval))
-    return wanted.method
-
-
-def _step_cache_report(stats: list[Any]) -> StepCacheReport | None:
-    """One request's step caching over its rows (None: it did not cache)."""
-    rows = [s for s in stats if s is not None]
-    if not rows:
-        return None
-    return StepCacheReport(method=rows[0].method,
-                           num_forwards=sum(s.num_forwards for s in rows),
-                           num_forwards_skipped=sum(s.num_forwards_skipped for s in rows))
-
-
-def configure_vae(runner: GenerationRunner, config: GenerationStageConfig) -> dict[str, Any]:
-    """The stage's VAE decode settings applied to the runner; what is in force (model_info).
-    A setting the runner cannot honour is a startup error, never silently ignored."""
-    family = runner.features.family
-    if not isinstance(runner, ChunkedDecodeRunner):
-        if config.vae_tiling or config.vae_decode_chunk_frames:
-            raise ValueError(f"vae_tiling / vae_decode_chunk_frames: the {family} runner "
-                             f"decodes in one call only; leave them unset for this model")
-        return {"tiling": False, "decode_chunk_frames": 0}
-    return {**runner.configure_vae(config.vae_tiling, config.vae_tile_size,
-                                   config.vae_tile_stride),
-            "decode_chunk_frames": config.vae_decode_chunk_frames}
-
-
 def _as_error(exc: Exception) -> WorldserveError:
     if isinstance(exc, WorldserveError):
         return exc
@@ -455,19 +421,6 @@ def _peak_memory_mb() -> float:
     except Exception:  # memory figures are optional; never fail a request for them
         return 0.0
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _configure_speed(runner: GenerationRunner, config: GenerationStageConfig) -> None:
-    """attention_backend / compile / understanding_kv_reuse, before the warmup requests (which
-    then pay the compilation); a lever the family's runner lacks fails startup."""
-    if isinstance(runner, SpeedRunner):
-        runner.configure_speed(attention_backend=config.attention_backend,
-                               compile=config.compile,
-                               understanding_kv_reuse=config.understanding_kv_reuse)
-    elif config.attention_backend != "native" or config.compile:
-        raise ModelLoadError(f"attention_backend / compile: the {runner.features.family} "
-                             f"runner does not support them (keep attention_backend: native, "
-                             f"compile: false)")
 
 
 def _check_prompt_enhancer(config: GenerationStageConfig, server_config: ServerConfig) -> None:

@@ -10,7 +10,7 @@ Accepted layouts (docs/generation.md says which were verified with tiny checkpoi
   FP8 checkpoints a root `modelopt_state.pth` and a `quantization_config` in
   `transformer/config.json`.
 
-ModelOpt FP8 transformer weights load through `worldserve.models.fp8` (W8A16 dequantised at
+ModelOpt FP8 transformer weights load through `worldserve.levers.fp8` (W8A16 dequantised at
 load, or W8A8 on CUDA sm89+ through ModelOpt's restore); an unknown quantisation format or a
 quantised linear without its scale stops startup with a message naming it.
 """
@@ -105,8 +105,8 @@ def load_pipeline(model_dir: Path, dtype: Any, device: str, *,
     from diffusers import Cosmos3OmniPipeline
     from diffusers.utils import logging as diffusers_logging
 
+    from worldserve.levers.fp8.load import load_generator_transformer
     from worldserve.models.common import direct_device_map, require_local_dir, resolve_dtype
-    from worldserve.models.fp8.load import load_generator_transformer
 
     path = require_local_dir(model_dir)
     check_layout(path)

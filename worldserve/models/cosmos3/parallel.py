@@ -1,14 +1,14 @@
 """A Cosmos3 runner that is one rank of a generation rank group (`stages.generation.parallel`).
 
 Every rank loads the pipeline and runs the same phases in lockstep (rank 0 for the engine,
-peers on rank 0's commands: runtime/ranks.py); what each rank computes differs only inside a
+peers on rank 0's commands: ranks/group.py); what each rank computes differs only inside a
 denoising step and a decode:
 
 - cfg = 2: the cfg half with index 0 runs the cond forward, index 1 the uncond forward; both
   exchange their velocities and combine them identically (`_guided_velocities`);
 - ulysses / ring: the transformer's generation tokens are split across the sp group
   (parallel_attention.py);
-- shard: the decoder blocks' weights are split across the shard group (models/parallel/shard.py),
+- shard: the decoder blocks' weights are split across the shard group (levers/parallel/shard.py),
   read straight from the checkpoint so no rank holds the whole generator (parallel_load.py);
 - vae: the VAE decode is split by latent rows across all ranks (parallel_vae.py).
 
@@ -25,14 +25,15 @@ from typing import Any
 import torch
 
 from worldserve.errors import NotSupported
+from worldserve.levers.parallel.comm import all_gather
+from worldserve.levers.parallel.mesh import ParallelLayout, RankMesh
+from worldserve.levers.parallel.shard import ShardedBlocks
 from worldserve.models.cosmos3 import checks
 from worldserve.models.cosmos3.parallel_attention import Cosmos3SequenceParallel
 from worldserve.models.cosmos3.parallel_load import load_sharded_pipeline
 from worldserve.models.cosmos3.parallel_vae import can_split, decode_strips
-from worldserve.models.cosmos3.runner import Cosmos3Runner, RowState
-from worldserve.models.parallel.comm import all_gather
-from worldserve.models.parallel.mesh import ParallelLayout, RankMesh
-from worldserve.models.parallel.shard import ShardedBlocks
+from worldserve.models.cosmos3.runner import Cosmos3Runner
+from worldserve.models.cosmos3.state import RowState
 
 
 def load_rank_runner(model_dir: Path, *, rank: int, layout: ParallelLayout,

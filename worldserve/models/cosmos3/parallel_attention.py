@@ -25,15 +25,15 @@ from typing import Any
 
 import torch
 
-from worldserve.models.parallel.attention import (
+from worldserve.levers.parallel.attention import (
     gather_heads,
     head_slice,
     repeat_kv,
     ring_attention,
     scatter_heads_many,
 )
-from worldserve.models.parallel.comm import all_gather_cat
-from worldserve.models.parallel.mesh import RankMesh
+from worldserve.levers.parallel.comm import all_gather_cat
+from worldserve.levers.parallel.mesh import RankMesh
 
 Rotary = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from worldserve.models.parallel.mesh import GroupHandle
-from worldserve.models.parallel.shard import RowReader, ShardedBlocks
+from worldserve.levers.parallel.mesh import GroupHandle
+from worldserve.levers.parallel.shard import RowReader, ShardedBlocks
 from worldserve.models.types import ModelLoadError
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"

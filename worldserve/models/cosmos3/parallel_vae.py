@@ -4,7 +4,7 @@ of a group by horizontal strips of the latent.
 Each rank decodes its strip of latent rows through the same decoder, with three kinds of
 layers swapped for the duration of the call (`strip_parallel`): causal 3-D convolutions with a
 spatial kernel and the 2-D convolutions of the upsamplers take a one-row halo from their
-neighbours (`models/parallel/halo.py`), and the mid-block's attention (over every pixel of a
+neighbours (`levers/parallel/halo.py`), and the mid-block's attention (over every pixel of a
 frame) gathers the strips. Every other decoder layer works per pixel. The strips of the output
 are gathered on every rank. The frame cache of the causal convolutions holds each rank's own
 strip, exactly as the one-device decode holds the whole frame.
@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worldserve.models.parallel.halo import gather_rows, split_rows, with_halo
-from worldserve.models.parallel.mesh import GroupHandle
+from worldserve.levers.parallel.halo import gather_rows, split_rows, with_halo
+from worldserve.levers.parallel.mesh import GroupHandle
 
 HEIGHT_DIM_3D = 3  # (B, C, T, H, W)
 HEIGHT_DIM_2D = 2  # (B*T, C, H, W)

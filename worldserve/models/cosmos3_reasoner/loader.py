@@ -2,7 +2,7 @@
 prefill and batched decode serve Omni, a Qwen3-VL, and Edge).
 
 ModelOpt FP8 checkpoints, which transformers would load without their scales, load through
-`worldserve.models.fp8` (docs/generation.md, FP8).
+`worldserve.levers.fp8` (docs/generation.md, FP8).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from worldserve.models import shared
+from worldserve.levers import shared
+from worldserve.levers.fp8.load import load_reasoner_model
 from worldserve.models.cosmos3_reasoner.family import EDGE, OMNI
 from worldserve.models.cosmos3_reasoner.sharing import WeightMismatch, tie_text_pathway
-from worldserve.models.fp8.load import load_reasoner_model
 from worldserve.models.qwen_vl.processor import load_processor, load_vlm
 from worldserve.models.qwen_vl.runner import QwenVLRunner
 from worldserve.models.qwen_vl.vision import VideoStyle
@@ -34,7 +34,7 @@ def load_runner(model_dir: Path, *, dtype: str = "float32", device: str = "cpu",
     `generator`: the Cosmos3 generator transformer of the same directory, already loaded in
     this process on the same device; the reasoner then shares its LLM parameters
     (`sharing.tie_text_pathway`) instead of holding a second copy. ModelOpt FP8 weights load
-    through `worldserve.models.fp8` (transformers would drop their scales).
+    through `worldserve.levers.fp8` (transformers would drop their scales).
     """
     try:
         model = load_reasoner_model(model_dir, dtype, device, fp8_compute)

@@ -25,14 +25,15 @@ from PIL import Image
 from worldserve.errors import InvalidRequest
 from worldserve.ipc.capabilities import GenerationDefaults
 from worldserve.ipc.messages import GenerationParams
+from worldserve.levers.diffusers_admin import DiffusersAdminOps
+from worldserve.levers.lora import LoraAdapters
+from worldserve.levers.speed import NATIVE, CompileTimer, apply_attention_backend, compile_blocks
+from worldserve.levers.yielding import BlockYieldOps
 from worldserve.models.common import count_parameters
 from worldserve.models.dev import checkpoint_defaults
-from worldserve.models.diffusers_admin import DiffusersAdminOps, LoraAdapters
-from worldserve.models.speed import NATIVE, CompileTimer, apply_attention_backend, compile_blocks
 from worldserve.models.types import ModelLoadError, RowExtras, RunnerFeatures
 from worldserve.models.wan.family import DEFAULTS, DEV_DEFAULTS, FAMILY
 from worldserve.models.wan.loader import load_pipeline
-from worldserve.models.yielding import BlockYieldOps
 
 DEFAULT_MAX_SEQUENCE_LENGTH = 512
 MAX_CONDITION_IMAGES = 4

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from worldserve.models.fp8.weights import FP8_MAX, QuantLinear
+from worldserve.levers.fp8.weights import FP8_MAX, QuantLinear
 
 
 def quantise_input(x: torch.Tensor, input_scale: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from worldserve.models.fp8.detect import (
+from worldserve.levers.fp8.detect import (
     EXPORTED_INPUT_SCALE,
     EXPORTED_SCALE,
     NATIVE_INPUT_AMAX,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from worldserve.models.fp8.detect import (
+from worldserve.levers.fp8.detect import (
     EXPORTED_INPUT_SCALE,
     EXPORTED_SCALE,
     MODELOPT_STATE,
@@ -29,7 +29,7 @@ from worldserve.models.fp8.detect import (
     NATIVE_SCALE,
     weight_files,
 )
-from worldserve.models.fp8.weights import FP8_MAX
+from worldserve.levers.fp8.weights import FP8_MAX
 
 EXPORTED_CONFIG = {"quant_method": "modelopt", "quant_algo": "FP8"}
 DEV_INPUT_AMAX = 8.0  # static input amax of the hand-written layouts (no calibration run)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from worldserve.models.parallel.comm import all_gather
-from worldserve.models.parallel.mesh import GroupHandle
+from worldserve.levers.parallel.comm import all_gather
+from worldserve.levers.parallel.mesh import GroupHandle
 
 
 def split_rows(num_rows: int, parts: int) -> list[tuple[int, int]]:

@@ -1,8 +1,8 @@
 """A generation stage that is a group of ranks: rank 0 is the stage process itself (engine,
 scheduler, socket to the api); it starts ranks 1..N-1 as child processes, one device each,
 joins them in one `torch.distributed` process group (gloo on CPU, NCCL on CUDA) and tells
-them, phase by phase, what to run (ipc/ranks.py commands over a ZeroMQ socket in a private
-folder). The engine sees one runner (runtime/rank_runner.py); this module owns the processes.
+them, phase by phase, what to run (ranks/messages.py commands over a ZeroMQ socket in a private
+folder). The engine sees one runner (ranks/runner.py); this module owns the processes.
 
 Failure: a peer that exits, a collective that fails (the group has a timeout:
 `parallel.timeout_s`) or a peer that does not answer within that timeout breaks the group.
@@ -39,7 +39,14 @@ import zmq
 import worldserve
 from worldserve import envs
 from worldserve.errors import StageUnavailable
-from worldserve.ipc.ranks import RankCodec, RankCommand, RankDone, RankLaunch, RankReady, Shutdown
+from worldserve.ranks.messages import (
+    RankCodec,
+    RankCommand,
+    RankDone,
+    RankLaunch,
+    RankReady,
+    Shutdown,
+)
 from worldserve.runtime.supervisor import describe_exit
 
 log = logging.getLogger("worldserve.ranks")
@@ -141,7 +148,7 @@ class RankGroup:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # ranks share one host: loopback only
         return subprocess.Popen(
-            [sys.executable, "-m", "worldserve.runtime.rank_worker", "--launch", str(path)],
+            [sys.executable, "-m", "worldserve.ranks.worker", "--launch", str(path)],
             stdin=subprocess.DEVNULL, env=env)
 
     def join(self) -> None:
@@ -286,7 +293,7 @@ def _identity(rank: int) -> bytes:
 
 
 def peer_identity(rank: int) -> bytes:
-    """The ZeroMQ identity a peer connects with (rank_worker.py)."""
+    """The ZeroMQ identity a peer connects with (ranks/worker.py)."""
     return _identity(rank)
 
 

@@ -1,5 +1,5 @@
 """The generation runner the engine sees when its stage is a rank group: each phase it is
-asked to run is sent to every peer rank first (ipc/ranks.py), then run by rank 0's own
+asked to run is sent to every peer rank first (ranks/messages.py), then run by rank 0's own
 runner (whose collectives pair with the peers'), then confirmed by every peer. The engine's
 stepping, interleaving, progress, cancellation, LoRA and admin code stays as it is.
 
@@ -18,9 +18,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from worldserve.config import GenerationStageConfig, ServerConfig
+from worldserve.config import GenerationStageConfig
 from worldserve.errors import NotSupported
-from worldserve.ipc.ranks import (
+from worldserve.models import registry
+from worldserve.ranks.group import (
+    RANKS_KIND,
+    GroupSpec,
+    RankGroup,
+    RankGroupError,
+    layout_fields,
+    rank_devices,
+)
+from worldserve.ranks.messages import (
     ActivateLora,
     DecodeRow,
     DenoiseStep,
@@ -32,15 +41,6 @@ from worldserve.ipc.ranks import (
     ResumeMemory,
     UnloadLora,
     UpdateWeights,
-)
-from worldserve.models import registry
-from worldserve.runtime.ranks import (
-    RANKS_KIND,
-    GroupSpec,
-    RankGroup,
-    RankGroupError,
-    layout_fields,
-    rank_devices,
 )
 
 log = logging.getLogger("worldserve.ranks")
@@ -329,7 +329,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _is_collective_error(exc: Exception) -> bool:
-    from worldserve.models.parallel.comm import CollectiveError
+    from worldserve.levers.parallel.comm import CollectiveError
 
     return isinstance(exc, CollectiveError)
 
@@ -337,26 +337,10 @@ def _is_collective_error(exc: Exception) -> bool:
 # ---------------------------------------------------------------------- start
 
 
-def create_generation_engine(stage_config: GenerationStageConfig,
-                             server_config: ServerConfig) -> Any:
-    """The generation stage's engine (runtime/engine.py factory table): on one process as
-    always, or over a rank group when `stages.generation.parallel` asks for several ranks."""
-    from worldserve.engines.common import model_dir
-    from worldserve.engines.generation.engine import GenerationEngine
-    from worldserve.runtime.devices import resolve_in_process
-
-    stage_config = resolve_in_process(stage_config)
-    runner = None
-    if stage_config.parallel.world_size > 1:
-        runner = start_rank_runner(stage_config, model_dir(stage_config),
-                                   log_level=server_config.log_level)
-    return GenerationEngine(stage_config, server_config, runner=runner)
-
-
 def start_rank_runner(config: GenerationStageConfig, model_dir: Path,
                       log_level: str = "info") -> RankGroupRunner:
     """Start the peers, load rank 0's runner meanwhile, join the group."""
-    from worldserve.models.parallel.mesh import ParallelLayout
+    from worldserve.levers.parallel.mesh import ParallelLayout
 
     _check_family(config, model_dir)
     layout = layout_fields(config.parallel)

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-log = logging.getLogger("worldserve.models.yielding")
+log = logging.getLogger("worldserve.levers.yielding")
 
 DENOISER_NAMES = ("transformer", "transformer_2")
 FALLBACK_BLOCK_LISTS = ("transformer_blocks", "blocks", "layers")

@@ -24,7 +24,7 @@ import torch
 
 from worldserve.models.types import ModelLoadError
 
-log = logging.getLogger("worldserve.models.speed")
+log = logging.getLogger("worldserve.levers.speed")
 
 NATIVE = "native"
 

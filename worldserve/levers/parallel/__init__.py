@@ -5,5 +5,5 @@ sharding (`shard`) and strip-parallel convolutions with halo exchange (`halo`).
 
 Generic pieces only: a family wires them into its own transformer and VAE
 (`models/cosmos3/parallel*.py`). The processes themselves are started by
-`worldserve/runtime/ranks.py`; nothing here knows about scheduling or sockets.
+`worldserve/ranks/group.py`; nothing here knows about scheduling or sockets.
 """

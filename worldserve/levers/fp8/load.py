@@ -21,10 +21,10 @@ from typing import Any, Literal
 
 import torch
 
+from worldserve.levers.fp8.detect import MODELOPT_STATE, Fp8FormatError, QuantFormat, detect
+from worldserve.levers.fp8.linear import scaled_mm_fits, swap_in_fp8_linears
+from worldserve.levers.fp8.weights import Fp8Tensors, dequantised_state_dict, read_fp8_tensors
 from worldserve.models.common import resolve_dtype
-from worldserve.models.fp8.detect import MODELOPT_STATE, Fp8FormatError, QuantFormat, detect
-from worldserve.models.fp8.linear import scaled_mm_fits, swap_in_fp8_linears
-from worldserve.models.fp8.weights import Fp8Tensors, dequantised_state_dict, read_fp8_tensors
 
 logger = logging.getLogger("worldserve.fp8")
 

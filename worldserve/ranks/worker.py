@@ -1,6 +1,6 @@
-"""A peer rank of a generation rank group (started by rank 0: runtime/ranks.py).
+"""A peer rank of a generation rank group (started by rank 0: ranks/group.py).
 
-`python -m worldserve.runtime.rank_worker --launch FILE`: load the model for this rank, tell
+`python -m worldserve.ranks.worker --launch FILE`: load the model for this rank, tell
 rank 0 it is ready, join the process group, then run each command rank 0 sends and answer
 `RankDone` (with the error's first line when it failed) until `Shutdown`. The kernel stops
 the process when rank 0 (its parent) dies.
@@ -21,7 +21,8 @@ from typing import Any, Callable
 import msgspec
 import zmq
 
-from worldserve.ipc.ranks import (
+from worldserve.ranks.group import RANKS_KIND, peer_identity
+from worldserve.ranks.messages import (
     ActivateLora,
     DecodeRow,
     DenoiseStep,
@@ -39,7 +40,6 @@ from worldserve.ipc.ranks import (
     UnloadLora,
     UpdateWeights,
 )
-from worldserve.runtime.ranks import RANKS_KIND, peer_identity
 
 log = logging.getLogger("worldserve.ranks")
 PR_SET_PDEATHSIG = 1
@@ -108,8 +108,8 @@ def _die_with_parent() -> None:
 def _load(launch: RankLaunch) -> Any:
     import torch
 
+    from worldserve.levers.parallel.mesh import ParallelLayout
     from worldserve.models import registry
-    from worldserve.models.parallel.mesh import ParallelLayout
 
     torch.set_num_threads(launch.torch_threads)
     if launch.device.startswith("cuda"):

@@ -1,4 +1,4 @@
-"""Messages between rank 0 of a generation rank group and its peer ranks (runtime/ranks.py).
+"""Messages between rank 0 of a generation rank group and its peer ranks (ranks/group.py).
 
 Rank 0 runs the stage's engine; for every runner phase it sends each peer one `RankCommand`
 saying what to do, runs the phase itself, and waits for every peer's `RankDone`. Peers hold
@@ -125,7 +125,7 @@ class RankLaunch(msgspec.Struct, kw_only=True):
     model_dir: str
     dtype: str
     device: str
-    layout: dict[str, int | bool]  # models/parallel/mesh.py ParallelLayout fields
+    layout: dict[str, int | bool]  # levers/parallel/mesh.py ParallelLayout fields
     backend: str  # gloo | nccl
     store_port: int
     command_address: str

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from worldserve.models.parallel.comm import all_to_all, ring_shift
-from worldserve.models.parallel.mesh import GroupHandle
+from worldserve.levers.parallel.comm import all_to_all, ring_shift
+from worldserve.levers.parallel.mesh import GroupHandle
 
 
 def scatter_heads(x: torch.Tensor, handle: GroupHandle) -> torch.Tensor:

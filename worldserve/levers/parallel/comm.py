@@ -14,7 +14,7 @@ from typing import TypeVar
 
 import torch
 
-from worldserve.models.parallel.mesh import GroupHandle
+from worldserve.levers.parallel.mesh import GroupHandle
 
 T = TypeVar("T")
 

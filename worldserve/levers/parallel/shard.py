@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from worldserve.models.parallel.comm import all_gather
-from worldserve.models.parallel.mesh import GroupHandle
+from worldserve.levers.parallel.comm import all_gather
+from worldserve.levers.parallel.mesh import GroupHandle
 
 # (parameter name within the block, first row, end row) -> those rows of the full tensor
 RowReader = Callable[[str, int, int], torch.Tensor]

@@ -4,7 +4,7 @@ diffusers' cache hooks (`transformer.enable_cache(config)`) keep their state per
 name*: a pipeline wraps each denoiser call in `transformer.cache_context("cond")` and the hooks
 compare this call with the previous call of the same name. worldserve interleaves the rows of
 several requests on one transformer, so the pipeline's names ("cond", "uncond") would make one
-request reuse another's cached residuals. `StepCache` gives every row its own names
+request reuse another's cached residuals. `DiffusersStepCache` gives every row its own names
 (`<row key>/cond`), drops their state when the row finishes or leaves (`release`), and lets a row
 that did not ask for caching run the transformer as if no hook were installed (`forward(cached=
 False)`: every hooked module calls the forward it had before `enable_cache`, bit for bit).
@@ -19,17 +19,26 @@ Taylor-extrapolated block outputs between). Two of diffusers' block caches do no
 in 0.42.1: FBCache reads the block input by the hard-coded name `hidden_states` (Cosmos3's
 decoder layer takes `gen_seq`: "Parameter 'hidden_states' not found"), and MagCache needs
 magnitude ratios calibrated per checkpoint, of which diffusers publishes none for Cosmos3.
+
+The shape is vLLM-Omni's diffusion cache backends': a `StepCacheBackend` is enabled once on a
+loaded pipeline (`enable`) and refreshed per request row (`refresh`: fresh context names);
+`StepCacheOps` is the runner side (as `BlockYieldOps` is for yield points): it attaches a row's
+`StepCacheRow`, wraps each transformer call and reports the row's `StepCacheStats`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import weakref
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from worldserve.models.types import StepCacheSettings
+from worldserve.errors import InvalidRequest
+from worldserve.models.types import StepCacheSettings, StepCacheStats
 
 if TYPE_CHECKING:  # torch and diffusers load when the hooks are installed
     import torch
@@ -71,7 +80,34 @@ class StepCacheForward:
     skipped: bool = False
 
 
-def _bypass_hook(owner: StepCache, plain_forward: Any) -> Any:
+class StepCacheBackend(ABC):
+    """One step-caching method on one loaded pipeline, shared by every request row."""
+
+    settings: StepCacheSettings
+
+    @abstractmethod
+    def enable(self, pipeline: Any) -> None:
+        """Install the cache on the pipeline's denoiser (once, at startup)."""
+
+    @abstractmethod
+    def refresh(self) -> str:
+        """A new request row: a context-name prefix no other row has had (its state starts
+        empty)."""
+
+    @abstractmethod
+    def forward(self, cached: bool) -> AbstractContextManager[StepCacheForward]:
+        """Around one denoiser call: `cached` False runs it as if no cache were enabled."""
+
+    @abstractmethod
+    def release(self, names: list[str]) -> None:
+        """Drop the state of these context names (a finished or cancelled row)."""
+
+    @abstractmethod
+    def num_contexts(self) -> int:
+        """Context states held now (tests: freed after a job)."""
+
+
+def _bypass_hook(owner: DiffusersStepCache, plain_forward: Any) -> Any:
     """A hook registered outside one module's cache hooks: while `owner.bypass` is set (a row
     that does not cache), the module runs the forward it had before the cache was enabled."""
     from diffusers.hooks import ModelHook
@@ -85,20 +121,29 @@ def _bypass_hook(owner: StepCache, plain_forward: Any) -> Any:
     return BypassHook()
 
 
-class StepCache:
-    """One transformer's cache hooks, shared by every row and keyed per row."""
+class DiffusersStepCache(StepCacheBackend):
+    """diffusers' cache hooks on one transformer, shared by every row and keyed per row.
+    `block_list` names the transformer's repeated blocks and `probe` a submodule of the last
+    one (Cosmos3's: "layers", "mlp_moe_gen")."""
 
-    def __init__(self, transformer: torch.nn.Module, settings: StepCacheSettings,
-                 *, block_list: str = "layers", probe: str = "mlp_moe_gen") -> None:
-        from diffusers.hooks import HookRegistry
-
+    def __init__(self, settings: StepCacheSettings, *, block_list: str = "layers",
+                 probe: str = "mlp_moe_gen") -> None:
         if settings.method not in METHODS:
             raise ValueError(f"step_cache.method {settings.method!r} is not one of "
                              f"{', '.join(METHODS)}")
-        self.transformer = transformer
         self.settings = settings
+        self.block_list = block_list
+        self.probe = probe
         self.bypass = False
         self._row_ids = itertools.count()
+        self._calls = 0
+
+    def enable(self, pipeline: Any) -> None:
+        from diffusers.hooks import HookRegistry
+
+        transformer = pipeline.transformer
+        self.transformer = transformer
+        block_list, probe, settings = self.block_list, self.probe, self.settings
         plain = {id(m): m.forward for m in transformer.modules()}
         before = {id(m): m.__dict__.get("forward") for m in transformer.modules()}
         transformer.enable_cache(diffusers_config(settings, block_list))
@@ -111,20 +156,17 @@ class StepCache:
             .invalidate_child_registries_cache()
         self._managers = self._find_state_managers()  # the hooks never change after this
         blocks = getattr(transformer, block_list)
-        self._calls = 0
         # A submodule of the last block (`probe`): it runs only when the block's forward runs.
         getattr(blocks[-1], probe).register_forward_pre_hook(self._count)
 
     def _count(self, *_: Any) -> None:
         self._calls += 1
 
-    def new_row_key(self) -> str:
-        """A name prefix no other row has had on this transformer."""
+    def refresh(self) -> str:
         return f"row{next(self._row_ids)}"
 
     @contextlib.contextmanager
     def forward(self, cached: bool) -> Iterator[StepCacheForward]:
-        """Around one transformer call: `cached` False runs it as if no cache were enabled."""
         result = StepCacheForward()
         calls = self._calls
         self.bypass = not cached
@@ -135,7 +177,6 @@ class StepCache:
         result.skipped = cached and self._calls == calls
 
     def release(self, names: list[str]) -> None:
-        """Drop the hooks' state of these context names (a finished or cancelled row)."""
         wanted = set(names)
         for manager in self._managers:
             cache = manager._state_cache  # diffusers keeps no public per-name removal
@@ -145,7 +186,6 @@ class StepCache:
                     state.reset()
 
     def num_contexts(self) -> int:
-        """Context states the hooks hold now, over every hook (tests: freed after a job)."""
         return sum(len(manager._state_cache) for manager in self._managers)
 
     def _find_state_managers(self) -> list[Any]:
@@ -161,3 +201,79 @@ class StepCache:
                     if isinstance(value, StateManager):
                         managers[id(value)] = value
         return list(managers.values())
+
+
+# ---------------------------------------------------------------- the runner side
+
+
+@dataclass
+class StepCacheRow:
+    """One request row's step caching: its context-name prefix, whether it caches, and its
+    denoiser forwards so far (skipped: cached work reused)."""
+
+    key: str = ""
+    cached: bool = False
+    num_forwards: int = 0
+    num_forwards_skipped: int = 0
+
+    @property
+    def names(self) -> list[str]:
+        return [f"{self.key}/cond", f"{self.key}/uncond"]
+
+
+class StepCacheOps:
+    """The runner side of step caching (engines/generation/contract.py `enable_step_cache`,
+    `step_cache_stats`) for a runner that owns a diffusers pipeline as `self.pipe` and whose
+    rows carry a `StepCacheRow` as `row.cache`."""
+
+    pipe: Any
+    step_cache: StepCacheBackend | None = None
+
+    def enable_step_cache(self, settings: StepCacheSettings) -> None:
+        """Install the cache hooks (at startup); rows cache only when their request asks."""
+        if self.step_cache is not None:
+            raise RuntimeError("step caching is already enabled on this runner")
+        backend = DiffusersStepCache(settings)
+        backend.enable(self.pipe)
+        self.step_cache = backend
+
+    def attach_step_cache(self, row: Any, cached: bool) -> None:
+        """Give a row its own cache context names; their state goes when the row does."""
+        cache = self.step_cache
+        if cache is None:
+            if cached:
+                raise InvalidRequest("step caching is not enabled on this server",
+                                     param="enable_teacache")
+            return
+        row.cache.key, row.cache.cached = cache.refresh(), cached
+        weakref.finalize(row, cache.release, row.cache.names)  # a batch dropped on failure
+
+    def release_step_cache(self, row: Any) -> None:
+        if self.step_cache is not None:
+            self.step_cache.release(row.cache.names)
+
+    @contextlib.contextmanager
+    def cache_forward(self, row: Any, name: str, i: int, sigma: float,
+                      num_steps: int) -> Iterator[None]:
+        """One transformer call under the row's own cache context (`<row key>/cond`), counted;
+        a row that did not ask for caching runs as if no cache hook were installed."""
+        transformer = self.pipe.transformer
+        context = f"{row.cache.key}/{name}" if row.cache.key else name
+        with transformer.cache_context(context, step_index=i, sigma=sigma,
+                                       num_inference_steps=num_steps):
+            if self.step_cache is None:
+                yield
+                return
+            with self.step_cache.forward(row.cache.cached) as forward:
+                yield
+        row.cache.num_forwards += 1
+        row.cache.num_forwards_skipped += int(forward.skipped)
+
+    def step_cache_stats(self, state: Any, row: int) -> StepCacheStats | None:
+        """A row's transformer forwards and how many reused cached work (None: not cached)."""
+        cache = state.rows[row].cache
+        if not cache.cached or self.step_cache is None:
+            return None
+        return StepCacheStats(method=self.step_cache.settings.method,
+                              num_forwards=cache.num_forwards,
+                              num_forwards_skipped=cache.num_forwards_skipped)
