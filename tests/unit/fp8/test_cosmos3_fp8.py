@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.support.fp8_dirs import LAYOUTS, fp8_pair
-from tests.unit.reasoner.conftest import Driver
-from tests.unit.reasoner.drive import windowed_greedy_replies
-from worldserve.config import ReasonerStageConfig, ServerConfig
+from tests.unit.reasoner.conftest import GREEDY, Driver
+from tests.unit.reasoner.drive import concurrent_replies, windowed_greedy_replies
+from worldserve.config import ReasonerStageConfig, ServerConfig, StreamingConfig
 from worldserve.engines.reasoner.engine import ReasonerEngine
 from worldserve.ipc.messages import GenerationParams
 from worldserve.models import registry
@@ -156,6 +156,30 @@ def test_reasoner_w8a8_swaps_every_quantised_linear(pair, monkeypatch):
         ours, theirs = w8a8(input_ids=ids).logits, w8a16(input_ids=ids).logits
     assert not torch.equal(ours, theirs)
     assert (ours - theirs).abs().max() < 0.1 * theirs.abs().max()
+
+
+def test_reasoner_w8a8_decodes_through_the_engine_static_and_batched(pair, monkeypatch):
+    """W8A8 forced on the CPU, decoded the way a server decodes: the static step (on by default)
+    calls each `Fp8Linear` rather than reading its float8 weight, alone and in a batch of two
+    sessions, and gives the eager path's tokens (a bf16 x fp8 `F.linear` raised at the first
+    decoded token)."""
+    quantised, _ = pair
+    monkeypatch.setattr(load, "_w8a8_missing", lambda *args: None)
+
+    def engine(**stage) -> Driver:
+        config = ReasonerStageConfig(model_path=quantised,
+                                     streaming=StreamingConfig(max_sessions=2), **stage)
+        return Driver(ReasonerEngine(config, ServerConfig()))
+
+    static, eager = engine(), engine(static_decode=False)
+    assert any(isinstance(m, Fp8Linear) for m in static.engine.steps.runner.model.modules())
+    assert static.engine.decode_path == "static" and eager.engine.decode_path == "eager"
+    sampling = {"max_tokens": 6, **GREEDY}
+    ours = concurrent_replies(static, sampling, num_sessions=2, num_frames=2)
+    assert ours == concurrent_replies(eager, sampling, num_sessions=2, num_frames=2)
+    assert all(len(reply) == 6 for replies in ours.values() for reply in replies)
+    # the compiled step takes plain linears only: it stands aside rather than recompile per layer
+    assert static.engine.steps.runner.configure_decode(True, compile_step=True) == "eager"
 
 
 def test_fp8_compute_setting_reaches_the_loaders(pair):
