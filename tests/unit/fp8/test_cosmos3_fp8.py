@@ -158,6 +158,28 @@ def test_reasoner_w8a8_swaps_every_quantised_linear(pair, monkeypatch):
     assert (ours - theirs).abs().max() < 0.1 * theirs.abs().max()
 
 
+def test_reasoner_w8a8_matches_linears_by_name(pair, tmp_path, monkeypatch):
+    """Two quantised linears holding the same FP8 tensors (k and v of a layer) are still each
+    swapped in at its own module: linears are matched by transformers' renaming of the name,
+    not by comparing weights (which found two candidates, and copied every same-shape weight
+    to the host)."""
+    quantised, _ = pair
+    twin = tmp_path / "twin"
+    shutil.copytree(quantised, twin)
+    shard = next(twin.glob("*.safetensors"))
+    tensors = load_file(shard)
+    source, target = "layers.0.self_attn.to_k.", "layers.0.self_attn.to_v."
+    copied = {target + k.removeprefix(source): v.clone() for k, v in tensors.items()
+              if k.startswith(source)}
+    assert target + "weight" in copied and copied.keys() <= tensors.keys()
+    save_file({**tensors, **copied}, shard)
+    monkeypatch.setattr(load, "_w8a8_missing", lambda *args: None)
+    model = load.load_reasoner_model(twin, "float32", "cpu")
+    attn = model.model.language_model.layers[0].self_attn
+    assert isinstance(attn.k_proj, Fp8Linear) and isinstance(attn.v_proj, Fp8Linear)
+    assert torch.equal(attn.k_proj.weight.float(), attn.v_proj.weight.float())
+
+
 def test_reasoner_w8a8_decodes_through_the_engine_static_and_batched(pair, monkeypatch):
     """W8A8 forced on the CPU, decoded the way a server decodes: the static step (on by default)
     calls each `Fp8Linear` rather than reading its float8 weight, alone and in a batch of two
