@@ -204,6 +204,38 @@ def test_reasoner_w8a8_decodes_through_the_engine_static_and_batched(pair, monke
     assert static.engine.steps.runner.configure_decode(True, compile_step=True) == "eager"
 
 
+@pytest.fixture
+def modelopt_restore_enabled():
+    """ModelOpt's `enable_huggingface_checkpointing` (what a W8A8 generator calls), undone after
+    the test: it patches transformers' and diffusers' classes process-wide."""
+    pytest.importorskip("modelopt")
+    import modelopt.torch.opt as mto
+    from modelopt.torch.opt.plugins import huggingface as hf
+
+    saved = {(cls, name): vars(cls).get(name) for classes, methods in
+             hf._LIBRARY_CLASSES_FOR_PATCHING.values() for cls, patches in zip(classes, methods)
+             for name in [*(n for n, _ in patches), "_modelopt_cache"]}
+    mto.enable_huggingface_checkpointing()
+    yield
+    for (cls, name), value in saved.items():
+        if value is None:
+            if name in vars(cls):
+                delattr(cls, name)
+        else:
+            setattr(cls, name, value)
+        hf._PATCHED_CLASSES.discard(cls)
+
+
+def test_reasoner_loads_beside_modelopts_restore_patch(pair, modelopt_restore_enabled):
+    """A W8A8 generator enables ModelOpt's process-wide `from_pretrained` patch; the FP8
+    reasoner's load from a state dict still works (the patch called os.path.isdir(None))."""
+    quantised, reference = pair
+    model = load.load_reasoner_model(quantised, "float32", "cpu")
+    plain = load_file(next(reference.glob("*.safetensors")))
+    q_proj = model.model.language_model.layers[0].self_attn.q_proj.weight
+    assert torch.equal(q_proj, plain["layers.0.self_attn.to_q.weight"])
+
+
 def test_fp8_compute_setting_reaches_the_loaders(pair):
     """`stages.<stage>.fp8_compute` is handed to the loaders: w8a8 on the CPU stops startup
     with the reason, from the engine's own construction."""

@@ -16,6 +16,7 @@ Either way the log says which, and how many quantised linears got their scale.
 from __future__ import annotations
 
 import logging
+import types
 from pathlib import Path
 from typing import Any, Literal
 
@@ -143,8 +144,8 @@ def load_reasoner_model(model_dir: Path, dtype: Any, device: str,
     model_class = AutoModelForImageTextToText._model_mapping[type(config)]
     keep_fp32 = tuple(getattr(model_class, "_keep_in_fp32_modules", None) or ())
     state = dict(dequantised_state_dict(tensors, torch_dtype, keep_fp32=keep_fp32))
-    model = model_class.from_pretrained(None, config=config, state_dict=state,
-                                        dtype=torch_dtype, device_map=str(device))
+    model = _unpatched_from_pretrained(model_class)(None, config=config, state_dict=state,
+                                                    dtype=torch_dtype, device_map=str(device))
     if mode == "w8a8":
         linears = {target: tensors.linears[source]
                    for source, target in match_linears(model, state, tensors).items()}
@@ -156,6 +157,18 @@ def load_reasoner_model(model_dir: Path, dtype: Any, device: str,
     else:
         _log_w8a16("reasoner", fmt, len(tensors.linears), dtype, why)
     return model.eval()
+
+
+def _unpatched_from_pretrained(model_class: Any) -> Any:
+    """`model_class.from_pretrained` as transformers defines it. A W8A8 generator in the same
+    process enables ModelOpt's restore (`enable_huggingface_checkpointing`), which replaces
+    `from_pretrained` process-wide and calls `os.path.isdir(None)` on a load from a state dict;
+    ModelOpt keeps the original in the class's `_modelopt_cache`."""
+    for klass in model_class.__mro__:
+        original = vars(klass).get("_modelopt_cache", {}).get("from_pretrained")
+        if original is not None:
+            return types.MethodType(original.__func__, model_class)
+    return model_class.from_pretrained
 
 
 def match_linears(model: Any, state: dict[str, torch.Tensor],
