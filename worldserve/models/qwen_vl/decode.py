@@ -16,7 +16,8 @@ the tests hold the decoded tokens equal to the eager path's.
 `compile_step` wraps the per-layer function in `torch.compile` (one graph for every layer:
 weights are arguments). Shapes then have to stay fixed, so attention runs over each buffer's
 whole capacity with a mask. Off by default; on CUDA `mode="reduce-overhead"` asks for CUDA
-graphs: not verified on a GPU (none was available).
+graphs, which it will not get as written: the layer mutates the K/V buffers it is passed, and
+cudagraph trees refuse mutated non-static inputs (docs/reasoner-engine.md; not run on a GPU).
 
 A projection that is not a plain `nn.Linear` (the FP8 reasoner's W8A8 `Fp8Linear`, whose
 `weight` is a float8 buffer, or any quantised linear) is called as a module instead of read as
