@@ -158,6 +158,17 @@ def test_reasoner_w8a8_swaps_every_quantised_linear(pair, monkeypatch):
     assert (ours - theirs).abs().max() < 0.1 * theirs.abs().max()
 
 
+def test_the_fp8_benchmark_decodes_w8a8_on_both_paths(pair, monkeypatch):
+    """benchmarks/fp8.py's W8A8 part (GPU only there) decodes through the runner's decode
+    steps, not only one `model(input_ids=...)`: run here with W8A8 forced on the CPU."""
+    from benchmarks.fp8 import decode_paths
+
+    quantised, _ = pair
+    monkeypatch.setattr(load, "_w8a8_missing", lambda *args: None)
+    assert decode_paths(quantised, "cpu", "float32", num_tokens=4) == {
+        "decode_paths": ["eager", "static"], "decoded_tokens": 4, "static_equals_eager": True}
+
+
 def test_reasoner_w8a8_matches_linears_by_name(pair, tmp_path, monkeypatch):
     """Two quantised linears holding the same FP8 tensors (k and v of a layer) are still each
     swapped in at its own module: linears are matched by transformers' renaming of the name,
