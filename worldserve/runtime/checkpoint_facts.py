@@ -124,7 +124,7 @@ def weight_map(model_dir: Path, stage: str) -> dict[Path, set[str] | None]:
     for folder in folders:
         indexes = sorted(folder.glob("*" + INDEX_SUFFIX))
         if not indexes:
-            out.update(dict.fromkeys(sorted(folder.glob("*.safetensors"))))
+            out.update(dict.fromkeys(p.resolve() for p in sorted(folder.glob("*.safetensors"))))
             continue
         for index in indexes:
             entries = (read_json(index) or {}).get("weight_map") or {}
