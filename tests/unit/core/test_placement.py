@@ -222,6 +222,7 @@ def test_dtype_auto_follows_the_device_and_the_capability() -> None:
     assert resolve_dtype_name("auto", "cpu") == "float32"
     assert resolve_dtype_name("auto", "cuda:0", (9, 0)) == "bfloat16"
     assert resolve_dtype_name("auto", "cuda:0", (7, 5)) == "float16"
+    assert resolve_dtype_name("auto", "cuda:0", (8, 0)) == "bfloat16"  # the boundary itself
     assert resolve_dtype_name("float16", "cpu") == "float16"
     demand = [StageDemand("generation", "auto", "auto", {"BF16": 10})]
     assert plan_placement(gpus(1, capability=(7, 0)), demand).stages["generation"].dtype == \
