@@ -74,6 +74,25 @@ def logits(model: Any, device: str) -> torch.Tensor:
         return model(input_ids=ids).logits.float().cpu()
 
 
+def decode_paths(quantised: Path, device: str, dtype: str, num_tokens: int = 8) -> dict:
+    """The W8A8 reasoner decoding greedily as the engine does (prefill, then one decode step per
+    token through `forward_decode_batch`), on the static step and on transformers' forward:
+    a static step that reads an `Fp8Linear`'s float8 weight fails at the first token."""
+    runner = registry.load_runner("reasoner", quantised, device=device, dtype=dtype,
+                                  fp8_compute="w8a8")
+    tokens = {}
+    for static in (True, False):
+        path = runner.configure_decode(static)
+        kv = runner.new_kv()
+        with torch.no_grad():
+            out = [int(runner.forward(kv, list(range(3, 19)))[-1].argmax())]
+            for _ in range(num_tokens - 1):
+                out.append(int(runner.forward_decode_batch([kv], [[out[-1]]])[0][-1].argmax()))
+        tokens[path] = out
+    return {"decode_paths": sorted(tokens), "decoded_tokens": len(tokens["static"]),
+            "static_equals_eager": tokens["static"] == tokens["eager"]}
+
+
 def part_w8a16(quantised: Path, reference: Path, device: str, dtype: str) -> dict:
     fp8_s, plain_s = float("inf"), float("inf")
     for _ in range(3):  # alternating, best of three: the first load also warms caches
@@ -109,6 +128,7 @@ def part_w8a8(quantised: Path, device: str) -> dict:
                                                   ref.abs().max()).item(), 4),
                   reasoner_top1_agreement=round((ours.argmax(-1) == ref.argmax(-1))
                                                 .float().mean().item(), 3))
+    result["decode"] = decode_paths(quantised, device, "bfloat16")
     result["generator"] = _generator_w8a8(quantised, device)
     result["projection"] = _projection_speed(device)
     return result

@@ -1,7 +1,8 @@
 """Checks of the generic rank-group collectives (levers/parallel), run in each process of a
-real gloo group by tests/unit/parallel/test_collectives.py. Every check computes the
-one-process answer with plain torch in the same process and returns how far the parallel
-answer is from it."""
+real gloo group by tests/unit/parallel/test_collectives.py, at 2 ranks and at 3 and 4 (where a
+head-order, head-group or ring-direction bug, invisible at 2, shows). Every check computes the
+one-process answer with plain torch in the same process and returns how far this rank's
+parallel answer is from it."""
 
 from __future__ import annotations
 
@@ -24,14 +25,15 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 def check_ulysses(mesh: Any) -> float:
-    """Chunks of q (4 heads) and GQA k, v (2 heads) -> head groups in one all-to-all ->
-    attention -> back == the full attention's chunk."""
+    """Chunks of q (4 heads per rank) and GQA k, v (1 head per rank: Nano's 32 / 8 ratio) ->
+    head groups in one all-to-all -> attention -> back == the full attention's chunk."""
     from worldserve.levers.parallel.attention import gather_heads, scatter_heads_many
 
+    size = mesh.world.size
     g = torch.Generator().manual_seed(1)
-    q = torch.randn(12, 4, 8, generator=g)
-    k, v = (torch.randn(12, 2, 8, generator=g) for _ in range(2))
-    chunk = 12 // WORLD
+    q = torch.randn(12, 4 * size, 8, generator=g)
+    k, v = (torch.randn(12, size, 8, generator=g) for _ in range(2))
+    chunk = 12 // size
     mine = slice(mesh.rank * chunk, (mesh.rank + 1) * chunk)
     heads_q, heads_k, heads_v = scatter_heads_many([q[mine], k[mine], v[mine]], mesh.world)
     out = gather_heads(_sdpa(heads_q, heads_k, heads_v), mesh.world)
@@ -42,16 +44,19 @@ def check_ring(mesh: Any) -> float:
     """Ring attention over padded, unequal chunks plus a replicated prefix == full attention."""
     from worldserve.levers.parallel.attention import repeat_kv, ring_attention
 
+    size = mesh.world.size
     g = torch.Generator().manual_seed(2)
-    real, chunk = 11, 6  # rank 1's chunk has 5 real rows and one padding row
+    # 11 rows do not divide over 2, 3 or 4 ranks: the last chunk is part padding
+    real = 11
+    chunk = -(-real // size)
+    valid = [min(chunk, max(0, real - i * chunk)) for i in range(size)]
     q = torch.randn(real, 4, 8, generator=g)
     k, v = (torch.randn(real, 2, 8, generator=g) for _ in range(2))
     pk, pv = (torch.randn(3, 2, 8, generator=g) for _ in range(2))
-    pad = lambda x: torch.cat((x, x.new_zeros((WORLD * chunk - real, *x.shape[1:]))))  # noqa: E731
+    pad = lambda x: torch.cat((x, x.new_zeros((size * chunk - real, *x.shape[1:]))))  # noqa: E731
     mine = slice(mesh.rank * chunk, (mesh.rank + 1) * chunk)
     out = ring_attention(pad(q)[mine], repeat_kv(pad(k)[mine], 4), repeat_kv(pad(v)[mine], 4),
-                         mesh.world, [chunk, real - chunk], prefix=(repeat_kv(pk, 4),
-                                                                    repeat_kv(pv, 4)))
+                         mesh.world, valid, prefix=(repeat_kv(pk, 4), repeat_kv(pv, 4)))
     ref = _sdpa(q, torch.cat((pk, k)), torch.cat((pv, v)))
     rows = min(chunk, real - mesh.rank * chunk)
     return float((out[:rows] - ref[mine][:rows]).abs().max())
@@ -86,7 +91,7 @@ def check_halo(mesh: Any) -> float:
     x = torch.randn(2, 3, 9, 7, generator=g)
     w1, w2 = torch.randn(4, 3, 3, 3, generator=g), torch.randn(3, 4, 3, 3, generator=g)
     ref = F.conv2d(F.conv2d(x, w1, padding=1), w2, padding=1)
-    first, end = split_rows(9, WORLD)[mesh.rank]  # 5 and 4 rows: unequal strips
+    first, end = split_rows(9, mesh.world.size)[mesh.rank]  # unequal strips
     strip = x[:, :, first:end]
     strip = F.conv2d(with_halo(strip, mesh.world, 1, 2), w1, padding=(0, 1))
     strip = F.conv2d(with_halo(strip, mesh.world, 1, 2), w2, padding=(0, 1))
@@ -110,23 +115,25 @@ def check_dead_peer(mesh: Any) -> dict[str, Any]:
     return {"raised": False, "seconds": time.monotonic() - start, "message": ""}
 
 
-def entry(rank: int, port: int, results: Any) -> None:
-    """One rank: join the gloo group, run every check, put rank 0's results on the queue."""
+def entry(rank: int, port: int, results: Any, world: int = WORLD) -> None:
+    """One rank: join the gloo group, run every check, put its results on the queue keyed by
+    rank (then, in a group of 2, the dead-peer check)."""
     import torch.distributed as dist
 
     from worldserve.levers.parallel.mesh import ParallelLayout, RankMesh
 
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    store = dist.TCPStore("127.0.0.1", port, WORLD, is_master=rank == 0,
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0,
                           timeout=datetime.timedelta(seconds=60))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD,
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=30))
-    mesh = RankMesh(ParallelLayout(ulysses=WORLD), rank)
+    mesh = RankMesh(ParallelLayout(ulysses=world), rank)
     mesh.build(30)
-    out = {"ulysses": check_ulysses(mesh), "ring": check_ring(mesh),
-           "shard": check_shard(mesh), "halo": check_halo(mesh)}
-    if rank == 0:
-        results.put(out)
-    out_dead = check_dead_peer(mesh)
-    results.put({"dead_peer": out_dead})
+    results.put({rank: {"ulysses": check_ulysses(mesh), "ring": check_ring(mesh),
+                        "shard": check_shard(mesh), "halo": check_halo(mesh)}})
+    if world == WORLD:
+        results.put({"dead_peer": check_dead_peer(mesh)})
+    else:
+        dist.barrier()  # no rank leaves while another still needs it
+        dist.destroy_process_group()

@@ -77,13 +77,23 @@ def _num_gpus(options: ClusterOptions) -> float:
     return 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
 
 
+def replica_num_gpus(stage: str, config: ServerConfig, per_replica: float) -> float:
+    """GPUs one replica of `stage` asks Ray for: `per_replica`, and a generation replica running
+    a rank group (stages.generation.parallel) one per rank, which then sees them all
+    (ranks/group.py `rank_devices`). On a cluster without GPUs (0) the ranks use gloo."""
+    if stage == "generation" and per_replica > 0:
+        return max(per_replica, float(config.stages.generation.parallel.world_size))
+    return per_replica
+
+
 def stage_application(stage: str, config: ServerConfig, options: ClusterOptions) -> Any:
     deployment = serve.deployment(
         StageReplica,
         name=stage,
         num_replicas=options.replicas.get(stage, 1),
         max_ongoing_requests=MAX_ONGOING_REQUESTS,
-        ray_actor_options={"num_cpus": 0, "num_gpus": _num_gpus(options)},
+        ray_actor_options={"num_cpus": 0,
+                           "num_gpus": replica_num_gpus(stage, config, _num_gpus(options))},
         request_router_config=RequestRouterConfig(
             request_router_class=OwnerRouter,
             request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,

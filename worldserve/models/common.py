@@ -36,15 +36,17 @@ def direct_device_map(device: str | torch.device) -> str | None:
     `device` as it reads the shards (accelerate's meta-device init, no full host copy first).
 
     diffusers 0.42 accepts a device *type* only ("cpu", or the accelerator type, meaning the
-    current device): "cuda" is right for a stage process, which sees its GPUs from cuda:0 on
-    (the placement plan sets CUDA_VISIBLE_DEVICES). Other indices get None: the pipeline is
-    then read into host memory and moved (`pipe.to(device)`)."""
+    current device): "cuda" is right whenever `device` is the current CUDA device, which is
+    cuda:0 in a stage process (the placement plan sets CUDA_VISIBLE_DEVICES) and cuda:r in a
+    peer rank after its `torch.cuda.set_device`. Another index gets None: the pipeline is then
+    read into host memory and moved (`pipe.to(device)`)."""
     target = torch.device(device)
     if target.type == "cpu":
         return "cpu"
-    if target.type == "cuda" and (target.index or 0) == 0:
-        return "cuda"
-    return None
+    if target.type != "cuda":
+        return None
+    current = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    return "cuda" if target.index is None or target.index == current else None
 
 
 def require_local_dir(model_dir: str | Path) -> Path:

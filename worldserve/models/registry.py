@@ -94,6 +94,17 @@ def resolve(stage_kind: str, model_dir: Path) -> ModelFamily:
         f"{', '.join(supported(stage_kind)) or 'none'}")
 
 
+def check_attention_backend(stage_kind: str, model_dir: Path, backend: str) -> None:
+    """ModelLoadError when the family serving `model_dir` does not allow `backend` (JSON reads
+    only: a stage refuses it before loading any weight)."""
+    family = resolve(stage_kind, model_dir)
+    allowed = family.attention_backends
+    if allowed is not None and backend not in allowed:
+        raise ModelLoadError(f"attention_backend {backend!r} is not allowed for the "
+                             f"{family.name} family (it gives wrong attention there); use one "
+                             f"of: {', '.join(sorted(allowed))}")
+
+
 def load_runner(stage_kind: str, model_dir: Path, **kwargs: Any) -> Any:
     """Resolve the family, import its loader for `stage_kind` and call it."""
     family = resolve(stage_kind, model_dir)

@@ -98,6 +98,9 @@ class ModelFamily:
     # stage kind -> "module:function" `(model_dir, dtype) -> ModelProfile` (file reads only);
     # a kind without one has no NIM profile (variant None, precision = the serving dtype).
     profiles: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # The diffusers attention backends (`stages.generation.attention_backend`) the family's
+    # transformer is correct with; None: any. Others are a startup error before loading.
+    attention_backends: frozenset[str] | None = None
 
 
 DTYPE_PRECISION = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}

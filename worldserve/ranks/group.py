@@ -13,6 +13,14 @@ again takes the stage down (the process exits; the supervisor answers 503 for it
 dies, its peers get SIGTERM from the kernel (PR_SET_PDEATHSIG) and the supervisor sees the
 stage die as for any stage.
 
+On NCCL a collective does not fail when a peer dies: it is only enqueued, and rank 0 blocks
+at its next host sync inside its own phase, where nothing polls the peers. So on NCCL rank 0
+runs a `PeerWatch` thread that aborts the process group as soon as a peer process exits (the
+blocked call then raises and the group restarts as above), and every rank runs with
+`TORCH_NCCL_ASYNC_ERROR_HANDLING=2` (abort the communicators on a watchdog timeout, keep the
+process: a hung peer fails the request after `parallel.timeout_s` instead of killing the
+stage). Unverified on a GPU (docs/parallel.md).
+
 Why rank 0 spawns its peers (rather than the supervisor): the group then lives and dies
 with the stage process the supervisor already watches, a restart needs no supervisor
 protocol, and `--cluster ray` replicas (which create engines themselves) get groups too.
@@ -28,6 +36,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +63,46 @@ log = logging.getLogger("worldserve.ranks")
 RANKS_KIND = "generation_ranks"  # the registry's loader kind for one rank of a group
 POLL_MS = 50
 KILL_GRACE_S = 5.0
+WATCH_PERIOD_S = 0.1
+# torch's NCCL error handling: 2 = CleanUpOnly (abort the communicators, raise, keep the
+# process), so a watchdog timeout fails the request and the group restarts.
+NCCL_ERROR_HANDLING = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+
+
+class PeerWatch:
+    """A thread that calls `abort()` once when any of `peers` (processes) exits; `stop()`
+    ends it without aborting."""
+
+    def __init__(self, peers: dict[int, subprocess.Popen[bytes]], abort: Any,
+                 period_s: float = WATCH_PERIOD_S) -> None:
+        self.peers = dict(peers)
+        self.abort = abort
+        self.period_s = period_s
+        self.fired: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="rank-peer-watch", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.period_s):
+            for rank, proc in self.peers.items():
+                if proc.poll() is not None:
+                    self.fired = f"rank {rank} {describe_exit(proc.returncode)}"
+                    log.error("%s: aborting the NCCL process group", self.fired)
+                    self.abort()
+                    return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def abort_process_groups() -> None:
+    """Abort every NCCL communicator of this process: a collective blocked on a dead peer
+    raises instead of waiting for the watchdog (torch's own abort, private in torch 2.13)."""
+    from torch.distributed.distributed_c10d import _abort_process_group
+
+    _abort_process_group()
 
 
 class RankGroupError(StageUnavailable):
@@ -108,6 +157,7 @@ class RankGroup:
         self.ready = False
         self._closed = False
         self.peers: dict[int, subprocess.Popen[bytes]] = {}
+        self._watch: PeerWatch | None = None
         self._store: Any = None
         self._codec = RankCodec()
         self.run_dir = Path(tempfile.mkdtemp(prefix="worldserve-ranks-",
@@ -147,6 +197,8 @@ class RankGroup:
         package_root = str(Path(worldserve.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # ranks share one host: loopback only
+        if spec.backend == "nccl":
+            env.update({k: env.get(k, v) for k, v in NCCL_ERROR_HANDLING.items()})
         return subprocess.Popen(
             [sys.executable, "-m", "worldserve.ranks.worker", "--launch", str(path)],
             stdin=subprocess.DEVNULL, env=env)
@@ -166,9 +218,14 @@ class RankGroup:
                 if isinstance(reply, RankReady):
                     waiting.discard(reply.rank)
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        if self.spec.backend == "nccl":
+            for key, value in NCCL_ERROR_HANDLING.items():
+                os.environ.setdefault(key, value)
         dist.init_process_group(
             self.spec.backend, store=self._store, rank=0, world_size=self.spec.world_size,
             timeout=datetime.timedelta(seconds=self.spec.timeout_s))
+        if self.spec.backend == "nccl":  # gloo raises on a dead peer by itself
+            self._watch = PeerWatch(self.peers, abort_process_groups)
         self.ready = True
         log.info("rank group epoch %d ready: %d ranks", self.epoch, self.spec.world_size)
 
@@ -198,6 +255,9 @@ class RankGroup:
     def _teardown(self, grace_s: float = 0.0) -> None:
         import torch.distributed as dist
 
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
         deadline = time.monotonic() + grace_s
         for proc in self.peers.values():
             while proc.poll() is None and time.monotonic() < deadline:

@@ -1,10 +1,12 @@
 """What each stage would load, read from the files alone (JSON configs and safetensors headers;
 no torch, nothing loaded): the input of the placement plan and of `worldserve check`.
 
-A stage's weights: generation and realtime take every `*.safetensors` below the model
-directory's component folders; the reasoner takes the `*.safetensors` at the directory's root
-(in a published Cosmos3 directory the generator's components sit in subfolders and the reasoner
-at the root).
+A stage's weights: generation and realtime take the component folders below the model
+directory; the reasoner takes the directory's root (in a published Cosmos3 directory the
+generator's components sit in subfolders and the reasoner at the root). A folder with a
+`*.safetensors.index.json` holds exactly the tensors its weight map names, in the files it names
+(what the loaders read: a shard shared with another folder, or a stale file beside the index,
+is counted by the map, not by the folder); a folder without one, every `*.safetensors` in it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,13 @@ from typing import Any
 from worldserve.config import ServerConfig, StageConfig
 from worldserve.models.detect import MODEL_INDEX, read_json, read_safetensors_header
 from worldserve.models.types import ModelLoadError
-from worldserve.runtime.placement import FP8_TENSORS, Arch, StageDemand, Workload
+from worldserve.runtime.placement import (
+    FP8_TENSORS,
+    Arch,
+    StageDemand,
+    Workload,
+    communicators_per_rank,
+)
 
 MODELOPT_STATE = "modelopt_state.pth"
 # The largest request a stage is sized for (docs/hardware.md): a 1280x720, 189-frame video; the
@@ -27,6 +35,10 @@ TEXT_TOKENS = 512
 REASONER_CHATS = 4  # chat completions sized for besides the streaming sessions
 DEFAULT_SESSION_TOKENS = 7000  # engines/reasoner/admission.py LIBRARY_MAX_SESSION_TOKENS
 REALTIME_WINDOW_TOKENS = 32_760  # KV of one world session's window at 832x480 (est.)
+# What `parallel.shard` divides: the generator transformer's blocks (cosmos3/parallel_load.py
+# BLOCKS); every other tensor is replicated on each rank.
+SHARDED_FOLDER, SHARDED_PREFIX = "transformer", "layers."
+INDEX_SUFFIX = ".safetensors.index.json"
 
 
 class CheckpointError(ValueError):
@@ -37,7 +49,8 @@ class CheckpointError(ValueError):
 class WeightFile:
     path: str  # relative to the model directory
     num_bytes: int
-    dtype_numel: dict[str, int]
+    dtype_numel: dict[str, int]  # of the tensors the stage reads from this file
+    sharded_numel: dict[str, int] = field(default_factory=dict)  # of those, what shard divides
 
 
 @dataclass(frozen=True)
@@ -61,6 +74,14 @@ class StageFacts:
         return out
 
     @property
+    def sharded_numel(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for f in self.files:
+            for dtype, numel in f.sharded_numel.items():
+                out[dtype] = out.get(dtype, 0) + numel
+        return out
+
+    @property
     def file_bytes(self) -> int:
         return sum(f.num_bytes for f in self.files)
 
@@ -72,11 +93,15 @@ class StageFacts:
                 "files": [{"path": f.path, "bytes": f.num_bytes} for f in self.files]}
 
 
-def header_numel(header: dict[str, Any]) -> dict[str, int]:
-    """Elements per stored dtype ("BF16", "F8_E4M3", ...) of one header."""
+def header_numel(header: dict[str, Any], names: set[str] | None = None,
+                 prefix: str = "") -> dict[str, int]:
+    """Elements per stored dtype ("BF16", "F8_E4M3", ...) of one header: of the tensors in
+    `names` (every one when None) whose name starts with `prefix`."""
     out: dict[str, int] = {}
     for key, entry in header.items():
         if key == "__metadata__" or not isinstance(entry, dict):
+            continue
+        if (names is not None and key not in names) or not key.startswith(prefix):
             continue
         numel = 1
         for dim in entry.get("shape", []):
@@ -85,11 +110,29 @@ def header_numel(header: dict[str, Any]) -> dict[str, int]:
     return out
 
 
-def weight_files(model_dir: Path, stage: str) -> list[Path]:
-    """The stage's safetensors files (module docstring)."""
+def weight_map(model_dir: Path, stage: str) -> dict[Path, set[str] | None]:
+    """The stage's safetensors files -> the tensor names it reads from each (None: all), by
+    each folder's index where it has one (module docstring)."""
     if stage == "reasoner":
-        return sorted(model_dir.glob("*.safetensors"))
-    return sorted(p for p in model_dir.rglob("*.safetensors") if p.parent != model_dir)
+        folders = [model_dir]
+    else:
+        folders = sorted({p.parent for p in model_dir.rglob("*.safetensors")
+                          if p.parent != model_dir}
+                         | {p.parent for p in model_dir.rglob("*" + INDEX_SUFFIX)
+                            if p.parent != model_dir})
+    out: dict[Path, set[str] | None] = {}
+    for folder in folders:
+        indexes = sorted(folder.glob("*" + INDEX_SUFFIX))
+        if not indexes:
+            out.update(dict.fromkeys(p.resolve() for p in sorted(folder.glob("*.safetensors"))))
+            continue
+        for index in indexes:
+            entries = (read_json(index) or {}).get("weight_map") or {}
+            for name, file in entries.items():
+                names = out.setdefault((folder / file).resolve(), set())
+                if names is not None:
+                    names.add(name)
+    return out
 
 
 def stage_facts(stage: str, model_dir: Path | None) -> StageFacts:
@@ -101,9 +144,14 @@ def stage_facts(stage: str, model_dir: Path | None) -> StageFacts:
     model_dir = Path(model_dir)
     family = resolve(stage, model_dir).name
     files = []
-    for path in weight_files(model_dir, stage):
-        files.append(WeightFile(str(path.relative_to(model_dir)), path.stat().st_size,
-                                header_numel(read_safetensors_header(path))))
+    root = model_dir.resolve()
+    for path, names in sorted(weight_map(model_dir, stage).items()):
+        header = read_safetensors_header(path)
+        relative = path.resolve().relative_to(root)
+        sharded = (header_numel(header, names, SHARDED_PREFIX)
+                   if stage == "generation" and relative.parts[0] == SHARDED_FOLDER else {})
+        files.append(WeightFile(str(relative), path.stat().st_size,
+                                header_numel(header, names), sharded))
     return StageFacts(stage, str(model_dir), family, _layout(model_dir, stage),
                       _quantisation(model_dir, stage, files), tuple(files),
                       _arch(model_dir, stage))
@@ -202,5 +250,9 @@ def stage_demands(config: ServerConfig) -> tuple[list[StageDemand], dict[str, St
             world_size=parallel.world_size if parallel else 1,
             shard=parallel.shard if parallel else 1,
             seq_split=parallel.ulysses * parallel.ring if parallel else 1,
-            colocate_with="generation" if name == "reasoner" and colocated else None))
+            colocate_with="generation" if name == "reasoner" and colocated else None,
+            fp8_compute=getattr(stage_config, "fp8_compute", "auto"),
+            sharded_numel=info.sharded_numel,
+            num_communicators=communicators_per_rank(
+                parallel.cfg, parallel.ulysses, parallel.ring, parallel.shard) if parallel else 0))
     return demands, facts

@@ -9,16 +9,25 @@ numbers, the configured device and dtype). No torch, no file reads: the supervis
 Memory per GPU (all estimates, documented in docs/hardware.md):
 
     weights   = sum(numel x bytes(dtype))  float tensors in the stage dtype; FP8 tensors 1 byte
-                where W8A8 runs (CUDA, compute capability >= 8.9), else the stage dtype (W8A16
-                dequantises at load); other tensors at their stored size; / shard for rank groups
+                where the stage runs W8A8 (the loaders' rule, fp8/load.py: CUDA, compute
+                capability >= 8.9, and fp8_compute w8a8, or auto for the reasoner), else the
+                stage dtype (W8A16 dequantises at load); other tensors at their stored size;
+                under shard only the transformer blocks' tensors are divided, the rest
+                (embeddings, head, VAE, text encoder) is replicated whole on every rank
+    load peak the W8A8 reasoner is first built whole in the stage dtype, then its linears are
+                swapped for FP8: its weights at load take the W8A16 count
     headroom  generation: 16 x tokens x hidden x b / (ulysses x ring)   (activations of one
                 forward at the largest request)
                           + 56 x pixels x frames x b / 2 x vae_width / 256        (VAE decode)
-              reasoner:   2 x layers x kv_heads x head_dim x b x kv_tokens   (KV cache)
+                          + 0.5 GiB per process group of the rank (NCCL communicator buffers)
+              reasoner:   2 x layers x kv_heads x head_dim x b x kv_tokens x 3.5  (KV cache at
+                its worst: own buffers up to 2x their tokens as capacity doubles, plus a packed
+                batch copy at 1.5x)
                           + 16 x prefill_tokens x hidden x b                  (prefill chunk)
               realtime:   16 x tokens x hidden x b + KV of the window (as the reasoner's)
-    reserve   1 GiB + 2 % of the GPU (CUDA context, allocator fragmentation, NCCL buffers)
-    fits      sum over the stages on the GPU of (weights + headroom) <= total - reserve
+    reserve   1 GiB + 2 % of the GPU (CUDA context, allocator fragmentation)
+    fits      sum over the stages on the GPU of max(weights + headroom, load peak)
+                <= total - reserve
 """
 
 from __future__ import annotations
@@ -35,6 +44,10 @@ VAE_REFERENCE_WIDTH = 256  # Wan 2.2's decoder_base_dim, which the figure above 
 RESERVE_BYTES = 1 * GIB
 RESERVE_FRACTION = 0.02
 W8A8_MIN_CAPABILITY = (8, 9)  # torch._scaled_mm FP8 (Ada, Hopper, Blackwell)
+COMMUNICATOR_BYTES = GIB // 2  # one NCCL communicator's buffers and streams (est.)
+KV_GROWTH_FACTOR = 2.0  # a sequence's own K/V buffers hold up to twice its tokens (doubling)
+KV_PACKED_FACTOR = 1.5  # a packed batch's rows: 1.5x the longest member (kv.packed_capacity);
+# members released from it keep their copy beside it until the next pack
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 FLOAT_TENSORS = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
@@ -95,6 +108,10 @@ class StageDemand:
     shard: int = 1  # ranks sharing one copy of the weights
     seq_split: int = 1  # ulysses x ring: each rank holds 1/seq_split of the activations
     colocate_with: str | None = None  # runs in that stage's process (same devices)
+    fp8_compute: str = "auto"  # auto | w8a16 | w8a8 (stages.<stage>.fp8_compute)
+    sharded_numel: Mapping[str, int] = field(default_factory=dict)  # of dtype_numel: what
+    # shard divides (the transformer blocks); the rest is replicated on every rank
+    num_communicators: int = 0  # process groups a rank holds (communicators_per_rank)
 
 
 @dataclass(frozen=True)
@@ -107,6 +124,12 @@ class StagePlan:
     headroom_bytes: int  # per GPU
     shared_with: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    load_peak_bytes: int = 0  # weights while loading, where above weights + headroom
+
+    @property
+    def peak_bytes(self) -> int:
+        """What the stage may hold on each of its GPUs at once (loading or serving)."""
+        return max(self.weight_bytes + self.headroom_bytes, self.load_peak_bytes)
 
     @property
     def stage_device(self) -> str:
@@ -117,6 +140,7 @@ class StagePlan:
         return {"device": self.device, "gpus": list(self.gpus),
                 "stage_device": self.stage_device, "dtype": self.dtype,
                 "weight_bytes": self.weight_bytes, "headroom_bytes": self.headroom_bytes,
+                "load_peak_bytes": self.load_peak_bytes,
                 "shared_with": list(self.shared_with), "notes": list(self.notes)}
 
 
@@ -169,19 +193,41 @@ def weight_bytes(dtype_numel: Mapping[str, int], dtype: str, fp8_native: bool) -
     return total
 
 
+def runs_w8a8(demand: StageDemand, capability: tuple[int, int] | None) -> bool:
+    """Whether the stage's FP8 linears run W8A8 (fp8/load.py `choose_compute`: the generator
+    only when fp8_compute is w8a8, the reasoner also under auto)."""
+    if capability is None or capability < W8A8_MIN_CAPABILITY:
+        return False
+    return demand.fp8_compute == "w8a8" or (demand.fp8_compute == "auto"
+                                            and demand.stage == "reasoner")
+
+
+def communicators_per_rank(cfg: int, ulysses: int, ring: int, shard: int) -> int:
+    """Process groups one rank of a group holds (levers/parallel/mesh.py `RankMesh.build`):
+    the world group, and one per axis (sp, ulysses, ring, cfg, shard) of 2 ranks or more that
+    is not the whole world. An upper bound: NCCL creates a communicator at a group's first
+    collective, and an unused group never makes one."""
+    world = max(cfg * ulysses * ring, shard)
+    if world < 2:
+        return 0
+    return 1 + sum(1 for size in (ulysses * ring, ulysses, ring, cfg, shard)
+                   if 2 <= size < world)
+
+
 def headroom_bytes(demand: StageDemand, dtype: str) -> int:
     """Activation / KV / decode memory beyond the weights, per GPU (module docstring)."""
     b = DTYPE_BYTES[dtype]
     arch, work = demand.arch, demand.workload
     kv_per_token = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * b
     if demand.stage == "reasoner":
-        return (kv_per_token * work.kv_tokens
-                + ACTIVATION_FACTOR * work.prefill_tokens * arch.hidden_size * b)
+        kv = int(kv_per_token * work.kv_tokens * (KV_GROWTH_FACTOR + KV_PACKED_FACTOR))
+        return kv + ACTIVATION_FACTOR * work.prefill_tokens * arch.hidden_size * b
     activations = ACTIVATION_FACTOR * work.activation_tokens * arch.hidden_size * b
     activations //= max(1, demand.seq_split)
     vae = (VAE_BYTES_PER_PIXEL_BF16 * work.output_pixels * b * arch.vae_width
            // (2 * VAE_REFERENCE_WIDTH))
-    return activations + vae + kv_per_token * work.kv_tokens
+    return (activations + vae + kv_per_token * work.kv_tokens
+            + COMMUNICATOR_BYTES * demand.num_communicators)
 
 
 def reserve_bytes(gpu: GpuInfo) -> int:
@@ -258,9 +304,11 @@ def _choose(demand: StageDemand, gpus: list[GpuInfo], load: dict[int, int],
                         f"but {len(gpus)} are visible")
         return None
     used = {i for indices in taken.values() for i in indices}
-    free = [g.index for g in gpus if g.index not in used]
+    # the largest free GPUs first (stages are placed largest first: generation, reasoner)
+    free = [g.index for g in sorted(gpus, key=lambda g: (-g.total_bytes, g.index))
+            if g.index not in used]
     if len(free) >= want:
-        return tuple(free[:want])
+        return tuple(sorted(free[:want]))
     # share: the GPUs with the most room left after what is already placed on them
     roomiest = sorted(gpus, key=lambda g: (load[g.index] - g.total_bytes, g.index))
     return tuple(sorted(g.index for g in roomiest[:want]))
@@ -281,8 +329,7 @@ def _stage_capability(gpus: Sequence[GpuInfo], indices: tuple[int, ...]) -> tupl
 
 
 def _per_gpu_bytes(demand: StageDemand, gpus: Sequence[GpuInfo], indices: tuple[int, ...]) -> int:
-    plan = _stage_plan(demand, gpus, indices)
-    return plan.weight_bytes + plan.headroom_bytes
+    return _stage_plan(demand, gpus, indices).peak_bytes
 
 
 def _stage_plan(demand: StageDemand, gpus: Sequence[GpuInfo],
@@ -290,21 +337,44 @@ def _stage_plan(demand: StageDemand, gpus: Sequence[GpuInfo],
     device = "cuda" if indices else "cpu"
     capability = _stage_capability(gpus, indices)
     dtype = resolve_dtype_name(demand.dtype, device, capability)
-    fp8_native = capability is not None and capability >= W8A8_MIN_CAPABILITY
-    weights = weight_bytes(demand.dtype_numel, dtype, fp8_native)
+    w8a8 = runs_w8a8(demand, capability)
     notes: list[str] = []
-    if any(stored in FP8_TENSORS for stored in demand.dtype_numel):
-        notes.append("FP8 weights counted at 1 byte (W8A8)" if fp8_native else
+    has_fp8 = any(stored in FP8_TENSORS for stored in demand.dtype_numel)
+    if has_fp8:
+        notes.append("FP8 weights counted at 1 byte (W8A8)" if w8a8 else
                      f"FP8 weights counted in {dtype} (W8A16: dequantised at load)")
-    if indices and demand.shard > 1:
-        weights //= demand.shard
-        notes.append(f"weights split {demand.shard} ways (shard={demand.shard}; the layers "
-                     "outside the blocks are replicated, so this is a slight underestimate)")
+    shard = demand.shard if indices else 1
+    weights = _sharded_weight_bytes(demand, dtype, w8a8, shard, notes)
+    load_peak = 0
+    if w8a8 and has_fp8 and demand.stage == "reasoner":
+        load_peak = _sharded_weight_bytes(demand, dtype, False, shard, [])
+        notes.append(f"loads whole in {dtype} before its linears turn FP8: "
+                     f"{gib(load_peak)} at load")
+    if demand.num_communicators:
+        notes.append(f"{demand.num_communicators} process groups per rank: "
+                     f"{gib(demand.num_communicators * COMMUNICATOR_BYTES)} of NCCL buffers")
     if demand.colocate_with is not None:
         notes.append(f"runs in the {demand.colocate_with} process; counted in full (it shares "
                      "the generator's text weights, so this over-estimates)")
     return StagePlan(demand.stage, device, indices, dtype, weights,
-                     headroom_bytes(demand, dtype), notes=tuple(notes))
+                     headroom_bytes(demand, dtype), notes=tuple(notes),
+                     load_peak_bytes=load_peak)
+
+
+def _sharded_weight_bytes(demand: StageDemand, dtype: str, w8a8: bool, shard: int,
+                          notes: list[str]) -> int:
+    """Weights per GPU: under shard the blocks' part divided, the replicated rest whole."""
+    total = weight_bytes(demand.dtype_numel, dtype, w8a8)
+    if shard <= 1:
+        return total
+    if not demand.sharded_numel:
+        notes.append(f"shard={shard}: which tensors are the blocks is unknown, so the weights "
+                     "are counted whole")
+        return total
+    blocks = weight_bytes(demand.sharded_numel, dtype, w8a8)
+    notes.append(f"transformer blocks split {shard} ways (shard={shard}); the other "
+                 f"{gib(total - blocks)} of weights replicated on every rank")
+    return total - blocks + -(-blocks // shard)
 
 
 def _mark_sharing(stages: dict[str, StagePlan], notes: list[str]) -> dict[str, StagePlan]:
@@ -313,7 +383,7 @@ def _mark_sharing(stages: dict[str, StagePlan], notes: list[str]) -> dict[str, S
         others = tuple(other for other, p in stages.items()
                        if other != name and set(p.gpus) & set(plan.gpus))
         out[name] = StagePlan(plan.stage, plan.device, plan.gpus, plan.dtype, plan.weight_bytes,
-                              plan.headroom_bytes, others, plan.notes)
+                              plan.headroom_bytes, others, plan.notes, plan.load_peak_bytes)
     for index in sorted({i for p in out.values() for i in p.gpus}):
         names = [n for n, p in out.items() if index in p.gpus]
         if len(names) > 1:
@@ -325,18 +395,24 @@ def _usage(gpus: Sequence[GpuInfo], stages: dict[str, StagePlan]) -> tuple[GpuUs
     out = []
     for gpu in gpus:
         names = tuple(n for n, p in stages.items() if gpu.index in p.gpus)
-        used = sum(stages[n].weight_bytes + stages[n].headroom_bytes for n in names)
+        used = sum(stages[n].peak_bytes for n in names)
         out.append(GpuUse(gpu, names, used, reserve_bytes(gpu)))
     return tuple(out)
 
 
 def _overflow(use: GpuUse, stages: dict[str, StagePlan]) -> str:
-    parts = ", ".join(f"{n} {gib(stages[n].weight_bytes)} weights + "
-                      f"{gib(stages[n].headroom_bytes)} headroom" for n in use.stages)
+    parts = ", ".join(_stage_part(n, stages[n]) for n in use.stages)
     return (f"cuda:{use.gpu.index} ({use.gpu.name}, {gib(use.gpu.total_bytes)}) cannot hold "
             f"{' and '.join(use.stages)}: {parts} + {gib(use.reserve_bytes)} reserve = "
             f"{gib(use.used_bytes + use.reserve_bytes)}; use more GPUs "
             "(stages.generation.parallel shard), float8 weights, or a smaller model")
+
+
+def _stage_part(name: str, plan: StagePlan) -> str:
+    part = f"{name} {gib(plan.weight_bytes)} weights + {gib(plan.headroom_bytes)} headroom"
+    if plan.load_peak_bytes > plan.weight_bytes + plan.headroom_bytes:
+        part += f" ({gib(plan.load_peak_bytes)} while loading)"
+    return part
 
 
 def gib(num_bytes: int) -> str:

@@ -183,3 +183,17 @@ def test_the_ray_client_is_a_stage_client() -> None:
     assert isinstance(client, StageClient)
     assert client.address == "ray://generation" and client.state == "starting"
     assert client.client_id and client.info is None and client.down_reason is None
+
+
+@pytest.mark.parametrize("parallel, per_replica, expected", [
+    ("cfg=2,ulysses=2", 1.0, 4.0), ("ulysses=3", 1.0, 3.0), (None, 1.0, 1.0),
+    ("cfg=2", 0.0, 0.0),  # a CPU cluster: the ranks use gloo
+    ("cfg=2", 4.0, 4.0)])
+def test_a_generation_replica_asks_for_one_gpu_per_rank(parallel, per_replica, expected):
+    from worldserve.cluster.app import replica_num_gpus
+    from worldserve.config import ServerConfig
+
+    stages = {"generation": {"parallel": parallel}} if parallel else {}
+    config = ServerConfig.model_validate({"stages": stages})
+    assert replica_num_gpus("generation", config, per_replica) == expected
+    assert replica_num_gpus("reasoner", config, per_replica) == per_replica

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -97,3 +98,43 @@ def test_a_fake_backend_never_takes_a_gpu() -> None:
     assert facts["reasoner"].family == "fake" and demands[0].device == "cpu"
     plan = plan_placement([GpuInfo(0, "gpu", 80 << 30, (9, 0))], demands)
     assert plan.stages["reasoner"].device == "cpu" and plan.fits
+
+
+def test_blocks_fp8_compute_and_communicators_reach_the_demand(dev_models_dir: Path) -> None:
+    cosmos = dev_models_dir / "generation"
+    config = ServerConfig.model_validate({"stages": {
+        "generation": {"model_path": str(cosmos), "fp8_compute": "w8a8",
+                       "parallel": {"cfg": 2, "ulysses": 2, "shard": 4}},
+        "reasoner": {"model_path": str(cosmos)}, "realtime": {"enabled": False}}})
+    demands, facts = stage_demands(config)
+    gen = next(d for d in demands if d.stage == "generation")
+    assert gen.fp8_compute == "w8a8" and gen.num_communicators == 4  # world, sp, ulysses, cfg
+    with safe_open(str(cosmos / "transformer" / "diffusion_pytorch_model.safetensors"),
+                   "pt") as f:
+        blocks = sum(math.prod(f.get_slice(k).get_shape())
+                     for k in f.keys() if k.startswith("layers."))
+    assert gen.sharded_numel == {"F32": blocks} and 0 < blocks < gen.dtype_numel["F32"]
+
+
+def test_a_sharded_folder_counts_what_its_index_names(dev_models_dir: Path,
+                                                      tmp_path: Path) -> None:
+    """A folder with an index holds the tensors its weight map names: a stale file beside it
+    is not counted, and a file the map names only in part counts only those tensors."""
+    model = tmp_path / "indexed"
+    shutil.copytree(dev_models_dir / "generation", model)
+    before = stage_facts("reasoner", model).dtype_numel
+    weights = model / "model.safetensors"
+    with safe_open(str(weights), "pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    names = sorted(tensors)
+    weights.unlink()
+    save_file({k: tensors[k] for k in names[:3]}, str(model / "model-00001-of-00002.safetensors"))
+    save_file(tensors, str(model / "model-00002-of-00002.safetensors"))  # also holds the first 3
+    weight_map = {k: ("model-00001-of-00002.safetensors" if i < 3
+                      else "model-00002-of-00002.safetensors") for i, k in enumerate(names)}
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    save_file({"stale": torch.zeros(1000)}, str(model / "stale.safetensors"))
+    facts = stage_facts("reasoner", model)
+    assert facts.dtype_numel == before
+    assert [f.path for f in facts.files] == ["model-00001-of-00002.safetensors",
+                                             "model-00002-of-00002.safetensors"]

@@ -13,6 +13,7 @@ from worldserve.runtime.placement import (
     GpuInfo,
     StageDemand,
     Workload,
+    communicators_per_rank,
     format_plan,
     headroom_bytes,
     plan_placement,
@@ -126,28 +127,102 @@ def test_super_on_two_gpus_fits_with_the_reasoner_apart() -> None:
     assert 0 < gen_gpu.gpu.total_bytes - gen_gpu.used_bytes - gen_gpu.reserve_bytes < 5 * GIB
 
 
-def test_sharding_divides_the_weights_per_gpu() -> None:
+def test_sharding_divides_the_blocks_and_replicates_the_rest() -> None:
+    """Only the transformer blocks are split; embeddings, head and VAE stay whole on every
+    rank; without block facts nothing is divided (never planned below the truth)."""
+    replicated = 3_000_000_000
+    blocks = {"BF16": SUPER_GENERATOR - replicated}
     plan = plan_placement(gpus(8), stages(SUPER_GENERATOR, SUPER_REASONER, world_size=8,
-                                          shard=8))
-    assert plan.stages["generation"].weight_bytes == SUPER_GENERATOR * 2 // 8
-    assert plan.fits
+                                          shard=8, sharded_numel=blocks))
+    gen = plan.stages["generation"]
+    assert gen.weight_bytes == replicated * 2 + (SUPER_GENERATOR - replicated) * 2 // 8
+    assert any("replicated on every rank" in note for note in gen.notes) and plan.fits
+    unknown = plan_placement(gpus(8), stages(SUPER_GENERATOR, SUPER_REASONER, world_size=8,
+                                             shard=8)).stages["generation"]
+    assert unknown.weight_bytes == SUPER_GENERATOR * 2
+    assert any("counted whole" in note for note in unknown.notes)
 
 
-def test_fp8_counts_one_byte_where_w8a8_runs_else_the_stage_dtype() -> None:
+def fp8_plan(stage: str, capability: tuple[int, int], fp8_compute: str = "auto",
+             total: int = H200):
+    demand = StageDemand(stage, "auto", "auto", {"F8_E4M3": NANO_GENERATOR},
+                         fp8_compute=fp8_compute)
+    return plan_placement(gpus(1, total, capability), [demand])
+
+
+def test_fp8_counts_one_byte_only_where_the_stage_runs_w8a8() -> None:
+    """The loaders' rule (fp8/load.py choose_compute), asked at the sm 8.9 boundary: the
+    generator loads W8A16 unless fp8_compute is w8a8; the reasoner W8A8 under auto too."""
     numel = {"F8_E4M3": 1000, "BF16": 10, "F32": 3}  # scales are F32
     assert weight_bytes(numel, "bfloat16", fp8_native=True) == 1000 + 20 + 6
     assert weight_bytes(numel, "bfloat16", fp8_native=False) == 2000 + 20 + 6
-    demand = [StageDemand("generation", "auto", "auto", {"F8_E4M3": NANO_GENERATOR})]
-    hopper = plan_placement(gpus(1), demand).stages["generation"]
-    ampere = plan_placement(gpus(1, capability=(8, 0)), demand).stages["generation"]
-    assert hopper.weight_bytes == NANO_GENERATOR and "W8A8" in hopper.notes[0]
-    assert ampere.weight_bytes == NANO_GENERATOR * 2 and "W8A16" in ampere.notes[0]
+    one, two = NANO_GENERATOR, NANO_GENERATOR * 2
+    for capability, w8a8 in (((8, 6), False), ((8, 9), True), ((9, 0), True)):
+        gen = fp8_plan("generation", capability).stages["generation"]
+        assert gen.weight_bytes == two and "W8A16" in gen.notes[0]
+        asked = fp8_plan("generation", capability, "w8a8").stages["generation"]
+        assert asked.weight_bytes == (one if w8a8 else two)
+        reasoner = fp8_plan("reasoner", capability).stages["reasoner"]
+        assert reasoner.weight_bytes == (one if w8a8 else two)
+        # W8A8 loads the whole model in bf16 first, then swaps its linears
+        assert reasoner.load_peak_bytes == (two if w8a8 else 0)
+        off = fp8_plan("reasoner", capability, "w8a16").stages["reasoner"]
+        assert off.weight_bytes == two and off.load_peak_bytes == 0
+
+
+def test_fp8_super_generator_does_not_fit_an_80gb_card() -> None:
+    """W8A16 by default: 2 bytes per weight, ~119 GiB; planned at 1 byte it "fitted" and then
+    ran out of memory while loading."""
+    h100 = 85_520_809_984
+    plan = plan_placement(gpus(1, h100, (9, 0)), [
+        StageDemand("generation", "auto", "auto", {"F8_E4M3": SUPER_GENERATOR})])
+    assert not plan.fits and "119.21 GiB weights" in plan.problems[0]
+
+
+def test_the_w8a8_reasoner_load_peak_counts_toward_the_fit() -> None:
+    demand = StageDemand("reasoner", "auto", "auto", {"F8_E4M3": 10 * GIB})
+    gpu = GpuInfo(0, "small", 16 * GIB, (9, 0))  # 10 GiB served, 20 GiB while loading
+    plan = plan_placement([gpu], [demand])
+    reasoner = plan.stages["reasoner"]
+    assert reasoner.weight_bytes == 10 * GIB and reasoner.peak_bytes == 20 * GIB
+    assert not plan.fits and "while loading" in plan.problems[0]
+
+
+def test_communicators_per_rank_follow_the_layout() -> None:
+    assert communicators_per_rank(1, 1, 1, 1) == 0
+    assert communicators_per_rank(2, 1, 1, 1) == 1  # the world is the cfg group
+    assert communicators_per_rank(2, 4, 1, 1) == 4  # world, sp, ulysses, cfg
+    assert communicators_per_rank(2, 2, 2, 1) == 5  # world, sp, ulysses, ring, cfg
+    assert communicators_per_rank(1, 3, 1, 3) == 1  # sp = ulysses = shard = the world
+    demand = stages(world_size=8, seq_split=4, num_communicators=4)[0]
+    assert headroom_bytes(demand, "bfloat16") - headroom_bytes(
+        stages(world_size=8, seq_split=4)[0], "bfloat16") == 4 * GIB // 2
+
+
+def test_unequal_gpus_the_generator_takes_the_largest() -> None:
+    small = GpuInfo(0, "NVIDIA L40S", 48 * GIB, (8, 9))
+    large = GpuInfo(1, "NVIDIA H200", H200, (9, 0))
+    plan = plan_placement([small, large], stages())
+    assert plan.stages["generation"].gpus == (1,) and plan.stages["reasoner"].gpus == (0,)
+    assert plan.stages["reasoner"].dtype == "bfloat16" and plan.fits
+
+
+def test_a_realtime_stage_shares_the_gpu_with_the_most_room() -> None:
+    small = GpuInfo(0, "NVIDIA L40S", 48 * GIB, (8, 9))
+    large = GpuInfo(1, "NVIDIA H200", H200, (9, 0))
+    realtime = StageDemand("realtime", "auto", "auto", {"BF16": 2_000_000_000})
+    plan = plan_placement([small, large], [*stages(), realtime])
+    # generation (~45 GiB with headroom) leaves the H200 more room than the reasoner leaves
+    # the L40S
+    assert plan.stages["realtime"].gpus == (1,)
+    assert plan.stages["realtime"].shared_with == ("generation",)
 
 
 def test_dtype_auto_follows_the_device_and_the_capability() -> None:
     assert resolve_dtype_name("auto", "cpu") == "float32"
     assert resolve_dtype_name("auto", "cuda:0", (9, 0)) == "bfloat16"
     assert resolve_dtype_name("auto", "cuda:0", (7, 5)) == "float16"
+    assert resolve_dtype_name("auto", "cuda:0", (8, 0)) == "bfloat16"  # the boundary itself
     assert resolve_dtype_name("float16", "cpu") == "float16"
     demand = [StageDemand("generation", "auto", "auto", {"BF16": 10})]
     assert plan_placement(gpus(1, capability=(7, 0)), demand).stages["generation"].dtype == \
@@ -175,7 +250,8 @@ def test_headroom_formula() -> None:
     b = 2
     reasoner = headroom_bytes(stages()[1], "bfloat16")
     kv_per_token = 2 * 36 * 8 * 128 * b  # 147,456 bytes: notes/gpu-readiness.md section 2
-    assert reasoner == kv_per_token * 42_000 + 16 * 2048 * 4096 * b
+    # KV at its worst: own buffers doubled (2x) beside a packed batch copy (1.5x)
+    assert reasoner == int(kv_per_token * 42_000 * 3.5) + 16 * 2048 * 4096 * b
     generator = headroom_bytes(stages()[0], "bfloat16")
     assert generator == 16 * 44_672 * 4096 * b + 56 * 1280 * 720 * 189
     split = headroom_bytes(stages(seq_split=4)[0], "bfloat16")

@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.support.fp8_dirs import LAYOUTS, fp8_pair
-from tests.unit.reasoner.conftest import Driver
-from tests.unit.reasoner.drive import windowed_greedy_replies
-from worldserve.config import ReasonerStageConfig, ServerConfig
+from tests.unit.reasoner.conftest import GREEDY, Driver
+from tests.unit.reasoner.drive import concurrent_replies, windowed_greedy_replies
+from worldserve.config import ReasonerStageConfig, ServerConfig, StreamingConfig
 from worldserve.engines.reasoner.engine import ReasonerEngine
 from worldserve.ipc.messages import GenerationParams
 from worldserve.levers.fp8 import load
@@ -156,6 +156,95 @@ def test_reasoner_w8a8_swaps_every_quantised_linear(pair, monkeypatch):
         ours, theirs = w8a8(input_ids=ids).logits, w8a16(input_ids=ids).logits
     assert not torch.equal(ours, theirs)
     assert (ours - theirs).abs().max() < 0.1 * theirs.abs().max()
+
+
+def test_the_fp8_benchmark_decodes_w8a8_on_both_paths(pair, monkeypatch):
+    """benchmarks/fp8.py's W8A8 part (GPU only there) decodes through the runner's decode
+    steps, not only one `model(input_ids=...)`: run here with W8A8 forced on the CPU."""
+    from benchmarks.fp8 import decode_paths
+
+    quantised, _ = pair
+    monkeypatch.setattr(load, "_w8a8_missing", lambda *args: None)
+    assert decode_paths(quantised, "cpu", "float32", num_tokens=4) == {
+        "decode_paths": ["eager", "static"], "decoded_tokens": 4, "static_equals_eager": True}
+
+
+def test_reasoner_w8a8_matches_linears_by_name(pair, tmp_path, monkeypatch):
+    """Two quantised linears holding the same FP8 tensors (k and v of a layer) are still each
+    swapped in at its own module: linears are matched by transformers' renaming of the name,
+    not by comparing weights (which found two candidates, and copied every same-shape weight
+    to the host)."""
+    quantised, _ = pair
+    twin = tmp_path / "twin"
+    shutil.copytree(quantised, twin)
+    shard = next(twin.glob("*.safetensors"))
+    tensors = load_file(shard)
+    source, target = "layers.0.self_attn.to_k.", "layers.0.self_attn.to_v."
+    copied = {target + k.removeprefix(source): v.clone() for k, v in tensors.items()
+              if k.startswith(source)}
+    assert target + "weight" in copied and copied.keys() <= tensors.keys()
+    save_file({**tensors, **copied}, shard)
+    monkeypatch.setattr(load, "_w8a8_missing", lambda *args: None)
+    model = load.load_reasoner_model(twin, "float32", "cpu")
+    attn = model.model.language_model.layers[0].self_attn
+    assert isinstance(attn.k_proj, Fp8Linear) and isinstance(attn.v_proj, Fp8Linear)
+    assert torch.equal(attn.k_proj.weight.float(), attn.v_proj.weight.float())
+
+
+def test_reasoner_w8a8_decodes_through_the_engine_static_and_batched(pair, monkeypatch):
+    """W8A8 forced on the CPU, decoded the way a server decodes: the static step (on by default)
+    calls each `Fp8Linear` rather than reading its float8 weight, alone and in a batch of two
+    sessions, and gives the eager path's tokens (a bf16 x fp8 `F.linear` raised at the first
+    decoded token)."""
+    quantised, _ = pair
+    monkeypatch.setattr(load, "_w8a8_missing", lambda *args: None)
+
+    def engine(**stage) -> Driver:
+        config = ReasonerStageConfig(model_path=quantised,
+                                     streaming=StreamingConfig(max_sessions=2), **stage)
+        return Driver(ReasonerEngine(config, ServerConfig()))
+
+    static, eager = engine(), engine(static_decode=False)
+    assert any(isinstance(m, Fp8Linear) for m in static.engine.steps.runner.model.modules())
+    assert static.engine.decode_path == "static" and eager.engine.decode_path == "eager"
+    sampling = {"max_tokens": 6, **GREEDY}
+    ours = concurrent_replies(static, sampling, num_sessions=2, num_frames=2)
+    assert ours == concurrent_replies(eager, sampling, num_sessions=2, num_frames=2)
+    assert all(len(reply) == 6 for replies in ours.values() for reply in replies)
+    # the compiled step takes plain linears only: it stands aside rather than recompile per layer
+    assert static.engine.steps.runner.configure_decode(True, compile_step=True) == "eager"
+
+
+@pytest.fixture
+def modelopt_restore_enabled():
+    """ModelOpt's `enable_huggingface_checkpointing` (what a W8A8 generator calls), undone after
+    the test: it patches transformers' and diffusers' classes process-wide."""
+    pytest.importorskip("modelopt")
+    import modelopt.torch.opt as mto
+    from modelopt.torch.opt.plugins import huggingface as hf
+
+    saved = {(cls, name): vars(cls).get(name) for classes, methods in
+             hf._LIBRARY_CLASSES_FOR_PATCHING.values() for cls, patches in zip(classes, methods)
+             for name in [*(n for n, _ in patches), "_modelopt_cache"]}
+    mto.enable_huggingface_checkpointing()
+    yield
+    for (cls, name), value in saved.items():
+        if value is None:
+            if name in vars(cls):
+                delattr(cls, name)
+        else:
+            setattr(cls, name, value)
+        hf._PATCHED_CLASSES.discard(cls)
+
+
+def test_reasoner_loads_beside_modelopts_restore_patch(pair, modelopt_restore_enabled):
+    """A W8A8 generator enables ModelOpt's process-wide `from_pretrained` patch; the FP8
+    reasoner's load from a state dict still works (the patch called os.path.isdir(None))."""
+    quantised, reference = pair
+    model = load.load_reasoner_model(quantised, "float32", "cpu")
+    plain = load_file(next(reference.glob("*.safetensors")))
+    q_proj = model.model.language_model.layers[0].self_attn.q_proj.weight
+    assert torch.equal(q_proj, plain["layers.0.self_attn.to_q.weight"])
 
 
 def test_fp8_compute_setting_reaches_the_loaders(pair):

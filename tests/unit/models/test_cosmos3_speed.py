@@ -145,6 +145,27 @@ def test_unavailable_backend_fails_stage_startup(cosmos3_dir, tmp_path):
         GenerationEngine(cfg, ServerConfig())
 
 
+@pytest.mark.parametrize("backend", ["sage", "_sage_qk_int8_pv_fp8_cuda_sm90",
+                                     "_sage_qk_int8_pv_fp16_triton", "sage_varlen"])
+def test_quantised_backends_are_refused_for_cosmos3_before_loading(cosmos3_dir, tmp_path,
+                                                                   monkeypatch, backend):
+    """int8/fp8 attention breaks Cosmos3's mixture-of-transformers attention: the family
+    allows exact backends only, and a stage refuses the rest before reading a weight."""
+    from worldserve.config import ATTENTION_BACKENDS
+    from worldserve.models.cosmos3.family import FAMILY
+    from worldserve.models.wan.family import FAMILY as WAN
+
+    assert FAMILY.attention_backends < set(ATTENTION_BACKENDS) and "native" in \
+        FAMILY.attention_backends and not any("sage" in b for b in FAMILY.attention_backends)
+    assert WAN.attention_backends is None  # other families: whatever runs here
+    monkeypatch.setattr(registry, "load_runner", lambda *a, **k: pytest.fail("loaded"))
+    cfg = GenerationStageConfig(model_path=cosmos3_dir, output_dir=tmp_path / "out",
+                                attention_backend=backend)
+    with pytest.raises(ModelLoadError, match=f"attention_backend {backend!r} is not allowed "
+                                             "for the cosmos3 family.*_native_cudnn"):
+        GenerationEngine(cfg, ServerConfig())
+
+
 def test_unknown_backend_is_a_config_error_listing_the_choices():
     with pytest.raises(pydantic.ValidationError, match="'fastest' is not a diffusers attention "
                                                        "backend.*_native_math.*sage"):

@@ -19,6 +19,17 @@ def test_device_map_for_each_device(device: str, expected: str | None) -> None:
     assert direct_device_map(device) == expected
 
 
+@pytest.mark.parametrize(("device", "expected"), [
+    ("cuda:2", "cuda"), ("cuda", "cuda"), ("cuda:0", None), ("cuda:1", None)])
+def test_a_peer_rank_loads_straight_to_its_current_device(monkeypatch, device: str,
+                                                          expected: str | None) -> None:
+    """Rank 2 after `torch.cuda.set_device("cuda:2")`: its own device is the current one, so
+    diffusers' "cuda" map loads there (not a full host copy); cuda:0 is not this rank's."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+    assert direct_device_map(device) == expected
+
+
 class Recorder:
     """Stands in for `Cosmos3OmniPipeline.from_pretrained`'s result; records `.to` calls."""
 

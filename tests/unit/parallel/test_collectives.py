@@ -1,6 +1,7 @@
-"""The generic rank-group pieces (levers/parallel) in a real two-process gloo group: Ulysses
-all-to-all, ring attention, sharded blocks and halo convolutions each equal their one-process
-computation, and a collective whose peer died fails promptly instead of hanging."""
+"""The generic rank-group pieces (levers/parallel) in real gloo groups of 2, 3 and 4 ranks:
+Ulysses all-to-all (GQA at Nano's 4:1 head ratio), ring attention over lengths that do not
+divide evenly, sharded blocks and halo convolutions each equal their one-process computation on
+every rank; a collective whose peer died fails promptly instead of hanging."""
 
 from __future__ import annotations
 
@@ -20,18 +21,18 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def results() -> dict:
+def run_group(world: int, expected: int) -> dict:
+    """Spawn a gloo group of `world` ranks running rank_checks.entry; `expected` result keys."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=rank_checks.entry, args=(rank, port, queue))
-             for rank in range(rank_checks.WORLD)]
+    procs = [ctx.Process(target=rank_checks.entry, args=(rank, port, queue, world))
+             for rank in range(world)]
     for proc in procs:
         proc.start()
     out: dict = {}
-    deadline = time.monotonic() + 120
-    while len(out) < 5 and time.monotonic() < deadline:
+    deadline = time.monotonic() + 60 + 30 * world
+    while len(out) < expected and time.monotonic() < deadline:
         try:
             out.update(queue.get(timeout=1))
         except queue_module.Empty:
@@ -40,6 +41,12 @@ def results() -> dict:
     for proc in procs:
         proc.join(timeout=30)
     return out
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    out = run_group(rank_checks.WORLD, rank_checks.WORLD + 1)
+    return {**out[0], "dead_peer": out["dead_peer"]}
 
 
 def test_ulysses_all_to_all_equals_full_attention_bit_for_bit(results):
@@ -59,6 +66,22 @@ def test_sharded_blocks_compute_the_same_and_hold_half(results):
 
 def test_halo_convolutions_equal_the_whole_picture(results):
     assert results["halo"] == 0.0
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_every_rank_of_three_and_four_equals_one_process(world):
+    """Ring of 3 and 4 over 11 rows (chunks 4,4,3 and 3,3,3,2), Ulysses with one K/V head per
+    rank for four query heads, shards and halo strips that do not divide evenly: every rank's
+    own output is compared, not only rank 0's."""
+    out = run_group(world, world)
+    assert sorted(out) == list(range(world))
+    for rank, checks in out.items():
+        assert checks["ulysses"] == 0.0, rank
+        assert checks["ring"] < 1e-6, rank
+        assert checks["shard"]["diff"] == 0.0 and checks["shard"]["released"] == 1.0, rank
+        # every parameter has 5 rows on dim 0: ceil(5 / world) of them per rank (padded)
+        assert checks["shard"]["local_fraction"] == pytest.approx(-(-5 // world) / 5), rank
+        assert checks["halo"] == 0.0, rank
 
 
 def test_a_dead_peer_fails_the_collective_promptly(results):

@@ -88,6 +88,8 @@ class GenerationEngine:
         _check_prompt_enhancer(stage_config, server_config)
         self.output_dir = stage_config.resolved_output_dir()
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        if runner is None:
+            registry.check_attention_backend("generation", path, stage_config.attention_backend)
         self.runner: GenerationRunner = runner or registry.load_runner(
             "generation", path, dtype=stage_config.dtype, device=stage_config.device,
             safety_checker=stage_config.safety_checker, **stage_config.quant_options())

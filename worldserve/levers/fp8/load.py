@@ -16,6 +16,7 @@ Either way the log says which, and how many quantised linears got their scale.
 from __future__ import annotations
 
 import logging
+import types
 from pathlib import Path
 from typing import Any, Literal
 
@@ -143,8 +144,8 @@ def load_reasoner_model(model_dir: Path, dtype: Any, device: str,
     model_class = AutoModelForImageTextToText._model_mapping[type(config)]
     keep_fp32 = tuple(getattr(model_class, "_keep_in_fp32_modules", None) or ())
     state = dict(dequantised_state_dict(tensors, torch_dtype, keep_fp32=keep_fp32))
-    model = model_class.from_pretrained(None, config=config, state_dict=state,
-                                        dtype=torch_dtype, device_map=str(device))
+    model = _unpatched_from_pretrained(model_class)(None, config=config, state_dict=state,
+                                                    dtype=torch_dtype, device_map=str(device))
     if mode == "w8a8":
         linears = {target: tensors.linears[source]
                    for source, target in match_linears(model, state, tensors).items()}
@@ -158,25 +159,65 @@ def load_reasoner_model(model_dir: Path, dtype: Any, device: str,
     return model.eval()
 
 
+def _unpatched_from_pretrained(model_class: Any) -> Any:
+    """`model_class.from_pretrained` as transformers defines it. A W8A8 generator in the same
+    process enables ModelOpt's restore (`enable_huggingface_checkpointing`), which replaces
+    `from_pretrained` process-wide and calls `os.path.isdir(None)` on a load from a state dict;
+    ModelOpt keeps the original in the class's `_modelopt_cache`."""
+    for klass in model_class.__mro__:
+        original = vars(klass).get("_modelopt_cache", {}).get("from_pretrained")
+        if original is not None:
+            return types.MethodType(original.__func__, model_class)
+    return model_class.from_pretrained
+
+
 def match_linears(model: Any, state: dict[str, torch.Tensor],
                   tensors: Fp8Tensors) -> dict[str, str]:
-    """Checkpoint prefix -> the model's module prefix of each quantised linear, matched by the
-    dequantised weight itself (transformers' renaming is internal to it): exactly one Linear of
-    the model must hold that weight, else W8A8 cannot be set up safely."""
-    by_shape: dict[tuple[int, ...], list[tuple[str, torch.Tensor]]] = {}
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear):
-            by_shape.setdefault(tuple(module.weight.shape), []).append((name, module.weight))
+    """Checkpoint prefix -> the model's module prefix of each quantised linear, by name:
+    transformers' own renaming of the checkpoint key (`layers.0.self_attn.to_q.weight` ->
+    `model.language_model.layers.0.self_attn.q_proj.weight`). The named module must be a Linear
+    holding exactly that weight (one compare per linear, on the module's device), else W8A8
+    cannot be set up safely. Comparing every same-shape linear instead copied about 0.8 TB
+    device to host for Nano (notes/gpu-first-contact.md §5)."""
+    rename = _checkpoint_renamer(model)
+    modules = dict(model.named_modules())
     matches: dict[str, str] = {}
     for prefix in tensors.linears:
-        weight = state[prefix + "weight"]
-        found = [name for name, candidate in by_shape.get(tuple(weight.shape), [])
-                 if torch.equal(candidate.detach().cpu(), weight.cpu())]
-        if len(found) != 1:
-            raise Fp8FormatError(f"W8A8: checkpoint linear {prefix}weight matches {len(found)} "
-                                 "linears of the loaded model; use fp8_compute: w8a16")
-        matches[prefix] = found[0] + "."
+        key = prefix + "weight"
+        name = rename(key).removesuffix(".weight")
+        module = modules.get(name)
+        weight = state[key]
+        if not isinstance(module, torch.nn.Linear) or module.weight.shape != weight.shape \
+                or not torch.equal(module.weight, weight.to(module.weight.device)):
+            raise Fp8FormatError(f"W8A8: checkpoint linear {key} loads as {name!r}, which is "
+                                 "not a Linear holding that weight; use fp8_compute: w8a16")
+        matches[prefix] = name + "."
     return matches
+
+
+def _checkpoint_renamer(model: Any) -> Any:
+    """Checkpoint key -> the model's parameter name, as transformers' loader renames it."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import (
+            WeightConverter,
+            WeightRenaming,
+            rename_source_key,
+        )
+    except ImportError as exc:  # the loader's renaming API moved: refuse rather than guess
+        raise Fp8FormatError(f"W8A8: transformers' key renaming is not importable ({exc}); "
+                             "use fp8_compute: w8a16") from exc
+    mapping = get_model_conversion_mapping(model)
+    renamings = [m for m in mapping if isinstance(m, WeightRenaming)]
+    converters = [m for m in mapping if isinstance(m, WeightConverter)]
+    params = dict(model.named_parameters())
+
+    def rename(key: str) -> str:
+        renamed, _ = rename_source_key(key, renamings, converters, model.base_model_prefix,
+                                       params)
+        return renamed if renamed in params or key not in params else key
+
+    return rename
 
 
 def _load_w8a16(model: Any, tensors: Fp8Tensors, dtype: torch.dtype, device: str) -> int:

@@ -25,6 +25,15 @@ DEV_DEFAULTS = GenerationDefaults(width=48, height=32, num_frames=9, fps=8, num_
                                   resolution_divisor=16)
 
 
+# Exact (non-quantised) attention only: the int8/fp8 SageAttention kernels break the
+# mixture-of-transformers attention, whose understanding and generation K/V differ widely in
+# range (xDiT's Cosmos3 runner refuses them: ">50% relative error per layer").
+ATTENTION_BACKENDS = frozenset({
+    "native", "flex", "xformers", "_native_cudnn", "_native_efficient", "_native_flash",
+    "_native_math", "flash", "flash_hub", "flash_varlen", "flash_varlen_hub", "flash_4_hub",
+    "_flash_3", "_flash_varlen_3", "_flash_3_hub", "_flash_3_varlen_hub", "aiter_fa2_hub"})
+
+
 def detect(model_dir: Path) -> bool:
     return diffusers_class(model_dir) == PIPELINE_CLASS
 
@@ -38,4 +47,5 @@ FAMILY = ModelFamily(
              "generation_ranks": "worldserve.models.cosmos3.parallel:load_rank_runner"},
     explicit_kinds=frozenset({"realtime", "generation_ranks"}),
     profiles={"generation": "worldserve.models.cosmos3.profile:generator_profile"},
+    attention_backends=ATTENTION_BACKENDS,
 )

@@ -16,7 +16,14 @@ the tests hold the decoded tokens equal to the eager path's.
 `compile_step` wraps the per-layer function in `torch.compile` (one graph for every layer:
 weights are arguments). Shapes then have to stay fixed, so attention runs over each buffer's
 whole capacity with a mask. Off by default; on CUDA `mode="reduce-overhead"` asks for CUDA
-graphs: not verified on a GPU (none was available).
+graphs, which it will not get as written: the layer mutates the K/V buffers it is passed, and
+cudagraph trees refuse mutated non-static inputs (docs/reasoner-engine.md; not run on a GPU).
+
+A projection that is not a plain `nn.Linear` (the FP8 reasoner's W8A8 `Fp8Linear`, whose
+`weight` is a float8 buffer, or any quantised linear) is called as a module instead of read as
+a weight: its own forward does the arithmetic. The compiled step takes plain linears only (a
+module argument would guard and recompile per layer); with any other projection it stands
+aside and transformers' forward decodes.
 
 Architectures: decoder layers with q/k/v/o projections (biases optional), optional per-head
 q/k RMSNorm, a gated (gate/up/down) or two-projection (fc1/fc2) MLP, full attention only —
@@ -30,6 +37,7 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from worldserve.models.qwen_vl.kv import GrowableLayer, KVState, PackedBatch
 
@@ -96,6 +104,9 @@ class StaticDecoder:
             shapes = Shapes(config.num_attention_heads, config.num_key_value_heads,
                             attn.head_dim, float(attn.scaling))
         except AttributeError:
+            return None
+        if compile_step and any(isinstance(t, nn.Module) for layer in layers
+                                for t in (*layer.qkvo, *layer.mlp)):
             return None
         return cls(model, layers, shapes, compile_step)
 
@@ -202,14 +213,36 @@ def _weights(layer: Any) -> LayerWeights:
     norms = tuple(_norm(m) for m in (layer.input_layernorm, layer.post_attention_layernorm,
                                      getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)))
     qkvo = tuple(t for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
-                 for t in (proj.weight, proj.bias))
+                 for t in _operand(proj))
     if hasattr(mlp, "gate_proj"):
-        down = mlp.down_proj.weight
-        return LayerWeights(layer, norms, qkvo, (mlp.gate_proj.weight, mlp.up_proj.weight, down),
-                            mlp.act_fn, True, (attn.o_proj.weight.mT, down.mT))
-    return LayerWeights(layer, norms, qkvo, (mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight,
-                                             mlp.fc2.bias), mlp.activation_fn, False,
-                        (attn.o_proj.weight.mT, mlp.fc2.weight.mT))
+        down = _operand(mlp.down_proj)[0]
+        return LayerWeights(layer, norms, qkvo, (_operand(mlp.gate_proj)[0],
+                                                 _operand(mlp.up_proj)[0], down),
+                            mlp.act_fn, True, (_transposed(qkvo[6]), _transposed(down)))
+    fc1, fc2 = _operand(mlp.fc1), _operand(mlp.fc2)
+    return LayerWeights(layer, norms, qkvo, (*fc1, *fc2), mlp.activation_fn, False,
+                        (_transposed(qkvo[6]), _transposed(fc2[0])))
+
+
+def _operand(proj: Any) -> tuple[Any, Any]:
+    """(weight, bias) of a plain `nn.Linear`; (the module, None) of anything else, which the
+    step calls instead (an `Fp8Linear`'s float8 weight cannot enter `F.linear`)."""
+    if type(proj) is nn.Linear:
+        return proj.weight, proj.bias
+    if not isinstance(proj, nn.Module):
+        raise AttributeError(f"{type(proj).__name__} is not a projection module")
+    return proj, None
+
+
+def _transposed(weight: Any) -> Any:
+    return weight if isinstance(weight, nn.Module) else weight.mT
+
+
+def _linear(h: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """h @ weight.T (+ bias), or the projection module's own forward."""
+    if isinstance(weight, nn.Module):
+        return weight(h)
+    return F.linear(h, weight, bias)
 
 
 def _norm(module: Any) -> tuple[Any, float] | None:
@@ -235,9 +268,9 @@ def _layer(x: torch.Tensor, norms: tuple, qkvo: tuple, mlp: tuple, act: Any, gat
     their K/V at `index`. A projection without bias adds its residual in the same op."""
     wq, bq, wk, bk, wv, bv, wo, bo = qkvo
     h = _rms(x, norms[0])
-    q = _heads(F.linear(h, wq, bq), width, shapes.num_heads, shapes.head_dim)  # (B, nh, W, D)
-    k = _heads(F.linear(h, wk, bk), width, shapes.num_kv_heads, shapes.head_dim)
-    v = _heads(F.linear(h, wv, bv), width, shapes.num_kv_heads, shapes.head_dim)
+    q = _heads(_linear(h, wq, bq), width, shapes.num_heads, shapes.head_dim)  # (B, nh, W, D)
+    k = _heads(_linear(h, wk, bk), width, shapes.num_kv_heads, shapes.head_dim)
+    v = _heads(_linear(h, wv, bv), width, shapes.num_kv_heads, shapes.head_dim)
     if norms[2] is not None:
         q, k = _rms(q, norms[2]), _rms(k, norms[3])
     q, k = _rotate(q, rotation), _rotate(k, rotation)
@@ -251,17 +284,17 @@ def _layer(x: torch.Tensor, norms: tuple, qkvo: tuple, mlp: tuple, act: Any, gat
     x = _plus_linear(x, attn, wo, out_t[0], bo)
     h = _rms(x, norms[1])
     if gated:
-        return _plus_linear(x, act(F.linear(h, mlp[0])) * F.linear(h, mlp[1]), mlp[2],
+        return _plus_linear(x, act(_linear(h, mlp[0])) * _linear(h, mlp[1]), mlp[2],
                             out_t[1], None)
-    return _plus_linear(x, act(F.linear(h, mlp[0], mlp[1])), mlp[2], out_t[1], mlp[3])
+    return _plus_linear(x, act(_linear(h, mlp[0], mlp[1])), mlp[2], out_t[1], mlp[3])
 
 
-def _plus_linear(x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor,
-                 weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x + a @ weight.T (+ bias): one addmm when there is no bias."""
-    if bias is None:
+def _plus_linear(x: torch.Tensor, a: torch.Tensor, weight: Any, weight_t: Any,
+                 bias: torch.Tensor | None) -> torch.Tensor:
+    """x + a @ weight.T (+ bias): one addmm when there is no bias (a plain weight)."""
+    if bias is None and not isinstance(weight, nn.Module):
         return torch.addmm(x, a, weight_t)
-    return x + F.linear(a, weight, bias)
+    return x + _linear(a, weight, bias)
 
 
 def _heads(t: torch.Tensor, width: int, num_heads: int, head_dim: int) -> torch.Tensor:
