@@ -11,7 +11,7 @@ from PIL import Image
 
 from worldserve.errors import InvalidRequest
 from worldserve.media.policy import MediaPolicy
-from worldserve.media.request_media import MediaRules, read_request_media
+from worldserve.media.uploads import MediaRules, read_request_media
 from worldserve.media.video import encode_mp4
 
 

@@ -1,11 +1,11 @@
 """The native media routes' one pass over a request: HTTP body -> one validated `MediaRequest`.
 
 A reader takes the body as JSON or a form and flattens the extra containers; one media pass
-(`media/request_media.py`) then reads and checks the uploads, applies the media policy and
-reads every referenced image or video (data URLs, http(s) URLs, allowed local paths, each
-under the upload limit and checked once); the reader validates the public schema and resolves
-the fields against the stage's declaration (`api/jobs/params.py`). The route then makes one
-`MediaService` call with the result.
+(`read_request_media`, media/uploads.py) then reads and checks the uploads, applies the media
+policy and reads every referenced image or video (data URLs, http(s) URLs, allowed local
+paths, each under the upload limit and checked once); the reader validates the public schema
+and resolves the fields against the stage's declaration (`api/jobs/params.py`). The route then
+makes one `MediaService` call with the result.
 
 `video_request(fields, context)` is that pass without HTTP: another surface (a NIM route)
 builds its dict of fields and gets the same validated request.
@@ -30,8 +30,12 @@ from worldserve.errors import InvalidRequest, UnsupportedMediaType, WorldserveEr
 from worldserve.ipc.capabilities import GenerationCapabilities
 from worldserve.media.images import check_image
 from worldserve.media.policy import MediaPolicy
-from worldserve.media.request_media import MediaRules, read_request_media
-from worldserve.media.uploads import read_image_reference, read_upload
+from worldserve.media.uploads import (
+    MediaRules,
+    read_image_reference,
+    read_request_media,
+    read_upload,
+)
 
 log = logging.getLogger("worldserve.jobs")
 
