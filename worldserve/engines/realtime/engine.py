@@ -227,7 +227,7 @@ class RealtimeEngine:
         req = item.request
         if req.chunk_index == 0:
             opened = self.opened.pop(req.session_id, None)
-            if opened is None:  # released while its chunk 0 was queued
+            if opened is None:  # dropped by the bound on opens while its chunk 0 waited
                 raise NotFound(f"realtime session {req.session_id} not opened")
             settings, prompt = opened
             session = self.runner.new_session(req.session_id, settings, req.prompt or prompt)
