@@ -37,7 +37,7 @@ import torch
 
 from worldserve.config import RealtimeStageConfig, ServerConfig
 from worldserve.engines.realtime.engine import RealtimeEngine
-from worldserve.ipc.messages import RealtimeChunk
+from worldserve.ipc.messages import RealtimeChunk, RealtimeOpen
 from worldserve.models.causal_dit.loader import RealtimeModel, load_realtime_model
 from worldserve.models.causal_dit.runner import CausalRunner
 from worldserve.models.types import WorldSessionSettings as SessionSettings
@@ -45,6 +45,12 @@ from worldserve.models.types import WorldSessionSettings as SessionSettings
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks.*
 from benchmarks import harness  # noqa: E402
 from benchmarks.harness import p95  # noqa: E402
+
+
+def _open(engine: Any, session_id: str, **settings: Any) -> None:
+    """The session-open message (its settings, once); chunk 0 follows."""
+    engine.submit(RealtimeOpen(request_id=f"{session_id}-open", session_id=session_id,
+                               **settings), lambda _reply: None)
 
 
 def latency_run(model: RealtimeModel, num_chunks: int, width: int, height: int,
@@ -85,9 +91,10 @@ def fps_run(model: RealtimeModel, num_sessions: int, num_chunks: int, width: int
     start = time.perf_counter()
     for k in range(num_chunks):
         for s in range(num_sessions):
-            engine.submit(RealtimeChunk(request_id=f"{s}-{k}", session_id=f"s{s}", chunk_index=k,
-                                        prompt="a red car" if k == 0 else None, seed=s,
-                                        width=width, height=height), reply)
+            if k == 0:
+                _open(engine, f"s{s}", prompt="a red car", seed=s, width=width, height=height)
+            engine.submit(RealtimeChunk(request_id=f"{s}-{k}", session_id=f"s{s}", chunk_index=k),
+                          reply)
         while engine.has_work():
             engine.step()
     return frames / (time.perf_counter() - start), chunks
@@ -182,11 +189,11 @@ def world_latency_run(runner: Any, num_chunks: int, width: int, height: int,
         times.append(msg.forward_ms)
 
     frames = runner.chunk_frames(1, runner.facts.frames_per_block)
+    _open(engine, "bench", seed=0, prompt="a road through a forest", width=width, height=height,
+          first_frame=_png(width, height))
     for k in range(num_chunks):
         engine.submit(RealtimeChunk(
-            request_id=f"c{k}", session_id="bench", chunk_index=k, seed=0,
-            prompt="a road through a forest" if k == 0 else None, width=width, height=height,
-            first_frame=_png(width, height) if k == 0 else None,
+            request_id=f"c{k}", session_id="bench", chunk_index=k,
             camera=[["w"] if (k // 4) % 2 else ["l"]] * frames), reply)
         while engine.has_work():
             engine.step()
@@ -214,10 +221,11 @@ def world_throughput(runner: Any, num_sessions: int, num_chunks: int, width: int
     start = time.perf_counter()
     for k in range(num_chunks):
         for s in range(num_sessions):
-            engine.submit(RealtimeChunk(
-                request_id=f"{s}-{k}", session_id=f"s{s}", chunk_index=k, seed=s,
-                prompt="a road" if k == 0 else None, width=width, height=height,
-                first_frame=image if k == 0 else None), reply)
+            if k == 0:
+                _open(engine, f"s{s}", seed=s, prompt="a road", width=width, height=height,
+                      first_frame=image)
+            engine.submit(RealtimeChunk(request_id=f"{s}-{k}", session_id=f"s{s}", chunk_index=k),
+                          reply)
         while engine.has_work():
             engine.step()
     return done / (time.perf_counter() - start)

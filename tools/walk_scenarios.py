@@ -1,4 +1,4 @@
-"""The three traced requests of `docs/request-walks.md`, each run in-process on a dev checkpoint.
+"""The four traced requests of `docs/request-walks.md`, each run in-process on a dev checkpoint.
 
 Every scenario builds the real app around an `InProcessStageClient` of the real engine
 (`create_engine`, as a stage process would), runs one untraced warm request, then traces:
@@ -8,7 +8,10 @@ Every scenario builds the real app around an `InProcessStageClient` of the real 
 - (b) one binary frame on `WS /v1/streaming/ws` (the second frame of a session: steady state)
   on the Cosmos3 dev reasoner;
 - (c) an `action` event on `WS /v1/realtime_video/generate` and the chunk it lands on, on the
-  dev causal model.
+  dev causal model;
+- (d) the same route given a video file (multipart `input_reference`, an MP4): the request's
+  own pass up to the queued job (reading the body, the media policy, the upload; the job then
+  runs as in (a), untraced).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from worldserve.runtime.engine import create_engine
 from worldserve.runtime.inprocess import InProcessStageClient
 
 VIDEO = {"prompt": "a robot arm", "size": "48x32", "num_frames": 9, "num_inference_steps": 1}
+UPLOAD_FIELDS = {name: str(value) for name, value in VIDEO.items()}
 SESSION = {"op": "create", "system_prompt": "Describe the frame.", "question": "What is here?",
            "sampling": {"max_tokens": 4}}
 # Unpaced (chunks go out as soon as they are encoded), and more chunks than the walk reads: no
@@ -94,6 +98,42 @@ def video_job(tracer: Tracer, models: Path) -> None:
         asyncio.run(_video_job(tracer, models / "generation", Path(out)))
 
 
+# ---------------------------------------------------------------------- (d) a video upload
+
+
+def mp4_bytes(num_frames: int = 5, width: int = 48, height: int = 32) -> bytes:
+    from worldserve.media.video import encode_mp4
+
+    frames = np.random.default_rng(0).integers(0, 255, (num_frames, height, width, 3), np.uint8)
+    buf = io.BytesIO()
+    encode_mp4(frames, 8, buf)
+    return buf.getvalue()
+
+
+async def _video_upload(tracer: Tracer, model_dir: Path, output_dir: Path) -> None:
+    app, client = _app("generation", {"model_path": str(model_dir),
+                                      "output_dir": str(output_dir)})
+    clip = ("clip.mp4", mp4_bytes(), "video/mp4")
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://walk") as http:
+        warm = await http.post("/v1/videos", data=UPLOAD_FIELDS, files={"input_reference": clip})
+        await _finished(http, warm.json()["id"])
+        tracer.trace("submission")
+        job = await http.post("/v1/videos", data=UPLOAD_FIELDS, files={"input_reference": clip})
+        tracer.stop()
+        done = await _finished(http, job.json()["id"])
+    await client.close()
+    # The stage may already have started the job inside the traced call: that part is (a)'s.
+    tracer.hops[:] = [hop for hop in tracer.hops if hop.lane == "submission"]
+    if done["status"] != "completed":
+        raise RuntimeError(f"the traced upload job did not complete: {done}")
+
+
+def video_upload(tracer: Tracer, models: Path) -> None:
+    with tempfile.TemporaryDirectory() as out:
+        asyncio.run(_video_upload(tracer, models / "generation", Path(out)))
+
+
 # ---------------------------------------------------------------------- (b) a streaming frame
 
 
@@ -147,10 +187,19 @@ def realtime_chunk(tracer: Tracer, models: Path) -> None:
     asyncio.run(client.close())
 
 
+# Phases in the order a reader follows the request (default: the order they first ran): the
+# action from the socket to the controls, the chunk request, the stage and runner, the frames.
+PHASE_ORDER = {
+    "c": ("RealtimeConnection._listen", "RealtimeConnection._generate_loop",
+          "InProcessStageClient._run", "ChunkSender.send"),
+}
+
 WALKS = {
     "a": ("`POST /v1/videos` -> the job to completion -> `GET /v1/videos/{id}/content`",
           video_job),
     "b": ("one binary frame on `WS /v1/streaming/ws` (frame 2 of a session)", streaming_frame),
     "c": ("an `action` event on `WS /v1/realtime_video/generate` -> the chunk it lands on",
           realtime_chunk),
+    "d": ("`POST /v1/videos` with a video upload (multipart `input_reference`) -> the job queued",
+          video_upload),
 }

@@ -1,4 +1,4 @@
-"""`docs/request-walks.md` is current: `python -m tools.request_walks --check` traces the three
+"""`docs/request-walks.md` is current: `python -m tools.request_walks --check` traces the four
 requests again on the dev checkpoints and compares the (phase, calling file -> called file)
 pairs with the committed page (function lists and order are informational: they may vary with
 timing). When a change moves the path, regenerate: `python -m tools.request_walks`."""

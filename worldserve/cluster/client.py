@@ -43,6 +43,7 @@ from worldserve.ipc.messages import (
     ErrorReply,
     GenerationResult,
     RealtimeChunk,
+    RealtimeOpen,
     RealtimeRelease,
     RealtimeReleased,
     Reply,
@@ -93,12 +94,9 @@ class RayStageClient(StageClient):
             return PLACE
         if isinstance(request, (SessionFrame, CloseSession)):
             return self._session_key(request.session_id)
-        if isinstance(request, RealtimeChunk):
-            known = request.session_id in self._owners
-            if request.chunk_index == 0 and not known:
-                return PLACE
-            return self._session_key(request.session_id)
-        if isinstance(request, RealtimeRelease):
+        if isinstance(request, RealtimeOpen) and request.session_id not in self._owners:
+            return PLACE
+        if isinstance(request, (RealtimeOpen, RealtimeChunk, RealtimeRelease)):
             return self._session_key(request.session_id)
         if isinstance(request, Cancel):
             owner = self._owners.get(request.target_id)
@@ -112,7 +110,7 @@ class RayStageClient(StageClient):
         return pin(owner)
 
     def _remember(self, request: Request, replica: str, reply: Reply) -> None:
-        if isinstance(request, RealtimeChunk) and request.chunk_index == 0:
+        if isinstance(request, RealtimeOpen):
             self._owners[request.session_id] = replica
         if isinstance(reply, (RealtimeReleased, SessionClosed)):
             self._owners.pop(reply.session_id, None)

@@ -447,16 +447,13 @@ class ChatResult(Reply):
 # streaming VAE decode) and produces raw RGB24 frames chunk by chunk.
 
 
-class RealtimeChunk(Request):
-    """Generate chunk `chunk_index` of a session. Chunk 0 creates or resets the session's state
-    (and carries the session's settings); chunk k > 0 of an unknown session fails with
-    `not_found`. `camera` holds one key list per output frame of this chunk (None: no camera
-    control). `prompt` set on k > 0 switches the prompt; `refresh_kv` also rebuilds the
-    self-attention cache under it."""
+class RealtimeOpen(Request):
+    """Open (or reset) a session: its settings, sent once, before chunk 0. The engine validates
+    them at once (an invalid one is an error reply) and answers `RealtimeOpened`; chunk 0 then
+    builds the session's state under them."""
 
     session_id: str
-    chunk_index: int
-    prompt: str | None = None
+    prompt: str = ""
     negative_prompt: str | None = None
     seed: int = 42
     width: int = 0
@@ -466,8 +463,24 @@ class RealtimeChunk(Request):
     sink_size: int | None = None
     window_frames: int | None = None
     first_frame: bytes | None = None
-    # [fx, fy, cx, cy] in first_frame pixels (chunk 0; camera-conditioned image models)
+    # [fx, fy, cx, cy] in first_frame pixels (camera-conditioned image models)
     intrinsics: list[float] | None = None
+
+
+class RealtimeOpened(Reply):
+    session_id: str
+
+
+class RealtimeChunk(Request):
+    """Generate chunk `chunk_index` of an opened session: only what changes per chunk. Chunk 0
+    of a session that was not opened, and chunk k > 0 of an unknown session, fail with
+    `not_found`. `camera` holds one key list per output frame of this chunk (the actions; None:
+    no camera control). `prompt` switches the prompt from this chunk on (on chunk 0 it replaces
+    the open's); `refresh_kv` also rebuilds the self-attention cache under it."""
+
+    session_id: str
+    chunk_index: int
+    prompt: str | None = None
     camera: list[list[str]] | None = None
     refresh_kv: bool = False
     submitted_at: float = 0.0

@@ -130,7 +130,7 @@ class ExpectedFrames:
     def __init__(self, prompt: str, seed: int = 42, width: int = 832, height: int = 480,
                  first_frame_mean: int = 0) -> None:
         self.seed = seed
-        self.state = FakeSessionState(tint=prompt_tint(prompt, seed, first_frame_mean),
+        self.state = FakeSessionState(tint=prompt_tint(prompt, seed, first_frame_mean), seed=seed,
                                       width=width, height=height, window_frames=21)
 
     def chunk(self, camera: list[list[str]] | None = None, prompt: str | None = None,

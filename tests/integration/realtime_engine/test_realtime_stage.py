@@ -11,7 +11,13 @@ import pytest
 from tests.support.server import ServerProcess
 from worldserve.errors import NotFound
 from worldserve.ipc.client import StageClient, ZmqStageClient
-from worldserve.ipc.messages import RealtimeChunk, RealtimeChunkResult, RealtimeRelease
+from worldserve.ipc.messages import (
+    RealtimeChunk,
+    RealtimeChunkResult,
+    RealtimeOpen,
+    RealtimeOpened,
+    RealtimeRelease,
+)
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +41,14 @@ async def _client(socket_path: Path) -> StageClient:
 
 
 def _chunk(session: str, k: int, **fields) -> RealtimeChunk:
-    if k == 0:
-        fields.setdefault("prompt", "a red car")
     return RealtimeChunk(request_id=f"{session}-{k}", session_id=session, chunk_index=k, **fields)
+
+
+async def _open(client: StageClient, session: str, **settings) -> None:
+    opening = RealtimeOpen(request_id=f"{session}-open", session_id=session, prompt="a red car",
+                           **settings)
+    reply = await client.call(opening, timeout_s=30)
+    assert isinstance(reply, RealtimeOpened) and reply.session_id == session
 
 
 async def test_stage_serves_chunks_and_releases(realtime_server):
@@ -48,6 +59,7 @@ async def test_stage_serves_chunks_and_releases(realtime_server):
         assert client.info.model == "worldserve-dev-causal-wan"
         assert caps.realtime_supported and caps.camera_conditioning
         sizes = []
+        await _open(client, "sess-a")
         for k in range(3):
             reply = await client.call(_chunk("sess-a", k, camera=[["w"]] * 12), timeout_s=60)
             assert isinstance(reply, RealtimeChunkResult)
@@ -73,8 +85,9 @@ async def test_concurrent_sessions_with_the_same_seed_match(realtime_server):
 
     async def session(client: StageClient, sid: str) -> list[bytes]:
         frames = []
+        await _open(client, sid, seed=11)
         for k in range(3):
-            reply = await client.call(_chunk(sid, k, seed=11), timeout_s=60)
+            reply = await client.call(_chunk(sid, k), timeout_s=60)
             frames.append(reply.frames)
         await client.call(RealtimeRelease(request_id=f"rel-{sid}", session_id=sid), timeout_s=30)
         return frames

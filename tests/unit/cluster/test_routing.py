@@ -22,6 +22,7 @@ from worldserve.ipc.messages import (
     CloseSession,
     CreateSession,
     RealtimeChunk,
+    RealtimeOpen,
     RealtimeReleased,
     ReasonerRetention,
     ReasonerSampling,
@@ -162,14 +163,17 @@ def test_client_routing_keys() -> None:
     assert client._key(Cancel(request_id="c", target_id="unknown")) == ""
 
 
-def test_client_remembers_realtime_owners_from_chunk_zero() -> None:
+def test_client_remembers_realtime_owners_from_the_open() -> None:
     client = RayStageClient("realtime", handle=None)  # type: ignore[arg-type]
+    opening = RealtimeOpen(request_id="o", session_id="rt-1")
     chunk0 = RealtimeChunk(request_id="r0", session_id="rt-1", chunk_index=0)
-    assert client._key(chunk0) == PLACE
-    client._remember(chunk0, "own", None)  # type: ignore[arg-type]
+    assert client._key(opening) == PLACE
+    with pytest.raises(SessionLost):  # a chunk of a session never opened has no owner
+        client._key(chunk0)
+    client._remember(opening, "own", None)  # type: ignore[arg-type]
     chunk1 = RealtimeChunk(request_id="r1", session_id="rt-1", chunk_index=1)
-    assert client._key(chunk1) == pin("own")
-    assert client._key(chunk0) == pin("own")  # a reset stays on the owner
+    assert client._key(chunk0) == client._key(chunk1) == pin("own")
+    assert client._key(opening) == pin("own")  # a reset stays on the owner
     client._remember(chunk1, "own", RealtimeReleased(request_id="x", session_id="rt-1",
                                                      existed=True))
     with pytest.raises(SessionLost):

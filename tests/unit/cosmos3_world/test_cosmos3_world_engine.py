@@ -20,7 +20,7 @@ from tests.unit.cosmos3_world.helpers import (
     reference_chunks,
     start_image,
 )
-from tests.unit.realtime.helpers import Replies, chunk, run_session
+from tests.unit.realtime.helpers import Replies, run_session, submit
 from tests.unit.realtime.inprocess_ws import app_for, read_chunk
 from worldserve.config import RealtimeStageConfig, ServerConfig
 from worldserve.engines.realtime.engine import RealtimeEngine
@@ -75,7 +75,7 @@ def test_engine_session_equals_the_pipeline(world_runner, first_frame):
     for k, camera in enumerate(cameras):
         fields = dict(first_frame=first_frame, width=SIZE, height=SIZE, seed=3,
                       prompt="a road") if k == 0 else {}
-        engine.submit(chunk("s", k, camera=camera, **fields), replies)
+        submit(engine, "s", k, replies, camera=camera, **fields)
         while engine.has_work():
             engine.step()
     assert all(isinstance(r, RealtimeChunkResult) for r in replies.items), replies.items
@@ -94,8 +94,8 @@ def test_two_sessions_interleaved_equal_their_solo_runs(world_runner, first_fram
     a, b = Replies(), Replies()
     for k in range(2):
         first = dict(first_frame=first_frame, width=SIZE, height=SIZE) if k == 0 else {}
-        engine.submit(chunk("a", k, seed=5, **first) if k == 0 else chunk("a", k), a)
-        engine.submit(chunk("b", k, seed=9, **first) if k == 0 else chunk("b", k), b)
+        submit(engine, "a", k, a, **(dict(seed=5, **first) if k == 0 else {}))
+        submit(engine, "b", k, b, **(dict(seed=9, **first) if k == 0 else {}))
         while engine.has_work():
             engine.step()
     for got, want in zip(a.items, solo):
@@ -105,7 +105,7 @@ def test_two_sessions_interleaved_equal_their_solo_runs(world_runner, first_fram
 
 def test_engine_refuses_an_init_without_first_frame(world_runner):
     with pytest.raises(InvalidRequest, match="first_frame is required"):
-        make_engine(world_runner).submit(chunk("s", 0, width=SIZE, height=SIZE), Replies())
+        submit(make_engine(world_runner), "s", 0, Replies(), width=SIZE, height=SIZE)
 
 
 def test_engine_reports_an_undecodable_first_frame_as_invalid(world_runner):

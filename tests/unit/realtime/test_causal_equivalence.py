@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.unit.realtime.helpers import Replies, chunk, run_session
+from tests.unit.realtime.helpers import Replies, run_session, submit
 from worldserve.models.causal_dit.camera import camera_vectors, output_frames_per_latent
 from worldserve.models.causal_dit.kv_cache import FrameRecord, SelfAttnCache
 from worldserve.models.causal_dit.model import block_causal_mask
@@ -117,7 +117,7 @@ def test_session_generation_equals_uncached_reference(make_engine, rt_model, sin
     session = engine.sessions.get("s")
     generated = [session.cache.latents.clone()]
     for k in range(1, num_chunks):
-        engine.submit(chunk("s", k), Replies())
+        submit(engine, "s", k, Replies())
         engine.step()
         generated.append(session.cache.latents[:, :, -3:].clone())
     ref = _reference_session(rt_model, session.settings, num_chunks, "a red car")

@@ -8,13 +8,14 @@ import re
 import pytest
 import torch
 
-from tests.unit.realtime.helpers import Replies, chunk, run_session
+from tests.unit.realtime.helpers import Replies, chunk, open_session, run_session, submit
 from worldserve.config import RealtimeStageConfig, ServerConfig
 from worldserve.engines.realtime.engine import RealtimeEngine
 from worldserve.errors import InvalidRequest, NotFound
 from worldserve.ipc.messages import (
     ErrorReply,
     RealtimeChunkResult,
+    RealtimeOpened,
     RealtimeRelease,
     RealtimeReleased,
 )
@@ -59,9 +60,9 @@ def test_same_seed_same_frames_alone_or_interleaved(make_engine):
     engine = make_engine()
     out = {"a": Replies(), "b": Replies(), "c": Replies()}
     for k in range(3):
-        engine.submit(chunk("a", k, **(dict(seed=5, **SMALL) if k == 0 else {})), out["a"])
-        engine.submit(chunk("b", k, **(dict(seed=5, **SMALL) if k == 0 else {})), out["b"])
-        engine.submit(chunk("c", k, **(dict(seed=6, **SMALL) if k == 0 else {})), out["c"])
+        submit(engine, "a", k, out["a"], **(dict(seed=5, **SMALL) if k == 0 else {}))
+        submit(engine, "b", k, out["b"], **(dict(seed=5, **SMALL) if k == 0 else {}))
+        submit(engine, "c", k, out["c"], **(dict(seed=6, **SMALL) if k == 0 else {}))
         while engine.has_work():
             engine.step()
     assert frames_of(out["a"].items) == alone
@@ -73,12 +74,12 @@ def test_round_robin_across_sessions_reports_queue_time(make_engine):
     engine = make_engine()
     order: list[str] = []
     for sid in ("a", "b"):
-        engine.submit(chunk(sid, 0, **SMALL), lambda m: order.append(m.session_id))
+        submit(engine, sid, 0, lambda m: order.append(m.session_id), **SMALL)
     for sid in ("a", "b"):
         for k in (1, 2):  # chunks may be queued before the previous one has run
-            engine.submit(chunk(sid, k), lambda m: order.append(m.session_id))
+            submit(engine, sid, k, lambda m: order.append(m.session_id))
     replies = Replies()
-    engine.submit(chunk("a", 3), replies)
+    submit(engine, "a", 3, replies)
     while engine.has_work():
         engine.step()
     assert order == ["a", "b", "a", "b", "a", "b"]
@@ -102,13 +103,39 @@ def test_release_frees_everything_and_is_idempotent(make_engine):
     engine.submit(RealtimeRelease(request_id="rel2", session_id="s"), out)
     assert out.last().existed is False
     with pytest.raises(NotFound, match="realtime session s not found"):
-        engine.submit(chunk("s", 3), out)
+        submit(engine, "s", 3, out)
 
 
 def test_unknown_session_chunk_is_not_found(make_engine):
     engine = make_engine()
     with pytest.raises(NotFound, match="realtime session nope not found"):
-        engine.submit(chunk("nope", 1), Replies())
+        submit(engine, "nope", 1, Replies())
+
+
+def test_chunk_zero_needs_an_open_and_the_open_is_answered_at_once(make_engine):
+    engine = make_engine()
+    with pytest.raises(NotFound, match="realtime session s not opened"):
+        engine.submit(chunk("s", 0), Replies())
+    out = Replies()
+    engine.submit(open_session("s", **SMALL), out)
+    assert out.items == [RealtimeOpened(request_id="s-open", session_id="s")]
+    assert not engine.has_work() and "s" not in engine.sessions  # the state waits for chunk 0
+    engine.submit(RealtimeRelease(request_id="rel", session_id="s"), out)
+    assert out.last().existed is True  # an open not yet run is released too
+    with pytest.raises(NotFound, match="not opened"):
+        engine.submit(chunk("s", 0), Replies())
+
+
+def test_settings_ride_on_the_open_only(make_engine):
+    """Chunks after the open carry no settings, yet run under the open's."""
+    engine = make_engine()
+    out = Replies()
+    engine.submit(open_session("s", seed=4, **SMALL), Replies())
+    for k in range(2):
+        engine.submit(chunk("s", k), out)
+        engine.step()
+    assert [r.width for r in out.items] == [32, 32]
+    assert frames_of(out.items) == frames_of(run_session(make_engine(), "t", 2, seed=4, **SMALL))
 
 
 def test_chunk_zero_resets_the_session(make_engine):
@@ -135,13 +162,13 @@ def test_invalid_settings_are_invalid_request(make_engine, fields, pattern):
     engine = make_engine()
     out = Replies()
     if "camera" in fields:  # camera is checked when the chunk runs
-        engine.submit(chunk("s", 0, **SMALL, **fields), out)
+        submit(engine, "s", 0, out, **SMALL, **fields)
         engine.step()
         assert isinstance(out.last(), ErrorReply) and out.last().code == "invalid_request"
         assert re.search(pattern, out.last().message)
         return
     with pytest.raises(InvalidRequest, match=pattern):
-        engine.submit(chunk("s", 0, **fields), out)
+        submit(engine, "s", 0, out, **fields)
     assert not engine.has_work()
 
 
@@ -149,7 +176,7 @@ def test_out_of_order_chunk_fails(make_engine):
     engine = make_engine()
     run_session(engine, "s", 1, **SMALL)
     out = Replies()
-    engine.submit(chunk("s", 3), out)
+    submit(engine, "s", 3, out)
     engine.step()
     assert isinstance(out.last(), ErrorReply) and "expects chunk 1, got 3" in out.last().message
 
@@ -159,7 +186,7 @@ def test_camera_and_prompt_condition_the_frames(make_engine):
         engine = make_engine()
         replies = run_session(engine, "s", 1, seed=1, **SMALL)
         out = Replies()
-        engine.submit(chunk("s", 1, **later), out)
+        submit(engine, "s", 1, out, **later)
         engine.step()
         return replies[0].frames, out.last().frames
 
@@ -175,7 +202,7 @@ def test_refresh_kv_is_reported_and_equals_no_refresh_under_the_same_prompt(make
         engine = make_engine()
         run_session(engine, "s", 3, seed=2, **SMALL)
         out = Replies()
-        engine.submit(chunk("s", 3, prompt=prompt, refresh_kv=refresh), out)
+        submit(engine, "s", 3, out, prompt=prompt, refresh_kv=refresh)
         engine.step()
         return out.last()
 
@@ -227,7 +254,7 @@ def test_cancel_drops_a_queued_chunk(make_engine):
     engine = make_engine()
     run_session(engine, "s", 1, **SMALL)
     out = Replies()
-    engine.submit(chunk("s", 1, tag="x"), out)
+    submit(engine, "s", 1, out, tag="x")
     engine.cancel("s-1-x")
     assert not engine.has_work()
     engine.step()

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from tests.support.images import random_png
-from tests.unit.realtime.helpers import Replies, chunk, run_session
+from tests.unit.realtime.helpers import Replies, open_session, run_session, submit
 from worldserve.config import RealtimeStageConfig, ServerConfig
 from worldserve.engines.realtime.engine import RealtimeEngine
 from worldserve.errors import InvalidRequest
@@ -42,9 +42,9 @@ def test_distilled_text_model_refuses_guidance_and_first_frame(make_engine):
     caps = engine.capabilities()
     assert not caps.supports_guidance and not caps.supports_first_frame
     with pytest.raises(InvalidRequest, match="distilled without CFG"):
-        engine.submit(chunk("s", 0, guidance_scale=3.0), Replies())
+        submit(engine, "s", 0, Replies(), guidance_scale=3.0)
     with pytest.raises(InvalidRequest, match="text-to-video: first_frame is not supported"):
-        engine.submit(chunk("s", 0, first_frame=png(0)), Replies())
+        submit(engine, "s", 0, Replies(), first_frame=png(0))
 
 
 def test_capabilities_follow_the_checkpoint(ic_model):
@@ -81,7 +81,7 @@ def first_latent_written_out(vae, first_frame: bytes) -> torch.Tensor:
 
 
 def _settings(engine: RealtimeEngine, first_frame: bytes):
-    return engine._settings(chunk("probe", 0, first_frame=first_frame, seed=7))
+    return engine._settings(open_session("probe", first_frame=first_frame, seed=7))
 
 
 def test_guidance_with_the_prompt_as_negative_equals_no_guidance(ic_model):

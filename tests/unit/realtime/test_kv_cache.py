@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.realtime.helpers import Replies, chunk
+from tests.unit.realtime.helpers import Replies, submit
 
 TPF = 4  # 32x32 frames -> 4x4 latents -> 2x2 tokens
 SMALL = dict(width=32, height=32, num_inference_steps=1)
@@ -14,12 +14,12 @@ SMALL = dict(width=32, height=32, num_inference_steps=1)
 def test_window_bounds_cache_tokens(make_engine, sink, window):
     engine = make_engine()
     out = Replies()
-    engine.submit(chunk("s", 0, sink_size=sink, window_frames=window, **SMALL), out)
+    submit(engine, "s", 0, out, sink_size=sink, window_frames=window, **SMALL)
     engine.step()
     session = engine.sessions.get("s")
     seen = []
     for k in range(1, 16):
-        engine.submit(chunk("s", k), out)
+        submit(engine, "s", k, out)
         engine.step()
         assert session.cache.num_tokens <= window * TPF
         assert session.cache.latents.shape[2] == session.cache.num_frames
@@ -34,9 +34,9 @@ def test_window_bounds_cache_tokens(make_engine, sink, window):
 def test_unbounded_cache_grows(make_engine):
     engine = make_engine()
     out = Replies()
-    engine.submit(chunk("s", 0, sink_size=0, window_frames=1000, **SMALL), out)
+    submit(engine, "s", 0, out, sink_size=0, window_frames=1000, **SMALL)
     engine.step()
     for k in range(1, 10):
-        engine.submit(chunk("s", k), out)
+        submit(engine, "s", k, out)
         engine.step()
     assert engine.sessions.get("s").cache.num_tokens == 30 * TPF

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from tests.unit.realtime.helpers import Replies, chunk, run_session
+from tests.unit.realtime.helpers import Replies, run_session, submit
 from worldserve.config import RealtimeStageConfig, ServerConfig
 from worldserve.engines.realtime.engine import RealtimeEngine
 from worldserve.errors import InvalidRequest
@@ -205,7 +205,7 @@ def run_chunks(engine, session_id, scripts, **init):
     session = engine.sessions.get(session_id)
     generated = [session.cache.latents[:, :LATENT].clone()]
     for k, script in enumerate(scripts[1:], start=1):
-        engine.submit(chunk(session_id, k, camera=script), Replies())
+        submit(engine, session_id, k, Replies(), camera=script)
         while engine.has_work():
             engine.step()
         generated.append(session.cache.latents[:, :LATENT, -3:].clone())
@@ -245,7 +245,7 @@ def test_camera_keys_change_only_later_chunks(lingbot_runner):
 def test_first_frame_is_required_and_bad_keys_are_refused(lingbot_runner):
     engine = engine_for(lingbot_runner)
     with pytest.raises(InvalidRequest, match="first_frame is required"):
-        engine.submit(chunk("s", 0), Replies())
+        submit(engine, "s", 0, Replies())
     replies = run_session(engine, "t", 1, width=32, height=32, first_frame=png(3),
                           camera=[["x"]])
     assert "unknown camera key 'x'" in str(replies[-1])

@@ -8,7 +8,7 @@ import shutil
 
 import torch
 
-from tests.unit.realtime.helpers import Replies, chunk, run_session, upstream_wan_state
+from tests.unit.realtime.helpers import Replies, run_session, submit, upstream_wan_state
 from tests.unit.realtime.test_causal_equivalence import ATOL, _reference_session
 from worldserve.config import RealtimeStageConfig, ServerConfig
 from worldserve.engines.realtime.engine import RealtimeEngine
@@ -43,7 +43,7 @@ def test_self_forcing_checkpoint_serves_sessions_equal_to_the_reference(tmp_path
     session = engine.sessions.get("s")
     generated = [session.cache.latents.clone()]
     for k in range(1, 4):
-        engine.submit(chunk("s", k), Replies())
+        submit(engine, "s", k, Replies())
         engine.step()
         generated.append(session.cache.latents[:, :, -3:].clone())
     assert replies[0].num_frames == 9

@@ -12,7 +12,7 @@ from PIL import Image
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
-from tests.unit.realtime.helpers import Replies, chunk, run_session
+from tests.unit.realtime.helpers import Replies, run_session, submit
 from tests.unit.realtime.inprocess_ws import app_for, read_chunk
 from tests.unit.sana_wm.helpers import NEW_FRAMES, SIZE, reference_chunks
 from worldserve.config import RealtimeStageConfig, ServerConfig
@@ -55,7 +55,7 @@ def test_engine_runs_a_session_equal_to_the_pipeline(runner, sana_pipe, first_fr
 def test_engine_refuses_an_init_without_first_frame(runner):
     engine = make_engine(runner)
     with pytest.raises(InvalidRequest, match="first_frame is required"):
-        engine.submit(chunk("s", 0, width=SIZE, height=SIZE), Replies())
+        submit(engine, "s", 0, Replies(), width=SIZE, height=SIZE)
 
 
 def test_engine_reports_an_undecodable_first_frame_as_invalid(runner):

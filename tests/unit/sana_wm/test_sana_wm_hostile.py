@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.unit.realtime.helpers import Replies, chunk, run_session
+from tests.unit.realtime.helpers import Replies, run_session, submit
 from tests.unit.sana_wm.helpers import NEW_FRAMES, SIZE
 from worldserve.config import RealtimeStageConfig, ServerConfig
 from worldserve.engines.realtime.engine import RealtimeEngine
@@ -45,7 +45,7 @@ def test_bad_init_is_refused_clearly(engine, first_frame, name, fields, message)
         return
     replies = Replies()
     try:
-        engine.submit(chunk("s", 0, **values), replies)
+        submit(engine, "s", 0, replies, **values)
         while engine.has_work():
             engine.step()
     except InvalidRequest as exc:  # refused at submit
@@ -60,11 +60,11 @@ def test_bad_init_is_refused_clearly(engine, first_frame, name, fields, message)
 def test_out_of_order_and_unknown_chunks(engine, first_frame):
     run_session(engine, "s", 1, first_frame=first_frame, width=SIZE, height=SIZE)
     replies = Replies()
-    engine.submit(chunk("s", 3), replies)
+    submit(engine, "s", 3, replies)
     engine.step()
     assert replies.last().code == "invalid_request" and "expects chunk 1" in replies.last().message
     with pytest.raises(Exception, match="not found"):
-        engine.submit(chunk("ghost", 2), Replies())
+        submit(engine, "ghost", 2, Replies())
 
 
 def test_engine_serves_after_hostile_input(engine, first_frame):

@@ -1,20 +1,21 @@
 """The native media routes' one pass over a request: HTTP body -> one validated `MediaRequest`.
 
-A reader takes the body as JSON or a form, flattens the extra containers, applies the media
-policy, validates the public schema, reads every referenced image or video once (uploads, data
-URLs, http(s) URLs, allowed local paths, each under the upload limit and checked once), then
-resolves the fields against the stage's declaration (`api/jobs/params.py`). The route then makes
-one `MediaService` call with the result.
+A reader takes the body as JSON or a form and flattens the extra containers; one media pass
+(`read_request_media`, media/uploads.py) then reads and checks the uploads, applies the media
+policy and reads every referenced image or video (data URLs, http(s) URLs, allowed local
+paths, each under the upload limit and checked once); the reader validates the public schema
+and resolves the fields against the stage's declaration (`api/jobs/params.py`). The route then
+makes one `MediaService` call with the result.
 
-`video_request(fields, media, context)` is that pass without HTTP: another surface (a NIM route)
-builds its dict of fields and media and gets the same validated request.
+`video_request(fields, context)` is that pass without HTTP: another surface (a NIM route)
+builds its dict of fields and gets the same validated request.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
@@ -30,21 +31,17 @@ from worldserve.ipc.capabilities import GenerationCapabilities
 from worldserve.media.images import check_image
 from worldserve.media.policy import MediaPolicy
 from worldserve.media.uploads import (
-    is_video_reference,
+    MediaRules,
     read_image_reference,
+    read_request_media,
     read_upload,
-    read_video_reference,
 )
-from worldserve.media.video import check_video
 
 log = logging.getLogger("worldserve.jobs")
 
 MAX_FORM_FIELDS = 1000
 MAX_LISTED_FIELDS = 8
 EXTRA_CONTAINERS = ("extra_body", "extra_json", "extra_args", "extra_params")
-REFERENCE_FIELDS = ("input_reference", "reference_url")
-VIDEO_FIELDS = ("video_path", "video_url")
-VIDEO_FILE_FIELDS = ("input_reference", "video_reference")
 EDIT_FILE_FIELDS = ("image", "image[]")
 EDIT_URL_FIELDS = ("url", "url[]")
 
@@ -58,13 +55,8 @@ class RequestContext:
     max_upload_bytes: int
     caps: GenerationCapabilities
 
-
-@dataclass
-class Media:
-    """The request's conditioning media, read and checked (encoded files)."""
-
-    images: list[bytes] = field(default_factory=list)
-    videos: list[bytes] = field(default_factory=list)
+    def media_rules(self) -> MediaRules:
+        return MediaRules(self.policy, self.max_upload_bytes, self.caps.video_conditioning)
 
 
 class FormBody:
@@ -83,41 +75,17 @@ async def read_video(request: Request, context: RequestContext) -> MediaRequest:
     `video_reference` files (an `input_reference` that is a video conditions like
     `video_path`)."""
     form = await read_payload(request)
-    media = Media()
-    for name, uploads in form.files.items():
-        if name not in VIDEO_FILE_FIELDS:
-            raise InvalidRequest(f"unexpected file field {name!r}", param=name)
-        for upload in uploads:
-            data = await read_upload(upload, name, context.max_upload_bytes)
-            if name == "video_reference" or is_video_reference(upload.filename or "",
-                                                               upload.content_type):
-                _require_video_conditioning(context.caps, name)
-                check_video(data, name)
-                media.videos.append(data)
-            else:
-                check_image(data, name)
-                media.images.append(data)
-    return await video_request(form.fields, media, context)
+    return await video_request(form.fields, context, form.files)
 
 
-async def video_request(fields: dict[str, Any], media: Media,
-                        context: RequestContext) -> MediaRequest:
-    """A `/v1/videos` body given as fields (and media already read) -> the validated request."""
-    body = parse_body(VideoCreateRequest, fields, context.policy, as_400=True)
-    for name in VIDEO_FIELDS:
-        if value := getattr(body, name):
-            _require_video_conditioning(context.caps, name)
-            media.videos.append(await _video(value, name, context))
-    for name in REFERENCE_FIELDS:
-        value = getattr(body, name)
-        if value and context.caps.video_conditioning and is_video_reference(value):
-            media.videos.append(await _video(value, name, context))
-        elif value:
-            media.images.append(await read_image_reference(
-                value, name, context.max_upload_bytes, context.policy))
-    if len(media.videos) > 1:
-        raise InvalidRequest("give one conditioning video (video_path, video_url, "
-                             "video_reference or a video input_reference)", param="video_path")
+async def video_request(fields: dict[str, Any], context: RequestContext,
+                        files: dict[str, list[UploadFile]] | None = None) -> MediaRequest:
+    """A `/v1/videos` body given as fields (and files) -> the validated request: the extra
+    containers flattened, one media pass (uploads, policy, references), the public schema,
+    then the stage's declaration."""
+    flat = flatten_extras(fields)
+    media = await read_request_media(flat, files or {}, context.media_rules())
+    body = validate(VideoCreateRequest, flat, as_400=True)
     request = resolve_video(body, media.images[:1], media.videos[0] if media.videos else None,
                             context.caps)
     return _noted(request, body, "/v1/videos")
@@ -170,15 +138,6 @@ async def _edit_uploads(form: FormBody, limit: int) -> list[bytes]:
     if form.files:
         raise InvalidRequest(f"unexpected file field(s): {', '.join(sorted(form.files))}")
     return images
-
-
-def _require_video_conditioning(caps: GenerationCapabilities, name: str) -> None:
-    if not caps.video_conditioning:
-        raise InvalidRequest("video conditioning is not supported by this model", param=name)
-
-
-async def _video(value: str, name: str, context: RequestContext) -> bytes:
-    return await read_video_reference(value, name, context.max_upload_bytes, context.policy)
 
 
 def _noted(request: MediaRequest, body: BaseModel, route: str) -> MediaRequest:

@@ -16,7 +16,7 @@ import binascii
 from dataclasses import dataclass, field
 from typing import Any
 
-from worldserve.api.jobs.inputs import Media, RequestContext, parse_body, video_request
+from worldserve.api.jobs.inputs import RequestContext, parse_body, video_request
 from worldserve.api.jobs.params import MediaRequest, resolve_image
 from worldserve.api.jobs.service import MediaService
 from worldserve.api.jobs.sync import run_video
@@ -44,7 +44,7 @@ async def run_infer(service: MediaService, job: NimJob, context: RequestContext)
         record = await service.generate_images(request)
         image = service.paths(record)[0].read_bytes()
         return InferAnswer({"b64_image": base64.b64encode(image).decode()}, request.warnings)
-    request = await video_request(_video_fields(job), Media(), context)
+    request = await video_request(_video_fields(job), context)
     _retime(request, job)
     if job.mode in ("policy", "inverse_dynamics"):
         _predict_actions(request, job, context)

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from worldserve.api.realtime.admission import AdmissionRejected, Lease
-from worldserve.api.realtime.controls import SessionControls
+from worldserve.api.realtime.controls import ScriptUpdate, SessionControls
 from worldserve.api.realtime.events import EventApplier, InvalidEvent, parse_event
 from worldserve.api.realtime.sender import (
     ChunkSender,
@@ -35,7 +35,7 @@ from worldserve.api.realtime.service import RealtimeConnectionSettings, Realtime
 from worldserve.api.schemas.realtime import InitRequest
 from worldserve.errors import InternalError, InvalidRequest, StageUnavailable, WorldserveError
 from worldserve.ipc.capabilities import RealtimeCapabilities
-from worldserve.ipc.messages import RealtimeChunk, RealtimeChunkResult
+from worldserve.ipc.messages import RealtimeChunk, RealtimeChunkResult, RealtimeOpened
 from worldserve.media.framing import ChunkEncoder, unpack
 from worldserve.media.policy import check_forbidden_fields, check_prompt_lengths
 
@@ -225,7 +225,7 @@ class RealtimeConnection:
                       facts: RealtimeCapabilities) -> CloseDecision:
         self.controls = SessionControls(facts.min_pulse_items, facts.max_script_frames)
         if settings.initial_script is not None:
-            self.controls.camera.set_script(settings.initial_script, self.controls.tag(None))
+            self.controls.apply([ScriptUpdate(settings.initial_script)], None)
         applier = EventApplier(self.controls, facts.camera_conditioning, facts.max_script_frames,
                                settings.refresh_kv_default)
         sender = ChunkSender(self.writer, ChunkEncoder(settings.encode),
@@ -246,10 +246,12 @@ class RealtimeConnection:
 
     async def _generate_loop(self, settings: RealtimeConnectionSettings,
                              facts: RealtimeCapabilities, sender: ChunkSender) -> CloseDecision:
-        """Chunk after chunk; chunk k+1 is requested while chunk k is written (one pending send)."""
+        """Open the session, then chunk after chunk; chunk k+1 is requested while chunk k is
+        written (one pending send)."""
         pending: asyncio.Task[Any] | None = None
         chunk_index = 0
         try:
+            await self._open(settings)
             while settings.max_chunks is None or chunk_index < settings.max_chunks:
                 out = await self._generate_chunk(settings, facts, chunk_index)
                 if pending is not None:
@@ -273,23 +275,24 @@ class RealtimeConnection:
             if pending is not None and not pending.done():
                 pending.cancel()
 
+    async def _open(self, settings: RealtimeConnectionSettings) -> None:
+        """The session's settings go to the stage once, here; chunks carry only what changes."""
+        reply = await self.service.client().call(settings.open_request(),
+                                                 timeout_s=self.service.config.chunk_timeout_s)
+        if not isinstance(reply, RealtimeOpened):
+            raise InternalError(f"realtime stage answered {type(reply).__name__} to an open")
+
     async def _generate_chunk(self, settings: RealtimeConnectionSettings,
                               facts: RealtimeCapabilities, chunk_index: int) -> GeneratedChunk:
+        """Sample the controls (the actions that events queued) into one chunk request."""
         assert self.controls is not None  # set by _stream before the loop starts
         started = time.perf_counter()
         controls = self.controls.next_chunk(facts.frames_in_chunk(chunk_index))
-        first = chunk_index == 0
         request = RealtimeChunk(
             request_id=f"{settings.session_id}_{uuid.uuid4().hex}",
-            session_id=settings.session_id, chunk_index=chunk_index,
-            prompt=(controls.prompt or settings.prompt) if first else controls.prompt,
-            negative_prompt=settings.negative_prompt, seed=settings.seed, width=settings.width,
-            height=settings.height, num_inference_steps=settings.num_inference_steps,
-            guidance_scale=settings.guidance_scale, sink_size=settings.sink_size,
-            window_frames=settings.window_frames,
-            first_frame=settings.first_frame if first else None,
-            intrinsics=settings.intrinsics if first else None, camera=controls.camera,
-            refresh_kv=controls.refresh_kv and not first, submitted_at=time.time(),
+            session_id=settings.session_id, chunk_index=chunk_index, prompt=controls.prompt,
+            camera=controls.camera, refresh_kv=controls.refresh_kv and chunk_index > 0,
+            submitted_at=time.time(),
         )
         prepare_ms = (time.perf_counter() - started) * 1000
         result = await self.service.client().call(request,

@@ -9,6 +9,9 @@ Prompt control keeps only the latest pending prompt (a newer one replaces it).
 
 Each control remembers the `event_id` and an arrival sequence number of the event that
 installed it, so a chunk reports the id of the most recent event it used.
+
+An event reaches the controls as validated `ControlUpdate`s (`SessionControls.apply`); the
+generate loop takes them out once per chunk (`SessionControls.next_chunk`).
 """
 
 from __future__ import annotations
@@ -103,6 +106,29 @@ class CameraControl:
 
 
 @dataclass(frozen=True)
+class ScriptUpdate:
+    """Script mode: one key list per output frame (an `action` DSL string, expanded)."""
+
+    frames: list[list[str]]
+
+
+@dataclass(frozen=True)
+class StateUpdate:
+    """State mode: held-key transitions."""
+
+    transitions: list[list[str]]
+
+
+@dataclass(frozen=True)
+class PromptUpdate:
+    prompt: str
+    refresh_kv: bool
+
+
+ControlUpdate = ScriptUpdate | StateUpdate | PromptUpdate
+
+
+@dataclass(frozen=True)
 class PendingPrompt:
     prompt: str
     refresh_kv: bool
@@ -131,8 +157,16 @@ class SessionControls:
         self._seq += 1
         return Tagged(event_id, self._seq)
 
-    def set_prompt(self, prompt: str, refresh_kv: bool, source: Tagged) -> None:
-        self._pending_prompt = PendingPrompt(prompt, refresh_kv, source)
+    def apply(self, updates: list[ControlUpdate], event_id: int | None) -> None:
+        """Install the validated updates of one event (all under the event's tag)."""
+        source = self.tag(event_id)
+        for update in updates:
+            if isinstance(update, ScriptUpdate):
+                self.camera.set_script(update.frames, source)
+            elif isinstance(update, StateUpdate):
+                self.camera.add_transitions(update.transitions, source)
+            else:
+                self._pending_prompt = PendingPrompt(update.prompt, update.refresh_kv, source)
 
     def next_chunk(self, num_frames: int) -> ChunkControls:
         sample = self.camera.sample(num_frames)

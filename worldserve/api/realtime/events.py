@@ -1,17 +1,25 @@
 """Validate client `event` messages and apply them to a session's controls (§3.2-3.5).
 
-Every part of an event is validated before anything is applied, so an invalid event (or an
-invalid part of a `composite_input`) changes nothing.
+An event becomes a list of validated `ControlUpdate`s (an `action` DSL string: one
+`ScriptUpdate`), which `SessionControls.apply` installs. Every part of an event is validated
+before anything is applied, so an invalid event (or an invalid part of a `composite_input`)
+changes nothing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from worldserve.api.realtime.controls import SessionControls
+from worldserve.api.realtime.controls import (
+    ControlUpdate,
+    PromptUpdate,
+    ScriptUpdate,
+    SessionControls,
+    StateUpdate,
+)
 from worldserve.api.schemas.realtime import (
     CameraKey,
     CompositePayload,
@@ -63,45 +71,26 @@ class EventApplier:
         """Raise InvalidEvent, or apply the whole event. Heartbeats change nothing here."""
         if event.kind == "heartbeat":
             return
-        handler = self._handlers().get(event.kind)
-        if handler is None:
-            raise InvalidEvent(f"unknown event kind {event.kind!r}; expected one of "
-                               f"{', '.join(EVENT_KINDS)}")
-        commit = handler(event.payload)
-        commit(self.controls.tag(event.event_id))
+        self.controls.apply(self.updates(event.kind, event.payload), event.event_id)
 
-    def _handlers(self) -> dict[str, Callable[[Any], Callable]]:
-        return {"camera_actions": self._camera, "action": self._action,
-                "prompt": self._prompt, "composite_input": self._composite}
+    def updates(self, kind: str, payload: Any) -> list[ControlUpdate]:
+        """The validated control updates of one event (InvalidEvent: none)."""
+        if kind == "action":
+            return [self._action(payload)]
+        if kind == "camera_actions":
+            return [self._camera(payload)]
+        if kind == "prompt":
+            return [self._prompt(payload)]
+        if kind == "composite_input":
+            return self._composite(payload)
+        raise InvalidEvent(f"unknown event kind {kind!r}; expected one of {', '.join(EVENT_KINDS)}")
 
     def _require_camera(self) -> None:
         if not self.camera_supported:
             raise InvalidEvent("this model has no camera conditioning; camera events are "
                                "not supported")
 
-    def _camera(self, payload: Any) -> Callable:
-        """Validate a script or state payload; return the function that applies it."""
-        self._require_camera()
-        if isinstance(payload, dict):
-            try:
-                state = _STATE.validate_python(payload)
-            except ValidationError as exc:
-                raise InvalidEvent(f"camera_actions state: {_short(exc)}") from None
-            transitions = [list(t.actions) for t in state.transitions]
-            return lambda tag: self.controls.camera.add_transitions(transitions, tag)
-        try:
-            script = _SCRIPT.validate_python(payload)
-        except ValidationError as exc:
-            raise InvalidEvent(f"camera_actions script: {_short(exc)}") from None
-        return self._script_commit(script)
-
-    def _script_commit(self, script: list[list[str]]) -> Callable:
-        if len(script) > self.max_script_frames:
-            raise InvalidEvent(f"camera script has {len(script)} frames; the limit is "
-                               f"{self.max_script_frames}")
-        return lambda tag: self.controls.camera.set_script(script, tag)
-
-    def _action(self, payload: Any) -> Callable:
+    def _action(self, payload: Any) -> ScriptUpdate:
         self._require_camera()
         if not isinstance(payload, str):
             raise InvalidEvent("action: payload must be a DSL string like 'w-20,d-10,none-5'")
@@ -109,35 +98,49 @@ class EventApplier:
             script = parse_action_dsl(payload, self.max_script_frames)
         except ValueError as exc:
             raise InvalidEvent(str(exc)) from None
-        return self._script_commit(script)
+        return self._script(script)
 
-    def _prompt(self, payload: Any) -> Callable:
+    def _camera(self, payload: Any) -> ScriptUpdate | StateUpdate:
+        """A script (a list of key lists) or a state payload (a map of transitions)."""
+        self._require_camera()
+        if isinstance(payload, dict):
+            try:
+                state = _STATE.validate_python(payload)
+            except ValidationError as exc:
+                raise InvalidEvent(f"camera_actions state: {_short(exc)}") from None
+            return StateUpdate([list(t.actions) for t in state.transitions])
+        try:
+            script = _SCRIPT.validate_python(payload)
+        except ValidationError as exc:
+            raise InvalidEvent(f"camera_actions script: {_short(exc)}") from None
+        return self._script(script)
+
+    def _script(self, script: list[list[str]]) -> ScriptUpdate:
+        if len(script) > self.max_script_frames:
+            raise InvalidEvent(f"camera script has {len(script)} frames; the limit is "
+                               f"{self.max_script_frames}")
+        return ScriptUpdate(script)
+
+    def _prompt(self, payload: Any) -> PromptUpdate:
         if isinstance(payload, str):
             if not payload.strip():
                 raise InvalidEvent("prompt: must be a non-empty string")
-            prompt, refresh = payload, self.default_refresh_kv
-        else:
-            try:
-                parsed = _PROMPT.validate_python(payload)
-            except ValidationError as exc:
-                raise InvalidEvent(f"prompt: {_short(exc)}") from None
-            prompt = parsed.prompt
-            refresh = self.default_refresh_kv if parsed.refresh_kv is None else parsed.refresh_kv
-        return lambda tag: self.controls.set_prompt(prompt, refresh, tag)
+            return PromptUpdate(payload, self.default_refresh_kv)
+        try:
+            parsed = _PROMPT.validate_python(payload)
+        except ValidationError as exc:
+            raise InvalidEvent(f"prompt: {_short(exc)}") from None
+        refresh = self.default_refresh_kv if parsed.refresh_kv is None else parsed.refresh_kv
+        return PromptUpdate(parsed.prompt, refresh)
 
-    def _composite(self, payload: Any) -> Callable:
+    def _composite(self, payload: Any) -> list[ControlUpdate]:
         try:
             composite = _COMPOSITE.validate_python(payload)
         except ValidationError as exc:
             raise InvalidEvent(f"composite_input: {_short(exc)}") from None
-        commits = []
+        updates: list[ControlUpdate] = []
         if "camera_actions" in composite.input_types:
-            commits.append(self._camera(composite.camera_actions))
+            updates.append(self._camera(composite.camera_actions))
         if "prompt" in composite.input_types:
-            commits.append(self._prompt(composite.prompt))
-
-        def commit_all(tag: Any) -> None:
-            for commit in commits:
-                commit(tag)
-
-        return commit_all
+            updates.append(self._prompt(composite.prompt))
+        return updates

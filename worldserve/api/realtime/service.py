@@ -19,7 +19,7 @@ from worldserve.config import RealtimeStageConfig
 from worldserve.errors import InvalidRequest, WorldserveError
 from worldserve.ipc.capabilities import RealtimeCapabilities, capabilities_as
 from worldserve.ipc.client import StageClient, new_request_id
-from worldserve.ipc.messages import RealtimeRelease
+from worldserve.ipc.messages import RealtimeOpen, RealtimeRelease
 from worldserve.media.fetch import MediaPolicy
 from worldserve.media.framing import EncodeSettings
 
@@ -57,6 +57,16 @@ class RealtimeConnectionSettings:
     refresh_kv_default: bool
     encode: EncodeSettings
     kv_bytes: int = 0
+
+    def open_request(self) -> RealtimeOpen:
+        """The session-open message: the settings the engine needs, sent once before chunk 0."""
+        return RealtimeOpen(
+            request_id=f"{self.session_id}_open", session_id=self.session_id,
+            prompt=self.prompt, negative_prompt=self.negative_prompt, seed=self.seed,
+            width=self.width, height=self.height, num_inference_steps=self.num_inference_steps,
+            guidance_scale=self.guidance_scale, sink_size=self.sink_size,
+            window_frames=self.window_frames, first_frame=self.first_frame,
+            intrinsics=self.intrinsics)
 
 
 def new_session_id() -> str:

@@ -1,7 +1,8 @@
 """Realtime stage engine: causal video sessions driven chunk by chunk.
 
-`submit()` validates a `RealtimeChunk` (chunk 0 carries the session's settings) and queues it;
-`step()` runs one chunk of one session, round-robin across sessions with pending chunks;
+`submit()` validates a `RealtimeOpen` (the session's settings, once) and keeps them for chunk
+0, or queues a `RealtimeChunk`; `step()` runs one chunk of one session on the runner (chunk 0
+first builds the session's state), round-robin across sessions with pending chunks;
 `RealtimeRelease` frees a session's state at once. Contract: spec realtime-video.md sections
 6 (per-session state), 7 (several sessions) and 9 (readiness).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import io
 import logging
 import time
+from collections import OrderedDict
 from typing import Any
 
 from worldserve.config import RealtimeStageConfig, ServerConfig
@@ -24,6 +26,8 @@ from worldserve.ipc.messages import (
     ErrorReply,
     RealtimeChunk,
     RealtimeChunkResult,
+    RealtimeOpen,
+    RealtimeOpened,
     RealtimeRelease,
     RealtimeReleased,
     Request,
@@ -63,6 +67,9 @@ class RealtimeEngine:
         self.facts = runner.facts
         self.num_params = runner.num_params
         self.sessions = SessionTable(stage_config.max_sessions + stage_config.session_table_margin)
+        # Validated settings and prompt of opened sessions waiting for their chunk 0, oldest
+        # first (bounded like the table: an open whose chunk 0 never comes is dropped).
+        self.opened: OrderedDict[str, tuple[WorldSessionSettings, str]] = OrderedDict()
         self.queue = RoundRobinQueue()
         mc = self.facts
         self.frames_per_block = stage_config.frames_per_block or mc.frames_per_block
@@ -122,6 +129,9 @@ class RealtimeEngine:
     def submit(self, request: Request, reply: ReplyFn) -> None:
         if isinstance(request, RealtimeChunk):
             self._submit_chunk(request, reply)
+        elif isinstance(request, RealtimeOpen):
+            self._open(request)
+            reply(RealtimeOpened(request_id=request.request_id, session_id=request.session_id))
         elif isinstance(request, RealtimeRelease):
             existed = self.release(request.session_id)
             reply(RealtimeReleased(request_id=request.request_id,
@@ -129,22 +139,30 @@ class RealtimeEngine:
         else:
             raise unsupported(request, "realtime")
 
+    def _open(self, request: RealtimeOpen) -> None:
+        """Validate the settings now (spec 3.1 / 6.3 bounds); chunk 0 builds the state."""
+        settings = self._settings(request)
+        self.opened.pop(request.session_id, None)
+        self.opened[request.session_id] = (settings, request.prompt)
+        while len(self.opened) > self.sessions.capacity:
+            self.opened.popitem(last=False)
+
     def _submit_chunk(self, request: RealtimeChunk, reply: ReplyFn) -> None:
         if request.chunk_index < 0:
             raise InvalidRequest(f"chunk_index must be >= 0, got {request.chunk_index}")
-        settings = None
-        if request.chunk_index == 0:
-            settings = self._settings(request)
-        elif (request.session_id not in self.sessions
-              and not self.queue.has_pending_reset(request.session_id)):
-            raise NotFound(f"realtime session {request.session_id} not found")
-        self.queue.push(PendingChunk(request, reply, settings))
+        sid = request.session_id
+        known = sid in self.opened or (request.chunk_index > 0 and sid in self.sessions)
+        if not known:
+            what = "opened" if request.chunk_index == 0 else "found"
+            raise NotFound(f"realtime session {sid} not {what}")
+        self.queue.push(PendingChunk(request, reply))
 
     def release(self, session_id: str) -> bool:
         """Free every state of the session and drop its queued chunks (idempotent)."""
         for item in self.queue.drop_session(session_id):
             self._fail(item, NotFound(f"realtime session {session_id} was released"))
-        return self.sessions.pop(session_id) is not None
+        opened = self.opened.pop(session_id, None) is not None
+        return (self.sessions.pop(session_id) is not None) or opened
 
     def cancel(self, request_id: str) -> None:
         self.queue.drop_request(request_id)
@@ -180,6 +198,7 @@ class RealtimeEngine:
     def shutdown(self) -> None:
         for session in self.sessions.values():
             self.release(session.session_id)
+        self.opened.clear()
 
     # ------------------------------------------------------------------ internals
 
@@ -192,10 +211,11 @@ class RealtimeEngine:
         for size in sizes:
             width, height = (int(v) for v in size.split("x"))
             sid = f"warmup-{size}"
+            self.submit(RealtimeOpen(request_id=f"{sid}-open", session_id=sid, prompt="warmup",
+                                     width=width, height=height, first_frame=image),
+                        lambda _reply: None)
             for k in range(2):
-                self.submit(RealtimeChunk(request_id=f"{sid}-{k}", session_id=sid, chunk_index=k,
-                                          prompt="warmup" if k == 0 else None, width=width,
-                                          height=height, first_frame=image if k == 0 else None),
+                self.submit(RealtimeChunk(request_id=f"{sid}-{k}", session_id=sid, chunk_index=k),
                             lambda _reply: None)
             while self.has_work():
                 self.step()
@@ -203,11 +223,14 @@ class RealtimeEngine:
         log.info("realtime warm-up done for %s", ", ".join(sizes))
 
     def _session_for(self, item: PendingChunk) -> WorldSession:
-        """Chunk 0 opens the session (settings validated at submit); later chunks must come in
-        order."""
+        """Chunk 0 builds the state of the opened session; later chunks must come in order."""
         req = item.request
         if req.chunk_index == 0:
-            session = self.runner.new_session(req.session_id, item.settings, req.prompt or "")
+            opened = self.opened.pop(req.session_id, None)
+            if opened is None:  # dropped by the bound on opens while its chunk 0 waited
+                raise NotFound(f"realtime session {req.session_id} not opened")
+            settings, prompt = opened
+            session = self.runner.new_session(req.session_id, settings, req.prompt or prompt)
             for evicted in self.sessions.put(session):
                 log.warning("session table full: released least recently used session %s",
                             evicted.session_id)
@@ -235,8 +258,8 @@ class RealtimeEngine:
         item.reply(ErrorReply(request_id=item.request.request_id, code=exc.code,
                               message=exc.message))
 
-    def _settings(self, req: RealtimeChunk) -> WorldSessionSettings:
-        """Validate chunk 0's session settings (spec 3.1 / 6.3 bounds)."""
+    def _settings(self, req: RealtimeOpen) -> WorldSessionSettings:
+        """Validate a session's settings (spec 3.1 / 6.3 bounds)."""
         mc = self.facts
         width = req.width or mc.default_width
         height = req.height or mc.default_height
@@ -258,7 +281,7 @@ class RealtimeEngine:
                                     first_frame=req.first_frame,
                                     intrinsics=tuple(req.intrinsics) if req.intrinsics else None)
 
-    def _check_conditioning(self, req: RealtimeChunk) -> None:
+    def _check_conditioning(self, req: RealtimeOpen) -> None:
         """first_frame and guidance_scale against what the checkpoint declares."""
         mc = self.facts
         if req.guidance_scale != 1.0 and not mc.guidance:

@@ -1,8 +1,9 @@
 """`fake` realtime backend: deterministic synthetic frames behind the real wire contract.
 
-Same messages (RealtimeChunk -> RealtimeChunkResult, RealtimeRelease -> RealtimeReleased),
-same session rules (chunk 0 creates or resets, chunk k > 0 of an unknown session fails with
-`not_found`, release is idempotent, the session table is bounded LRU) and the same
+Same messages (RealtimeOpen -> RealtimeOpened, RealtimeChunk -> RealtimeChunkResult,
+RealtimeRelease -> RealtimeReleased), same session rules (chunk 0 of an opened session creates
+or resets its state, chunk k > 0 of an unknown session fails with `not_found`, release is
+idempotent, the session table is bounded LRU) and the same
 capabilities shape as the causal engine, so protocol tests are fast and exact.
 
 Frames are a gradient that moves with the camera keys and advances one pixel per frame:
@@ -34,6 +35,8 @@ from worldserve.ipc.messages import (
     ErrorReply,
     RealtimeChunk,
     RealtimeChunkResult,
+    RealtimeOpen,
+    RealtimeOpened,
     RealtimeRelease,
     RealtimeReleased,
     Request,
@@ -54,6 +57,7 @@ class FakeSessionState:
     """Per-session state: the camera position and the frame frontier."""
 
     tint: int
+    seed: int
     width: int
     height: int
     window_frames: int
@@ -113,6 +117,7 @@ class FakeRealtimeEngine:
         self.model_path = str(stage_config.model_path or "")
         self.num_params = 0
         self._sessions: collections.OrderedDict[str, FakeSessionState] = collections.OrderedDict()
+        self._opened: collections.OrderedDict[str, RealtimeOpen] = collections.OrderedDict()
         self._queue: collections.deque[tuple[RealtimeChunk, ReplyFn, float]] = collections.deque()
 
     def capabilities(self) -> RealtimeCapabilities:
@@ -152,6 +157,12 @@ class FakeRealtimeEngine:
             existed = self._release(request.session_id)
             reply(RealtimeReleased(request_id=request.request_id, session_id=request.session_id,
                                    existed=existed))
+        elif isinstance(request, RealtimeOpen):
+            self._opened.pop(request.session_id, None)
+            self._opened[request.session_id] = request
+            while len(self._opened) > self.max_sessions:
+                self._opened.popitem(last=False)
+            reply(RealtimeOpened(request_id=request.request_id, session_id=request.session_id))
         elif isinstance(request, RealtimeChunk):
             self._queue.append((request, reply, time.monotonic()))
         else:
@@ -159,7 +170,8 @@ class FakeRealtimeEngine:
 
     def _release(self, session_id: str) -> bool:
         self._queue = collections.deque(q for q in self._queue if q[0].session_id != session_id)
-        return self._sessions.pop(session_id, None) is not None
+        opened = self._opened.pop(session_id, None) is not None
+        return self._sessions.pop(session_id, None) is not None or opened
 
     def cancel(self, request_id: str) -> None:
         self._queue = collections.deque(q for q in self._queue if q[0].request_id != request_id)
@@ -187,7 +199,7 @@ class FakeRealtimeEngine:
         if self.forward_s:
             time.sleep(self.forward_s)
         cached = min(state.window_frames, state.next_chunk * LATENT_FRAMES_PER_CHUNK)
-        if self.lose_session_seed is not None and req.seed == self.lose_session_seed \
+        if self.lose_session_seed is not None and state.seed == self.lose_session_seed \
                 and req.chunk_index >= 1:
             self._sessions.pop(req.session_id, None)
         return RealtimeChunkResult(
@@ -210,19 +222,22 @@ class FakeRealtimeEngine:
         if req.prompt is None:
             return state, None
         refresh_started = time.perf_counter()
-        state.tint = prompt_tint(req.prompt, req.seed)
+        state.tint = prompt_tint(req.prompt, state.seed)
         refresh_ms = (time.perf_counter() - refresh_started) * 1000 if req.refresh_kv else None
         return state, refresh_ms
 
     def _create(self, req: RealtimeChunk) -> FakeSessionState:
-        mean = _first_frame_mean(req.first_frame) if req.first_frame else 0
+        opened = self._opened.pop(req.session_id, None)
+        if opened is None:
+            raise NotFound(f"realtime session {req.session_id} not opened")
+        mean = _first_frame_mean(opened.first_frame) if opened.first_frame else 0
         self._sessions.pop(req.session_id, None)
         while len(self._sessions) >= self.max_sessions:
             self._sessions.popitem(last=False)  # least recently used first
         state = FakeSessionState(
-            tint=prompt_tint(req.prompt or "", req.seed, mean),
-            width=req.width or DEFAULTS["width"], height=req.height or DEFAULTS["height"],
-            window_frames=req.window_frames or DEFAULTS["window"],
+            tint=prompt_tint(req.prompt or opened.prompt, opened.seed, mean), seed=opened.seed,
+            width=opened.width or DEFAULTS["width"], height=opened.height or DEFAULTS["height"],
+            window_frames=opened.window_frames or DEFAULTS["window"],
         )
         self._sessions[req.session_id] = state
         return state
@@ -232,4 +247,5 @@ class FakeRealtimeEngine:
 
     def shutdown(self) -> None:
         self._sessions.clear()
+        self._opened.clear()
         self._queue.clear()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 from worldserve.errors import CapacityExceeded
 from worldserve.ipc.messages import RealtimeChunk
@@ -21,7 +20,6 @@ from worldserve.runtime.engine import ReplyFn
 class PendingChunk:
     request: RealtimeChunk
     reply: ReplyFn
-    settings: Any = None  # validated WorldSessionSettings for chunk 0
     received_at: float = field(default_factory=time.monotonic)
 
 
@@ -59,9 +57,6 @@ class RoundRobinQueue:
                 del self._queues[sid]
             return item
         return None
-
-    def has_pending_reset(self, session_id: str) -> bool:
-        return any(p.request.chunk_index == 0 for p in self._queues.get(session_id, ()))
 
     def drop_session(self, session_id: str) -> list[PendingChunk]:
         dropped = list(self._queues.pop(session_id, ()))
