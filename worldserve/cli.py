@@ -215,6 +215,16 @@ def serve(
     ),
     api_replicas: int = typer.Option(1, min=1, rich_help_panel=CLUSTER_PANEL,
                                      help="With --cluster ray: api replicas."),
+    # --- who may call (issue 34): docs/security.md. A secret, so not a config field: the
+    # config is dumped to /admin/server_info and to the stages' config file.
+    api_key: Optional[str] = typer.Option(
+        None, "--api-key",
+        help="Bearer key every inference route needs (else $WORLDSERVE_API_KEY; unset: open). "
+        "Health, metrics and version stay open; /admin keeps its own key."),
+    show_server_paths: Optional[bool] = typer.Option(
+        None, "--show-server-paths/--hide-server-paths",
+        help="Show absolute server paths in responses (file_path, /v1/models root, "
+        "model_path, NIM modelUrl) [default: hidden]."),
 ) -> None:
     """Start the api process and its stage processes."""
     streaming = "stages.reasoner.streaming"
@@ -250,6 +260,7 @@ def serve(
         "max_upload_bytes": max_upload_bytes,
         "public_url": public_url,
         "forwarded_allow_ips": forwarded_allow_ips,
+        "show_server_paths": show_server_paths,
         **_model_overrides(model_path),
         **_device_overrides(device, dtype),
         **nim_overrides,
@@ -269,16 +280,17 @@ def serve(
     cfg = _fill_dev_model_paths(cfg)
     if cluster is not None or ray_address is not None or replicas is not None:
         raise typer.Exit(code=_serve_cluster(cfg, key, cluster, ray_address, replicas,
-                                             api_replicas))
+                                             api_replicas, api_key or envs.api_key()))
     try:
-        code = asyncio.run(_serve(cfg, key))
+        code = asyncio.run(_serve(cfg, key, api_key or envs.api_key()))
     except KeyboardInterrupt:
         code = 130
     raise typer.Exit(code=code)
 
 
 def _serve_cluster(cfg: ServerConfig, key: str | None, cluster: str | None,
-                   ray_address: str | None, replicas: str | None, api_replicas: int) -> int:
+                   ray_address: str | None, replicas: str | None, api_replicas: int,
+                   api_key: str | None) -> int:
     """`--cluster ray`: the only path that imports Ray (worldserve/cluster)."""
     if cluster != "ray":
         raise _usage_error("--ray-address and --replicas need --cluster ray"
@@ -292,13 +304,13 @@ def _serve_cluster(cfg: ServerConfig, key: str | None, cluster: str | None,
     except ValueError as exc:
         raise _usage_error(str(exc))
     options = ClusterOptions(ray_address=ray_address, replicas=counts, api_replicas=api_replicas)
-    return run(cfg, key, options)
+    return run(cfg, key, options, api_key)
 
 
-async def _serve(cfg: ServerConfig, key: str | None) -> int:
+async def _serve(cfg: ServerConfig, key: str | None, api_key: str | None) -> int:
     from worldserve.api.server import serve as run_server
 
-    return await run_server(cfg, key)
+    return await run_server(cfg, key, api_key)
 
 
 @app.command()

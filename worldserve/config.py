@@ -277,7 +277,7 @@ class GenerationStageConfig(StageConfig):
     request_timeout_s: float = Field(default=3600.0, gt=0)
     # DELETE of a running job waits this long for the stage to confirm the cancellation.
     video_cancel_timeout_s: float = Field(default=10.0, ge=0)
-    # Omit absolute `file_path(s)` from responses.
+    # Omit absolute `file_path(s)` from responses even with `show_server_paths`.
     hide_file_paths: bool = False
     # Cosmos3: run the cosmos_guardrail safety checker (text before, video after generation);
     # when true and the package is missing, the stage fails to start.
@@ -533,7 +533,7 @@ class StagesConfig(_Frozen):
 
 
 class ServerConfig(_Frozen):
-    """The whole server. Secrets (the admin key) are not part of it."""
+    """The whole server. Secrets (the admin key, the API key) are not part of it."""
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
@@ -550,6 +550,9 @@ class ServerConfig(_Frozen):
     public_url: str | None = None
     # Proxies whose X-Forwarded-Proto/For/Host are believed (comma-separated IPs/CIDRs, "*").
     forwarded_allow_ips: str = "127.0.0.1"
+    # Responses show absolute server paths (`file_path(s)`, /v1/models `root`, action metadata
+    # `model_path`, NIM `modelUrl`) only when the operator asks (--show-server-paths).
+    show_server_paths: bool = False
     # Which runtime the root /v1/metadata (and /v1/health/ready, /v1/manifest) describes to NIM
     # clients; None: the reasoner when it is enabled, else the generator. The NIM-compatible
     # mounts /nim/generator and /nim/reasoner always describe their own (docs/nim.md).

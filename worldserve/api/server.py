@@ -83,7 +83,7 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve(config: ServerConfig, admin_key: str | None) -> int:
+async def serve(config: ServerConfig, admin_key: str | None, api_key: str | None = None) -> int:
     """Bind the port, answer it at once (api/startup.py) while the stages start, then serve
     the full app until a signal or a fatal stage failure; return the exit code."""
     exit_code = 0
@@ -117,20 +117,24 @@ async def serve(config: ServerConfig, admin_key: str | None) -> int:
     serving = asyncio.create_task(server.serve(sockets=[listener]))
     runtime: ServerRuntime | None = None
     try:
-        if await _start_stages(supervisor, serving):
+        start_error = await _start_stages(supervisor, serving)
+        if start_error is None and not serving.done():
             stage_pids.update({n: s.pid for n, s in supervisor.stages.items()})
             runtime = ServerRuntime(config=config, clients=supervisor.clients,
-                                    admin_key=admin_key, stage_pids=stage_pids,
+                                    admin_key=admin_key, api_key=api_key,
+                                    stage_pids=stage_pids,
                                     stage_back_at=supervisor.back_at)
             app = create_app(runtime)
             await front.hand_over(app)
             server.before_shutdown = app.state.services.before_shutdown
             log.info("every stage is ready: serving on http://%s:%d", config.host,
                      listener.getsockname()[1])
-        elif not serving.done():  # a stage could not start: stop answering, exit 1
+        elif start_error is not None:  # stop answering, then say why (the last line)
             exit_code = 1
             server.should_exit = True
         await serving
+        if start_error is not None:
+            print(f"worldserve: {start_error}", file=sys.stderr, flush=True)
         if not server.started and exit_code == 0:
             exit_code = 1  # uvicorn logged why
     finally:
@@ -148,21 +152,20 @@ async def _nothing_open() -> None:
     """Shutdown before the hand-over: no WebSocket or session is open yet."""
 
 
-async def _start_stages(supervisor: Supervisor, serving: asyncio.Task[None]) -> bool:
-    """Start the stages while uvicorn serves the start-up answers; False when a stage could not
-    start (its message printed) or the server stopped first (Ctrl+C, SIGTERM, a uvicorn
-    failure): the stages started so far are then stopped."""
+async def _start_stages(supervisor: Supervisor, serving: asyncio.Task[None]) -> str | None:
+    """Start the stages while uvicorn serves the start-up answers. The message of a stage that
+    could not start; None when every stage started or the server stopped first (Ctrl+C,
+    SIGTERM, a uvicorn failure: the stages started so far are then stopped)."""
     starting = asyncio.ensure_future(supervisor.start())
     await asyncio.wait({starting, serving}, return_when=asyncio.FIRST_COMPLETED)
     if not starting.done():
         log.info("stopping during start-up: stopping the stages started so far")
         starting.cancel()  # Supervisor.start stops what it started
         await asyncio.gather(starting, return_exceptions=True)
-        return False
+        return None
     exc = starting.exception()
     if isinstance(exc, StageStartError):
-        print(f"worldserve: {exc}", file=sys.stderr, flush=True)
-        return False
+        return str(exc)
     if exc is not None:
         raise exc
-    return not serving.done()
+    return None
