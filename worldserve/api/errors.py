@@ -38,6 +38,7 @@ from worldserve.errors import (
     WorldserveError,
     error_body,
     http_status,
+    public_message,
 )
 
 log = logging.getLogger("worldserve.api")
@@ -144,9 +145,9 @@ def native_envelope(status: int, detail: Any, message: str,
 
 def native_response(request: Request, exc: WorldserveError) -> JSONResponse:
     status = http_status(exc)
-    detail = STAGE_STOPPED_DETAIL if isinstance(exc, StageUnavailable) else exc.message
+    detail = STAGE_STOPPED_DETAIL if isinstance(exc, StageUnavailable) else public_message(exc)
     # `detail` keeps the contract's fixed 503 text; the message says why the weights are gone.
-    message = exc.message if isinstance(exc, WeightsReleased) else detail
+    message = public_message(exc) if isinstance(exc, WeightsReleased) else detail
     _log_server_error(request, status, exc)
     return JSONResponse(status_code=status, headers=status_headers(request, status, exc),
                         content=native_envelope(status, detail, message, exc.param))
@@ -205,7 +206,7 @@ def nim_infer_response(request: Request, exc: WorldserveError) -> JSONResponse:
     if status == 400:
         status = 422
     _log_server_error(request, status, exc)
-    return nim_error_response(status, exc.message, exc.param)
+    return nim_error_response(status, public_message(exc), exc.param)
 
 
 class NimInferRoute(APIRoute):
@@ -221,12 +222,13 @@ class NimInferRoute(APIRoute):
 def nim_body(exc: WorldserveError) -> dict[str, Any]:
     """streaming-reasoning §9's `{"error": {"message", "code": <status>}}`, plus the OpenAI
     shape's `type` and `param` (additive: NIM clients read `message` and `code`)."""
-    return {"error": {"message": exc.message, "type": exc.error_type, "param": exc.param,
-                      "code": http_status(exc)}}
+    return {"error": {"message": public_message(exc), "type": exc.error_type,
+                      "param": exc.param, "code": http_status(exc)}}
 
 
 def ws_error(exc: WorldserveError, *, fatal: bool) -> dict[str, Any]:
-    return {"op": "error", "message": exc.message, "code": http_status(exc), "fatal": fatal}
+    return {"op": "error", "message": public_message(exc), "code": http_status(exc),
+            "fatal": fatal}
 
 
 def nim_response(request: Request, exc: WorldserveError) -> JSONResponse:

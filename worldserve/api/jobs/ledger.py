@@ -31,7 +31,7 @@ from worldserve.api.jobs.records import (
 )
 from worldserve.api.jobs.store import RecordStore
 from worldserve.api.jobs.world_actions import predicted_action
-from worldserve.errors import WorldserveError
+from worldserve.errors import WorldserveError, public_message
 from worldserve.ipc.messages import GenerationResult
 
 log = logging.getLogger("worldserve.jobs")
@@ -160,7 +160,7 @@ class JobLedger:
 
     def fail(self, record: JobRecord, exc: WorldserveError) -> None:
         code = exc.code if exc.code in _PUBLIC_ERROR_CODES else "generation_failed"
-        self.move(record, JobStatus.FAILED, error=JobError(exc.message, code))
+        self.move(record, JobStatus.FAILED, error=JobError(public_message(exc), code))
 
     # ------------------------------------------------------------------ files
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
 
@@ -57,6 +58,18 @@ STAGE = "generation"
 ACCEPT_TIMEOUT_S = 60.0
 ACTION_TIMEOUT_S = 300.0
 Opened = tuple[Any, Any]  # (the stage's reply stream, its iterator)
+
+
+# An output index in `?variant=`: ASCII digits only (`str.isdigit` also takes '²', which
+# `int()` refuses), and short (a 5,000-digit index is refused by `int()` too).
+_VARIANT = re.compile(r"[0-9]{1,6}")
+
+
+def variant_index(variant: str, not_found: str) -> int:
+    """The output index `variant` names; NotFound(`not_found`) when it names none."""
+    if not _VARIANT.fullmatch(variant):
+        raise NotFound(not_found, param="variant")
+    return int(variant)
 
 
 class MediaService:
@@ -345,9 +358,7 @@ class MediaService:
         record = self.get_video(video_id)
         index = 0
         if variant is not None and variant != "video":
-            if not variant.isdigit():
-                raise NotFound(f"Variant {variant} not available", param="variant")
-            index = int(variant)
+            index = variant_index(variant, f"Variant {variant[:64]} not available")
         if record.status in (JobStatus.FAILED, JobStatus.CANCELLED):
             raise NotFound(f"Video generation {record.status.value}")
         paths = self.paths(record)
@@ -367,9 +378,9 @@ class MediaService:
         paths = self.paths(record)
         index = 0
         if variant is not None:
-            if not variant.isdigit() or int(variant) >= max(1, len(paths)):
+            index = variant_index(variant, f"Image variant {variant[:64]} not found")
+            if index >= max(1, len(paths)):
                 raise NotFound(f"Image variant {variant} not found", param="variant")
-            index = int(variant)
         if record.status in (JobStatus.FAILED, JobStatus.CANCELLED):
             raise NotFound(f"Image generation {record.status.value}")
         if index >= len(paths) or not paths[index].is_file():
