@@ -100,6 +100,13 @@ class WeightsReleased(StageUnavailable):
     code = "weights_released"
 
 
+class StorageFull(WorldserveError):
+    """The output directory's disk is full: an output or a job record cannot be written."""
+
+    code = "storage_full"
+    error_type = "server_error"
+
+
 class RequestTimeout(WorldserveError, TimeoutError):
     code = "timeout"
     error_type = "timeout_error"
@@ -151,6 +158,7 @@ _TABLE: dict[type[WorldserveError], tuple[int, int]] = {
     StageUnavailable: (503, 1011),
     WeightsReleased: (503, 1011),
     RequestTimeout: (504, 1011),
+    StorageFull: (507, 1011),  # RFC 4918 Insufficient Storage
     ReplicaLost: (503, 1011),
     InternalError: (500, 1011),
     WorldserveError: (500, 1011),

@@ -31,6 +31,7 @@ from worldserve.errors import (
     NotFound,
     RequestTimeout,
     StageUnavailable,
+    StorageFull,
     WorldserveError,
 )
 from worldserve.ipc.capabilities import (
@@ -274,7 +275,11 @@ class MediaService:
         record.size = f"{accepted.width}x{accepted.height}"
         record.num_frames = accepted.num_frames
         record.seconds = str(round(accepted.num_frames / max(1, request.fps)))
-        self.ledger.insert(record)
+        try:
+            self.ledger.insert(record)
+        except StorageFull:  # no record, no job: the stage stops the work it accepted
+            opened[0].cancel()
+            raise
         self.live[record.id] = record
         self.in_flight += 1  # a live job holds an admission slot until it ends
         self.tasks[record.id] = asyncio.get_running_loop().create_task(
