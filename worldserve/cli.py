@@ -221,8 +221,8 @@ def serve(
         None, "--api-key",
         help="Bearer key every inference route needs (else $WORLDSERVE_API_KEY; unset: open). "
         "Health, metrics and version stay open; /admin keeps its own key."),
-    show_server_paths: Optional[bool] = typer.Option(
-        None, "--show-server-paths/--hide-server-paths",
+    show_server_paths: bool = typer.Option(
+        False, "--show-server-paths",
         help="Show absolute server paths in responses (file_path, /v1/models root, "
         "model_path, NIM modelUrl) [default: hidden]."),
 ) -> None:
@@ -260,7 +260,7 @@ def serve(
         "max_upload_bytes": max_upload_bytes,
         "public_url": public_url,
         "forwarded_allow_ips": forwarded_allow_ips,
-        "show_server_paths": show_server_paths,
+        "show_server_paths": True if show_server_paths else None,
         **_model_overrides(model_path),
         **_device_overrides(device, dtype),
         **nim_overrides,
