@@ -7,6 +7,7 @@ import asyncio
 import logging
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -100,6 +101,14 @@ def _fill_dev_model_paths(config: ServerConfig) -> ServerConfig:
 def _nim(help_text: str) -> Any:
     """An optional `serve` flag of the NIM settings panel (None: not given on the command line)."""
     return typer.Option(None, help=help_text, rich_help_panel=NIM_PANEL)
+
+
+@dataclass(frozen=True)
+class AccessKeys:
+    """The secrets `serve` hands the server; never part of the config (docs/security.md)."""
+
+    admin: str | None  # /admin/... (--admin-key-file, else WORLDSERVE_ADMIN_KEY)
+    api: str | None  # every inference route (--api-key, else WORLDSERVE_API_KEY)
 
 
 def _admin_key(admin_key_file: Path | None) -> str | None:
@@ -278,19 +287,19 @@ def serve(
         level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     cfg = _fill_dev_model_paths(cfg)
+    keys = AccessKeys(admin=key, api=api_key or envs.api_key())
     if cluster is not None or ray_address is not None or replicas is not None:
-        raise typer.Exit(code=_serve_cluster(cfg, key, cluster, ray_address, replicas,
-                                             api_replicas, api_key or envs.api_key()))
+        raise typer.Exit(code=_serve_cluster(cfg, keys, cluster, ray_address, replicas,
+                                             api_replicas))
     try:
-        code = asyncio.run(_serve(cfg, key, api_key or envs.api_key()))
+        code = asyncio.run(_serve(cfg, keys))
     except KeyboardInterrupt:
         code = 130
     raise typer.Exit(code=code)
 
 
-def _serve_cluster(cfg: ServerConfig, key: str | None, cluster: str | None,
-                   ray_address: str | None, replicas: str | None, api_replicas: int,
-                   api_key: str | None) -> int:
+def _serve_cluster(cfg: ServerConfig, keys: AccessKeys, cluster: str | None,
+                   ray_address: str | None, replicas: str | None, api_replicas: int) -> int:
     """`--cluster ray`: the only path that imports Ray (worldserve/cluster)."""
     if cluster != "ray":
         raise _usage_error("--ray-address and --replicas need --cluster ray"
@@ -304,13 +313,13 @@ def _serve_cluster(cfg: ServerConfig, key: str | None, cluster: str | None,
     except ValueError as exc:
         raise _usage_error(str(exc))
     options = ClusterOptions(ray_address=ray_address, replicas=counts, api_replicas=api_replicas)
-    return run(cfg, key, options, api_key)
+    return run(cfg, keys.admin, options, keys.api)
 
 
-async def _serve(cfg: ServerConfig, key: str | None, api_key: str | None) -> int:
+async def _serve(cfg: ServerConfig, keys: AccessKeys) -> int:
     from worldserve.api.server import serve as run_server
 
-    return await run_server(cfg, key, api_key)
+    return await run_server(cfg, keys.admin, keys.api)
 
 
 @app.command()

@@ -1,5 +1,6 @@
-"""A full output disk (a 2 MiB tmpfs the test mounts; skipped where mounting is not allowed,
-the unit tests in tests/unit/generation/test_outputs_full.py inject ENOSPC instead): new jobs
+"""A full output disk (a 2 MiB tmpfs the test mounts: it needs root's mount rights, as
+tests/support/machine.py requires; tests/unit/generation/test_outputs_full.py injects ENOSPC
+at the same boundaries without them): new jobs
 answer 507 with a clear message, a running job fails `storage_full`, nothing half-written
 stays, /health stays 200, and once there is room the server works again."""
 
@@ -14,6 +15,7 @@ import pytest
 
 from tests.integration.generation.conftest import start_server
 from tests.integration.generation.test_lifecycle import LONG_VIDEO, wait_status
+from tests.support.machine import missing
 
 IMAGE = {"prompt": "x", "size": "64x64", "num_inference_steps": 2}
 VIDEO = {**LONG_VIDEO, "num_inference_steps": 150}  # still running when the disk fills
@@ -26,7 +28,8 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs",
                               str(mount_point)], capture_output=True, text=True)
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+        missing(f"cannot mount a small tmpfs here (needs root and mount rights): "
+                f"{mounted.stderr.strip()}")
     try:
         yield mount_point
     finally:

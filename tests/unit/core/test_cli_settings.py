@@ -31,7 +31,7 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[ServerConfig]:
     """Stop `serve` at the boundary: record the config it would start the server with."""
     seen: list[ServerConfig] = []
 
-    async def fake_serve(cfg: ServerConfig, *keys: Any) -> int:
+    async def fake_serve(cfg: ServerConfig, key: Any) -> int:
         seen.append(cfg)
         return 0
 
@@ -111,8 +111,8 @@ def test_no_access_log_flag_wins_over_the_config_file(served: list[ServerConfig]
 def test_api_key_from_the_flag_else_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     api_keys: list[str | None] = []
 
-    async def fake_serve(cfg: ServerConfig, admin_key: Any, api_key: str | None) -> int:
-        api_keys.append(api_key)
+    async def fake_serve(cfg: ServerConfig, keys: cli.AccessKeys) -> int:
+        api_keys.append(keys.api)
         return 0
 
     monkeypatch.setattr(cli, "_serve", fake_serve)
