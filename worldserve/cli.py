@@ -7,6 +7,7 @@ import asyncio
 import logging
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -81,6 +82,14 @@ def _fill_dev_model_paths(config: ServerConfig) -> ServerConfig:
     return ServerConfig.model_validate(data)
 
 
+@dataclass(frozen=True)
+class AccessKeys:
+    """The secrets `serve` hands the server; never part of the config (docs/security.md)."""
+
+    admin: str | None  # /admin/... (--admin-key-file, else WORLDSERVE_ADMIN_KEY)
+    api: str | None  # every inference route (--api-key, else WORLDSERVE_API_KEY)
+
+
 def _admin_key(admin_key_file: Path | None) -> str | None:
     if admin_key_file is None:
         return envs.admin_key()
@@ -123,6 +132,12 @@ def serve(
     ),
     api_replicas: int = typer.Option(1, min=1, rich_help_panel=CLUSTER_PANEL,
                                      help="With --cluster ray: api replicas."),
+    # --- who may call (issue 34): docs/security.md. A secret, so not a config field: the
+    # config is dumped to /admin/server_info and to the stages' config file.
+    api_key: Optional[str] = typer.Option(
+        None, "--api-key",
+        help="Bearer key every inference route needs (else $WORLDSERVE_API_KEY; unset: open). "
+        "Health, metrics and version stay open; /admin keeps its own key. [default: open]"),
     config_overrides: Optional[dict[str, Any]] = None,
 ) -> None:
     """Start the api process and its stage processes. Flags override single config keys
@@ -141,17 +156,18 @@ def serve(
         level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     cfg = _fill_dev_model_paths(cfg)
+    keys = AccessKeys(admin=key, api=api_key or envs.api_key())
     if cluster is not None or ray_address is not None or replicas is not None:
-        raise typer.Exit(code=_serve_cluster(cfg, key, cluster, ray_address, replicas,
+        raise typer.Exit(code=_serve_cluster(cfg, keys, cluster, ray_address, replicas,
                                              api_replicas))
     try:
-        code = asyncio.run(_serve(cfg, key))
+        code = asyncio.run(_serve(cfg, keys))
     except KeyboardInterrupt:
         code = 130
     raise typer.Exit(code=code)
 
 
-def _serve_cluster(cfg: ServerConfig, key: str | None, cluster: str | None,
+def _serve_cluster(cfg: ServerConfig, keys: AccessKeys, cluster: str | None,
                    ray_address: str | None, replicas: str | None, api_replicas: int) -> int:
     """`--cluster ray`: the only path that imports Ray (worldserve/cluster)."""
     if cluster != "ray":
@@ -166,13 +182,13 @@ def _serve_cluster(cfg: ServerConfig, key: str | None, cluster: str | None,
     except ValueError as exc:
         raise _usage_error(str(exc))
     options = ClusterOptions(ray_address=ray_address, replicas=counts, api_replicas=api_replicas)
-    return run(cfg, key, options)
+    return run(cfg, keys.admin, options, keys.api)
 
 
-async def _serve(cfg: ServerConfig, key: str | None) -> int:
+async def _serve(cfg: ServerConfig, keys: AccessKeys) -> int:
     from worldserve.api.server import serve as run_server
 
-    return await run_server(cfg, key)
+    return await run_server(cfg, keys.admin, keys.api)
 
 
 @app.command(cls=PanelledCommand)

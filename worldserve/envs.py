@@ -20,6 +20,13 @@ def admin_key() -> str | None:
     return value or None
 
 
+def api_key() -> str | None:
+    """WORLDSERVE_API_KEY: the bearer key of every inference route, as `--api-key` (unset and no
+    flag: the inference routes are open)."""
+    value = os.environ.get("WORLDSERVE_API_KEY", "").strip()
+    return value or None
+
+
 def cache_dir() -> Path:
     """WORLDSERVE_CACHE_DIR: root of worldserve's caches (default ~/.cache/worldserve)."""
     raw = os.environ.get("WORLDSERVE_CACHE_DIR")

@@ -7,6 +7,7 @@ socket as `ErrorReply(code=...)`; `from_code()` turns the code back into the sam
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -99,6 +100,13 @@ class WeightsReleased(StageUnavailable):
     code = "weights_released"
 
 
+class StorageFull(WorldserveError):
+    """The output directory's disk is full: an output or a job record cannot be written."""
+
+    code = "storage_full"
+    error_type = "server_error"
+
+
 class RequestTimeout(WorldserveError, TimeoutError):
     code = "timeout"
     error_type = "timeout_error"
@@ -150,6 +158,7 @@ _TABLE: dict[type[WorldserveError], tuple[int, int]] = {
     StageUnavailable: (503, 1011),
     WeightsReleased: (503, 1011),
     RequestTimeout: (504, 1011),
+    StorageFull: (507, 1011),  # RFC 4918 Insufficient Storage
     ReplicaLost: (503, 1011),
     InternalError: (500, 1011),
     WorldserveError: (500, 1011),
@@ -178,11 +187,30 @@ def from_code(code: str, message: str) -> WorldserveError:
     return _BY_CODE.get(code, InternalError)(message)
 
 
+# An absolute filesystem path of two or more parts: not inside a URL (`http://host/a/b`) and not
+# one of the server's own routes, which messages name on purpose (`no route GET /v1/x`).
+_SERVER_PATH = re.compile(
+    r"(?<![\w:/.~-])/(?!v1/|v2/|nim/|admin/|web/)(?:[^\s'\"/:,;()\[\]]+/)+[^\s'\"/:,;()\[\]]*")
+
+
+def redact_paths(message: str) -> str:
+    """`message` with each absolute path cut to its last part (`.../config.json`)."""
+    return _SERVER_PATH.sub(
+        lambda m: ".../" + m.group(0).rstrip("/").rsplit("/", 1)[-1], message)
+
+
+def public_message(exc: WorldserveError) -> str:
+    """What a client may read of `exc`. A failure on our side (5xx: an engine exception, a
+    stage's last words) may carry an OS error's path; the client never sees the server's
+    layout. A 4xx message stays whole: it quotes the client's own input."""
+    return redact_paths(exc.message) if http_status(exc) >= 500 else exc.message
+
+
 def error_body(exc: WorldserveError) -> dict[str, Any]:
     """OpenAI-style error body: {"error": {"message", "type", "code", "param"}}."""
     return {
         "error": {
-            "message": exc.message,
+            "message": public_message(exc),
             "type": exc.error_type,
             "code": exc.code,
             "param": exc.param,

@@ -20,6 +20,7 @@ from worldserve.api.middleware import (
 )
 from worldserve.api.routes import ROUTE_MODULES
 from worldserve.api.runtime import ServerRuntime
+from worldserve.api.security import ApiKeyMiddleware
 from worldserve.api.services import build_services
 
 
@@ -37,6 +38,8 @@ def create_app(runtime: ServerRuntime) -> FastAPI:
         build = getattr(module, "routers", None)  # routers that depend on the surfaces on
         for router in build(services) if build is not None else [module.router]:
             app.include_router(router)
+    if runtime.api_key is not None:  # inside the metrics: refused requests are counted
+        app.add_middleware(ApiKeyMiddleware, api_key=runtime.api_key)
     app.add_middleware(BodyLimitMiddleware,
                        max_bytes=max_request_body_bytes(runtime.config.max_upload_bytes))
     app.add_middleware(MetricsMiddleware, metrics=runtime.metrics)

@@ -1,16 +1,18 @@
 """The api's one error-mapping module: where errors become HTTP responses and WebSocket errors.
 
 Statuses and close codes come from the taxonomy table (`worldserve.errors`); this module only
-renders them, in the envelope each surface's clients read:
-- app-wide handlers (`install_error_handlers`): the OpenAI shape, validation errors 422;
-- `NativeRoute` (native media, spec native-media.md §2.4): `{"detail", "error": {..., "code":
-  <status>}}`, the shape SGLang clients (`detail`) and the OpenAI SDK (`error`) both read;
-- `NimRoute` (live reasoning, streaming-reasoning §9): `{"error": {"message", "code": <status>}}`,
-  validation errors 400;
-- `OpenAIRoute` (chat completions): the OpenAI shape, validation errors 400;
-- `NimInferRoute` (the Generator NIM's `/v1/infer`, cookbook api-reference.md):
-  `{"error": {"message", "type": "<NIM error class>", "code": <status>}}`, bad input 422;
-- `ws_error` (streaming-reasoning §8.4): `{"op": "error", "message", "code", "fatal"}`.
+renders them. Every HTTP error body is the OpenAI shape `{"error": {"message", "type", "param",
+"code"}}`; where a surface's contract fixes more, it adds to that shape (docs/security.md):
+- app-wide handlers (`install_error_handlers`), `OpenAIRoute` (chat, responses): `code` is the
+  taxonomy's name (`invalid_request`), validation errors 422 app-wide, 400 on `OpenAIRoute`;
+- `NativeRoute` (native media, spec native-media.md §2.4): plus `detail`, the upstream message
+  SGLang clients read; `code` is the HTTP status;
+- `NimRoute` (live reasoning, streaming-reasoning §9): `code` is the HTTP status, validation
+  errors 400;
+- `NimInferRoute` (the Generator NIM's `/v1/infer`, cookbook api-reference.md): `type` is the
+  NIM error class, `code` the HTTP status, bad input 422;
+- `ws_error` (streaming-reasoning §8.4, a WebSocket message, not an HTTP body):
+  `{"op": "error", "message", "code", "fatal"}`.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from worldserve.errors import (
     WorldserveError,
     error_body,
     http_status,
+    public_message,
 )
 
 log = logging.getLogger("worldserve.api")
@@ -142,9 +145,9 @@ def native_envelope(status: int, detail: Any, message: str,
 
 def native_response(request: Request, exc: WorldserveError) -> JSONResponse:
     status = http_status(exc)
-    detail = STAGE_STOPPED_DETAIL if isinstance(exc, StageUnavailable) else exc.message
+    detail = STAGE_STOPPED_DETAIL if isinstance(exc, StageUnavailable) else public_message(exc)
     # `detail` keeps the contract's fixed 503 text; the message says why the weights are gone.
-    message = exc.message if isinstance(exc, WeightsReleased) else detail
+    message = public_message(exc) if isinstance(exc, WeightsReleased) else detail
     _log_server_error(request, status, exc)
     return JSONResponse(status_code=status, headers=status_headers(request, status, exc),
                         content=native_envelope(status, detail, message, exc.param))
@@ -187,14 +190,14 @@ _NIM_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 408: "RequestT
                     503: "ServiceUnavailableError", 504: "GatewayTimeoutError"}
 
 
-def nim_envelope(status: int, message: str) -> dict[str, Any]:
+def nim_envelope(status: int, message: str, param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message,
                       "type": _NIM_ERROR_TYPES.get(status, "InternalServerError"),
-                      "code": status}}
+                      "param": param, "code": status}}
 
 
-def nim_error_response(status: int, message: str) -> JSONResponse:
-    return JSONResponse(status_code=status, content=nim_envelope(status, message))
+def nim_error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse(status_code=status, content=nim_envelope(status, message, param))
 
 
 def nim_infer_response(request: Request, exc: WorldserveError) -> JSONResponse:
@@ -203,7 +206,7 @@ def nim_infer_response(request: Request, exc: WorldserveError) -> JSONResponse:
     if status == 400:
         status = 422
     _log_server_error(request, status, exc)
-    return nim_error_response(status, exc.message)
+    return nim_error_response(status, public_message(exc), exc.param)
 
 
 class NimInferRoute(APIRoute):
@@ -217,11 +220,15 @@ class NimInferRoute(APIRoute):
 
 
 def nim_body(exc: WorldserveError) -> dict[str, Any]:
-    return {"error": {"message": exc.message, "code": http_status(exc)}}
+    """streaming-reasoning §9's `{"error": {"message", "code": <status>}}`, plus the OpenAI
+    shape's `type` and `param` (additive: NIM clients read `message` and `code`)."""
+    return {"error": {"message": public_message(exc), "type": exc.error_type,
+                      "param": exc.param, "code": http_status(exc)}}
 
 
 def ws_error(exc: WorldserveError, *, fatal: bool) -> dict[str, Any]:
-    return {"op": "error", "message": exc.message, "code": http_status(exc), "fatal": fatal}
+    return {"op": "error", "message": public_message(exc), "code": http_status(exc),
+            "fatal": fatal}
 
 
 def nim_response(request: Request, exc: WorldserveError) -> JSONResponse:

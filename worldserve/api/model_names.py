@@ -44,7 +44,8 @@ def model_entries(runtime: ServerRuntime, stages: tuple[str, ...] | None = None,
             continue
         entry = entries.setdefault(client.info.model, {
             "id": client.info.model, "object": "model", "created": int(runtime.started_at),
-            "owned_by": "worldserve", "root": client.info.model_path, "stage": stage,
+            "owned_by": "worldserve", "stage": stage,
+            "root": runtime.public_path(client.info.model_path, client.info.model),
             "stages": [], "max_model_len": None, "capabilities": []})
         entry["stages"].append(stage)
         entry["max_model_len"] = entry["max_model_len"] or max_model_len(client.info)

@@ -36,6 +36,8 @@ class ServerRuntime:
     config: ServerConfig
     clients: dict[str, StageClient]
     admin_key: str | None = None
+    # --api-key: the bearer key every inference route needs (api/security.py); None: open.
+    api_key: str | None = None
     metrics: Metrics = field(default_factory=Metrics)
     started_at: float = field(default_factory=time.time)
     # pid per stage, filled by the supervisor (shown in /admin/server_info)
@@ -58,6 +60,18 @@ class ServerRuntime:
                 await asyncio.wait_for(hook(), SHUTDOWN_HOOK_TIMEOUT_S)
             except Exception:
                 log.exception("shutdown hook %r failed", hook)
+
+    @property
+    def hides_file_paths(self) -> bool:
+        """Responses leave out output files' absolute paths (`show_server_paths` off, or the
+        generation stage's `hide_file_paths`)."""
+        return (not self.config.show_server_paths
+                or self.config.stages.generation.hide_file_paths)
+
+    def public_path(self, path: str | None, stand_in: str | None) -> str | None:
+        """A server path as responses may show it: `stand_in` (e.g. the model's name) unless
+        the operator asked to show server paths."""
+        return path if self.config.show_server_paths else stand_in
 
     def client(self, stage: str) -> StageClient:
         """The stage's client, or 503 when the stage is not configured or is down."""

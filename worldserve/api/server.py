@@ -15,7 +15,7 @@ import uvicorn
 from worldserve.api.app import create_app
 from worldserve.api.logs import quiet_uvicorn
 from worldserve.api.runtime import SHUTDOWN_HOOK_TIMEOUT_S, ServerRuntime, ShutdownHook
-from worldserve.api.services import ApiServices
+from worldserve.api.startup import StartupApp
 from worldserve.config import ServerConfig, is_loopback_host
 from worldserve.runtime.supervisor import StageStartError, Supervisor
 
@@ -29,13 +29,13 @@ LISTEN_BACKLOG = 2048  # uvicorn's default
 class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, before_shutdown: ShutdownHook) -> None:
         super().__init__(config)
-        self._before_shutdown = before_shutdown
+        self.before_shutdown = before_shutdown  # replaced at the hand-over to the full app
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # Before uvicorn drops the connections (open WebSockets would get 1012 from it): the
         # app closes its WebSockets with 1001 and deletes the streaming sessions.
         try:
-            await asyncio.wait_for(self._before_shutdown(), SHUTDOWN_HOOK_TIMEOUT_S)
+            await asyncio.wait_for(self.before_shutdown(), SHUTDOWN_HOOK_TIMEOUT_S)
         except Exception:
             log.exception("closing the open sessions on shutdown failed")
         await super().shutdown(sockets)
@@ -44,7 +44,8 @@ class _Server(uvicorn.Server):
         await super().startup(sockets)
         if self.started and sockets:  # uvicorn says where it listens only on sockets it bound
             port = sockets[0].getsockname()[1]
-            log.info("serving on http://%s:%d (Ctrl+C to quit)", self.config.host, port)
+            log.info("listening on http://%s:%d while the stages start (Ctrl+C to quit)",
+                     self.config.host, port)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -82,8 +83,9 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve(config: ServerConfig, admin_key: str | None) -> int:
-    """Start stages, serve until a signal or a fatal stage failure; return the exit code."""
+async def serve(config: ServerConfig, admin_key: str | None, api_key: str | None = None) -> int:
+    """Bind the port, answer it at once (api/startup.py) while the stages start, then serve
+    the full app until a signal or a fatal stage failure; return the exit code."""
     exit_code = 0
     server: _Server | None = None
 
@@ -104,30 +106,66 @@ async def serve(config: ServerConfig, admin_key: str | None) -> int:
         return 1
     stage_pids: dict[str, int | None] = {}
     supervisor = Supervisor(config, on_fatal=on_fatal, on_restart=stage_pids.__setitem__)
-    try:
-        await supervisor.start()
-    except StageStartError as exc:
-        listener.close()
-        print(f"worldserve: {exc}", file=sys.stderr, flush=True)
-        return 1
-    stage_pids.update({n: s.pid for n, s in supervisor.stages.items()})
-    runtime = ServerRuntime(config=config, clients=supervisor.clients, admin_key=admin_key,
-                            stage_pids=stage_pids, stage_back_at=supervisor.back_at)
-    app = create_app(runtime)
-    services: ApiServices = app.state.services
+    front = StartupApp(supervisor.progress)
     server = _Server(uvicorn.Config(
-        app, host=config.host, port=config.port, log_level=config.log_level,
+        front, host=config.host, port=config.port, log_level=config.log_level,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, ws_max_size=WS_MAX_MESSAGE_BYTES,
         access_log=config.access_log,
         proxy_headers=False,  # the app's ForwardedHeadersMiddleware does it (api/middleware.py)
-    ), before_shutdown=services.before_shutdown)
+    ), before_shutdown=_nothing_open)
     quiet_uvicorn(config.access_log)  # after uvicorn.Config set its logging up
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
+    runtime: ServerRuntime | None = None
     try:
-        await server.serve(sockets=[listener])
+        start_error = await _start_stages(supervisor, serving)
+        if start_error is None and not serving.done():
+            stage_pids.update({n: s.pid for n, s in supervisor.stages.items()})
+            runtime = ServerRuntime(config=config, clients=supervisor.clients,
+                                    admin_key=admin_key, api_key=api_key,
+                                    stage_pids=stage_pids,
+                                    stage_back_at=supervisor.back_at)
+            app = create_app(runtime)
+            await front.hand_over(app)
+            server.before_shutdown = app.state.services.before_shutdown
+            log.info("every stage is ready: serving on http://%s:%d", config.host,
+                     listener.getsockname()[1])
+        elif start_error is not None:  # stop answering, then say why (the last line)
+            exit_code = 1
+            server.should_exit = True
+        await serving
+        if start_error is not None:
+            print(f"worldserve: {start_error}", file=sys.stderr, flush=True)
         if not server.started and exit_code == 0:
             exit_code = 1  # uvicorn logged why
     finally:
+        if not serving.done():  # an exception on our side: let uvicorn close the port
+            server.should_exit = True
+            await asyncio.gather(serving, return_exceptions=True)
         listener.close()
-        await runtime.run_shutdown_hooks()
+        if runtime is not None:
+            await runtime.run_shutdown_hooks()
         await supervisor.stop()
     return exit_code
+
+
+async def _nothing_open() -> None:
+    """Shutdown before the hand-over: no WebSocket or session is open yet."""
+
+
+async def _start_stages(supervisor: Supervisor, serving: asyncio.Task[None]) -> str | None:
+    """Start the stages while uvicorn serves the start-up answers. The message of a stage that
+    could not start; None when every stage started or the server stopped first (Ctrl+C,
+    SIGTERM, a uvicorn failure: the stages started so far are then stopped)."""
+    starting = asyncio.ensure_future(supervisor.start())
+    await asyncio.wait({starting, serving}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        log.info("stopping during start-up: stopping the stages started so far")
+        starting.cancel()  # Supervisor.start stops what it started
+        await asyncio.gather(starting, return_exceptions=True)
+        return None
+    exc = starting.exception()
+    if isinstance(exc, StageStartError):
+        return str(exc)
+    if exc is not None:
+        raise exc
+    return None

@@ -109,7 +109,7 @@ class WorldserveApi:
     its job records and output copies in its own `api-<replica>` folder of the output dir."""
 
     async def __init__(self, config_json: str, stages: list[str], admin_key: str | None,
-                       num_api_replicas: int = 1) -> None:
+                       num_api_replicas: int = 1, api_key: str | None = None) -> None:
         replica = serve.get_replica_context().replica_id.unique_id
         self.config = ServerConfig.model_validate_json(config_json)
         if num_api_replicas > 1:
@@ -125,7 +125,8 @@ class WorldserveApi:
                                   API_DEPLOYMENT) if num_api_replicas > 1 else None
         self.replica = replica
         self.runtime = ServerRuntime(config=self.config, clients=dict(self.clients),
-                                     admin_key=admin_key, id_tag=api_tag(replica),
+                                     admin_key=admin_key, api_key=api_key,
+                                     id_tag=api_tag(replica),
                                      job_lister=lister)
         self.asgi_app: FastAPI | None = None  # (`app` is Serve's ingress property)
 
@@ -157,16 +158,19 @@ def own_output_dir(config: ServerConfig, name: str) -> ServerConfig:
     return ServerConfig.model_validate(data)
 
 
-def api_application(config: ServerConfig, admin_key: str | None, options: ClusterOptions) -> Any:
+def api_application(config: ServerConfig, admin_key: str | None, options: ClusterOptions,
+                    api_key: str | None = None) -> Any:
     stages = list(config.stages.enabled())
     deployment = serve.deployment(
         WorldserveApi, name=API_DEPLOYMENT, num_replicas=options.api_replicas,
         max_ongoing_requests=MAX_ONGOING_REQUESTS, ray_actor_options={"num_cpus": 0},
         request_router_config=RequestRouterConfig(request_router_class=ApiRouter))
-    return deployment.bind(config.model_dump_json(), stages, admin_key, options.api_replicas)
+    return deployment.bind(config.model_dump_json(), stages, admin_key, options.api_replicas,
+                           api_key)
 
 
-def deploy(config: ServerConfig, admin_key: str | None, options: ClusterOptions) -> None:
+def deploy(config: ServerConfig, admin_key: str | None, options: ClusterOptions,
+           api_key: str | None = None) -> None:
     """Start Serve's HTTP proxy on the configured host/port and deploy stages, then the api."""
     serve.start(http_options={"host": config.host, "port": config.port})
     serve.run_many([  # the stages load side by side; the api then handshakes with each
@@ -174,7 +178,8 @@ def deploy(config: ServerConfig, admin_key: str | None, options: ClusterOptions)
                         route_prefix=None)
         for stage in config.stages.enabled()
     ])
-    serve.run(api_application(config, admin_key, options), name=API_APP, route_prefix="/")
+    serve.run(api_application(config, admin_key, options, api_key), name=API_APP,
+              route_prefix="/")
 
 
 def shutdown() -> None:
@@ -182,7 +187,8 @@ def shutdown() -> None:
     serve.shutdown()
 
 
-def run(config: ServerConfig, admin_key: str | None, options: ClusterOptions) -> int:
+def run(config: ServerConfig, admin_key: str | None, options: ClusterOptions,
+        api_key: str | None = None) -> int:
     """`worldserve serve --cluster ray`: deploy, serve until SIGINT/SIGTERM, undeploy."""
     try:  # Serve's proxy binds it later: say now, before Ray and the replicas start
         bind_listener(config.host, config.port).close()
@@ -192,7 +198,7 @@ def run(config: ServerConfig, admin_key: str | None, options: ClusterOptions) ->
     ray.init(address=options.ray_address, include_dashboard=False)
     try:
         try:
-            deploy(config, admin_key, options)
+            deploy(config, admin_key, options, api_key)
         except RuntimeError as exc:  # Serve's "Deploying application ... failed: <cause>"
             print(f"worldserve: {exc}", file=sys.stderr, flush=True)
             return 1

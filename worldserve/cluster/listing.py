@@ -54,8 +54,9 @@ def local_rows(service: MediaService, replica: str, anchor: Position | None, lim
                descending: bool, base_url: str) -> list[Row]:
     """This replica's records after `anchor`, rendered here (its own file paths)."""
     records, _ = service.ledger.page_after(KIND, anchor, limit, descending)
+    hide_paths = service.runtime.hides_file_paths
     return [(r.created_at, replica, r.seq, job_object(
-                r, service.paths(r), base_url=base_url, hide_paths=service.config.hide_file_paths))
+                r, service.paths(r), base_url=base_url, hide_paths=hide_paths))
             for r in records]
 
 

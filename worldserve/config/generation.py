@@ -89,7 +89,7 @@ class GenerationStageConfig(StageConfig):
     request_timeout_s: float = Field(default=3600.0, gt=0)
     # DELETE of a running job waits this long for the stage to confirm the cancellation.
     video_cancel_timeout_s: float = Field(default=10.0, ge=0)
-    # Omit absolute `file_path(s)` from responses.
+    # Omit absolute `file_path(s)` from responses even with `show_server_paths`.
     hide_file_paths: bool = False
     # Cosmos3: run the cosmos_guardrail safety checker (text before, video after generation);
     # when true and the package is missing, the stage fails to start.

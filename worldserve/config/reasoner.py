@@ -90,8 +90,10 @@ class ReasonerStageConfig(StageConfig):
             "Grammar engine of guided_json/guided_choice/guided_regex (llguidance)."))
     # `fake` backend only (protocol tests): delay of every reply, a 0-based frame index that is
     # never answered (frame timeouts), one that fails as an engine error, and whether the
-    # backend claims streaming support (False: streaming routes answer 501).
+    # backend claims streaming support (False: streaming routes answer 501); how long loading
+    # takes (start-up probes, api/startup.py).
     fake_delay_ms: float = Field(default=0.0, ge=0, le=60_000)
+    fake_load_delay_s: float = Field(default=0.0, ge=0, le=600)
     fake_hang_on_frame: int | None = Field(default=None, ge=0)
     fake_fail_on_frame: int | None = Field(default=None, ge=0)
     fake_streaming: bool = True

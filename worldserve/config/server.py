@@ -31,7 +31,7 @@ class StagesConfig(FrozenConfig):
 
 
 class ServerConfig(FrozenConfig):
-    """The whole server. Secrets (the admin key) are not part of it."""
+    """The whole server. Secrets (the admin key, the API key) are not part of it."""
 
     host: str = Field(default="127.0.0.1", description="Bind address of the HTTP server.")
     port: int = Field(default=8000, ge=0, le=65535, description="HTTP port (0: any free one).")
@@ -56,6 +56,9 @@ class ServerConfig(FrozenConfig):
     forwarded_allow_ips: str = Field(default="127.0.0.1", description=(
         "Proxies whose X-Forwarded-Proto/For/Host are believed (comma-separated IPs or "
         "CIDRs, * for any)."))
+    show_server_paths: bool = Field(default=False, description=(
+        "Show absolute server paths in responses (file_path(s), /v1/models root, action "
+        "model_path, NIM modelUrl); hidden by default."))
     # The NIM-compatible mounts /nim/generator and /nim/reasoner always describe their own
     # (docs/nim.md).
     nim_runtime: Literal["generator", "reasoner"] | None = Field(default=None, description=(

@@ -17,7 +17,7 @@ from typing import Any
 from worldserve.errors import Conflict, InvalidRequest, NotSupported
 
 LORA_WEIGHT_NAMES = ("pytorch_lora_weights.safetensors", "adapter_model.safetensors")
-ADAPTER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+ADAPTER_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # fullmatch: `$` would let a final "\n" in
 TRANSFORMERS = ("transformer", "transformer_2")
 # Keys PEFT adds to a wrapped module; the base weight moves under `base_layer`.
 PEFT_MARKERS = (".lora_A.", ".lora_B.", ".lora_embedding_", ".lora_magnitude_vector.")
@@ -95,7 +95,7 @@ class LoraAdapters:
     def load(self, name: str, path: str, scale: float,
              path_2: str | None = None) -> dict[str, Any]:
         """Load `path` into the transformer (and `path_2`, when given, into `transformer_2`)."""
-        if not ADAPTER_NAME.match(name):
+        if not ADAPTER_NAME.fullmatch(name):
             raise InvalidRequest("LoRA name must be 1-64 letters, digits, '_' or '-'",
                                  param="name")
         if name in self.loaded:

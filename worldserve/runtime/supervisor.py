@@ -20,7 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import worldserve
 from worldserve import envs
@@ -75,6 +75,8 @@ class StageProcess:
     exit_reason: str | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     start_s: float = 0.0  # how long its last start took (spawn to handshake)
+    spawned_at: float | None = None  # time.monotonic() of the last spawn
+    ready: bool = False  # its last start's handshake succeeded
 
     @property
     def pid(self) -> int | None:
@@ -132,6 +134,26 @@ class Supervisor:
     @property
     def clients(self) -> dict[str, StageClient]:
         return {name: stage.client for name, stage in self.stages.items()}
+
+    def progress(self) -> dict[str, dict[str, Any]]:
+        """Each enabled stage's start so far (served by api/startup.py while the stages start):
+        `placing` (the placement plan is being built), `waiting` (not spawned yet), `loading`
+        (spawned, no handshake yet, with `elapsed_s` of `timeout_s`) or `ready`."""
+        now = time.monotonic()
+        out: dict[str, dict[str, Any]] = {}
+        for name, stage_config in self.config.stages.enabled().items():
+            stage = self.stages.get(name)
+            if stage is None:
+                out[name] = {"state": "placing" if self.plan is None else "waiting"}
+            elif stage.ready:
+                out[name] = {"state": "ready", "start_s": round(stage.start_s, 1)}
+            elif stage.spawned_at is None:
+                out[name] = {"state": "waiting"}
+            else:
+                timeout_s = envs.stage_start_timeout_s() or stage_config.start_timeout_s
+                out[name] = {"state": "loading", "elapsed_s": round(now - stage.spawned_at, 1),
+                             "timeout_s": timeout_s}
+        return out
 
     def _address(self, name: str, stage_config: StageConfig) -> str:
         if stage_config.ipc == "tcp":
@@ -202,9 +224,11 @@ class Supervisor:
             env=env,
         )
         stage.tasks.append(asyncio.get_running_loop().create_task(self._forward_stderr(stage)))
+        stage.spawned_at, stage.ready = time.monotonic(), False
         log.info("started stage %s (pid %d) on %s", stage.name, stage.proc.pid, stage.address)
         for guest in guests or []:  # one process: same pid, same last words
             guest.proc, guest.stderr_tail = stage.proc, stage.stderr_tail
+            guest.spawned_at, guest.ready = stage.spawned_at, False
             log.info("stage %s runs in the %s process on %s", guest.name, stage.name,
                      guest.address)
 
@@ -225,6 +249,7 @@ class Supervisor:
         if handshake in done and handshake.exception() is None:
             exited.cancel()
             stage.start_s = time.monotonic() - started
+            stage.ready = True
             return
         handshake.cancel()
         if exited in done:

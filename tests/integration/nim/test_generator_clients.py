@@ -215,7 +215,7 @@ def test_hostile_infer(nim_url: str, change: dict, status: int, words: str) -> N
     response = infer(nim_url, {**CASES["t2v"], **change})
     assert response.status_code == status, response.text
     error = response.json()["error"]
-    assert set(error) == {"message", "type", "code"} and error["code"] == status
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == status
     assert words in error["message"]
 
 

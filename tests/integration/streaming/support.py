@@ -47,11 +47,12 @@ def b64(data: bytes) -> str:
 
 
 def nim_error(response: httpx.Response, status: int) -> str:
-    """Assert the NIM envelope with `status`; return the message."""
+    """Assert the NIM envelope with `status` (streaming-reasoning §9's message and code, plus the
+    OpenAI shape's type and param: docs/security.md); return the message."""
     assert response.status_code == status, response.text
     body = response.json()
     assert set(body) == {"error"}, body
-    assert set(body["error"]) == {"message", "code"}, body
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
     assert body["error"]["code"] == status
     return body["error"]["message"]
 

@@ -106,3 +106,24 @@ def test_no_access_log_flag_wins_over_the_config_file(served: list[ServerConfig]
     assert _serve("--config", str(config), "--no-access-log").exit_code == 0
     assert _serve().exit_code == 0
     assert [c.access_log for c in served] == [True, False, True]
+
+
+def test_api_key_from_the_flag_else_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    api_keys: list[str | None] = []
+
+    async def fake_serve(cfg: ServerConfig, keys: cli.AccessKeys) -> int:
+        api_keys.append(keys.api)
+        return 0
+
+    monkeypatch.setattr(cli, "_serve", fake_serve)
+    monkeypatch.setattr(cli, "_fill_dev_model_paths", lambda cfg: cfg)
+    assert _serve("--api-key", "k1", env={"WORLDSERVE_API_KEY": "k2"}).exit_code == 0
+    assert _serve(env={"WORLDSERVE_API_KEY": "k2"}).exit_code == 0
+    assert _serve(env={"WORLDSERVE_API_KEY": ""}).exit_code == 0
+    assert api_keys == ["k1", "k2", None]
+
+
+def test_server_paths_are_hidden_unless_asked(served: list[ServerConfig]) -> None:
+    assert _serve().exit_code == 0
+    assert _serve("--show-server-paths").exit_code == 0
+    assert [c.show_server_paths for c in served] == [False, True]

@@ -21,6 +21,7 @@ from worldserve.ipc.messages import (
     AdminResult,
     GenerateMedia,
     GenerationParams,
+    GenerationProgress,
     GenerationResult,
     LoraLoad,
     LoraRef,
@@ -94,9 +95,9 @@ def drain(engine: GenerationEngine) -> None:
     raise AssertionError("the engine did not go idle")
 
 
-def image(rid: str, lora: list[LoraRef] = (), **kw) -> GenerateMedia:
+def image(rid: str, lora: list[LoraRef] = (), steps: int = STEPS, **kw) -> GenerateMedia:
     params = GenerationParams(prompt=PROMPT, width=SIZE, height=SIZE, num_frames=1,
-                              num_inference_steps=STEPS, guidance_scale=GUIDANCE, seeds=[3],
+                              num_inference_steps=steps, guidance_scale=GUIDANCE, seeds=[3],
                               fps=24.0, lora=list(lora), **kw)
     return GenerateMedia(request_id=rid, params=params, output_stem=rid, output_format="png")
 
@@ -115,7 +116,7 @@ def pixels(engine: GenerationEngine, result: GenerationResult) -> np.ndarray:
 
 
 def reference(model_dir: Path, *, lora: tuple[Path, float] | None = None,
-              transformer_dir: Path | None = None) -> np.ndarray:
+              transformer_dir: Path | None = None, steps: int = STEPS) -> np.ndarray:
     pipe = load_pipeline(model_dir, "float32", "cpu")
     if transformer_dir is not None:
         from safetensors.torch import load_file
@@ -126,7 +127,7 @@ def reference(model_dir: Path, *, lora: tuple[Path, float] | None = None,
         pipe.transformer.load_lora_adapter(str(lora[0]), adapter_name="ref", prefix="transformer",
                                            weight_name="pytorch_lora_weights.safetensors")
         pipe.transformer.set_adapters(["ref"], weights=[lora[1]])
-    out = pipe(prompt=PROMPT, negative_prompt="", fps=24.0, num_inference_steps=STEPS,
+    out = pipe(prompt=PROMPT, negative_prompt="", fps=24.0, num_inference_steps=steps,
                guidance_scale=GUIDANCE, generator=torch.Generator("cpu").manual_seed(3),
                output_type="np", num_frames=1, height=SIZE, width=SIZE)
     return to_uint8(out.video)
@@ -204,3 +205,25 @@ async def test_actions_route_takes_lora(engine, assets):
         unknown = await http.post("/v1/actions/generations",
                                   json={**action_request(), "lora": "nope"})
         assert unknown.status_code == 400 and "unknown LoRA adapter 'nope'" in unknown.text
+
+
+def test_updates_while_a_row_is_mid_denoise_never_mix_models(engine, cosmos3_dir, assets):
+    """A row past its first step (its understanding K/V recorded and replayed by the later
+    steps) sees the first LoRA load (which PEFT makes active), then a weights update: it
+    finishes exactly as the old base model would (the engine selects the row's own adapters
+    before each of its phases; the update drains it first); the next request runs on the new
+    weights."""
+    replies: list = []
+    engine.submit(image("job", steps=3), replies.append)
+    while not any(isinstance(m, GenerationProgress) and m.steps_done >= 1 for m in replies):
+        engine.step()
+    admin(engine, LoraLoad(request_id="l", name="c", path=str(assets["lora"])))
+    update: list = []
+    engine.submit(WeightsUpdate(request_id="w", path=str(assets["updated"])), update.append)
+    assert update == []  # it waits for the running row
+    out = run(engine, [image("after")])
+    assert isinstance(replies[-1], GenerationResult) and isinstance(update[-1], AdminResult)
+    assert update[-1].data["running_requests"] == "finished on the old weights"
+    assert np.array_equal(pixels(engine, replies[-1]), reference(cosmos3_dir, steps=3))
+    assert np.array_equal(pixels(engine, out["after"]), reference(
+        cosmos3_dir, transformer_dir=assets["updated"] / "transformer"))

@@ -51,7 +51,7 @@ async def finished(http: httpx.AsyncClient, job: dict[str, Any], **headers: str)
 
 
 async def test_video_url_is_absolute_and_gets_the_file(engine) -> None:
-    async for http in serve(engine):
+    async for http in serve(engine, show_server_paths=True):
         job = (await http.post("/v1/videos", json=VIDEO)).json()
         assert job["url"] is None  # not finished yet
         job = await finished(http, job)
@@ -60,6 +60,20 @@ async def test_video_url_is_absolute_and_gets_the_file(engine) -> None:
         content = await http.get(job["url"])
         assert content.status_code == 200 and content.headers["content-type"] == "video/mp4"
         assert content.content == Path(job["file_path"]).read_bytes()
+
+
+async def test_server_paths_are_hidden_by_default(engine) -> None:
+    async for http in serve(engine):
+        job = await finished(http, (await http.post("/v1/videos", json=VIDEO)).json())
+        assert job["status"] == "completed"
+        assert job["file_path"] is None and job["file_paths"] is None
+        image = await http.post("/v1/images/generations", json={
+            "prompt": "a cube", "size": "64x64", "num_inference_steps": 2})
+        assert image.status_code == 200 and image.json()["data"][0]["file_path"] is None
+        (model,) = (await http.get("/v1/models")).json()["data"]
+        assert model["root"] == model["id"]
+        text = image.text + str(job) + str(model)
+        assert str(engine.output_dir) not in text and str(engine.model_path) not in text
 
 
 async def test_image_url_through_the_openai_sdk(engine) -> None:

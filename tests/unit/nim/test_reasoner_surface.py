@@ -75,7 +75,7 @@ async def test_the_other_runtimes_route_is_a_runtime_aware_404(http: httpx.Async
     assert response.json() == {"error": {
         "message": "The selected runtime is 'reasoner', which serves POST /v1/chat/completions. "
                    "POST /v1/infer requires a generator deployment.",
-        "type": "NotFoundError", "code": 404}}
+        "type": "NotFoundError", "param": None, "code": 404}}
     other = await http.get("/nim/reasoner/v1/unknown")
     assert other.status_code == 404 and other.json()["error"]["type"] == "NotFoundError"
 

@@ -96,6 +96,8 @@ async def test_backend_without_streaming_is_501(tmp_path: Path, config: ServerCo
                 "error": {
                     "message": "streaming is unavailable: the 'hf' reasoner backend does not support "  # noqa: E501
                     "it",
+                    "type": "not_implemented_error",
+                    "param": None,
                     "code": 501,
                 }
             }
@@ -129,6 +131,11 @@ async def test_metadata_profile_of_the_reasoner(tmp_path: Path, config: ServerCo
     async for http in serve(config, {"reasoner": reasoner_client(tmp_path)}):
         meta = (await http.get("/v1/metadata")).json()
         assert meta["selectedModelProfileId"] == "worldserve:tiny-vl:hf:bfloat16"
+        # the model's directory only with --show-server-paths (docs/security.md)
+        assert meta["modelInfo"] == [{"shortName": "tiny-vl", "modelUrl": "tiny-vl"}]
+    shown = config.model_copy(update={"show_server_paths": True})
+    async for http in serve(shown, {"reasoner": reasoner_client(tmp_path)}):
+        meta = (await http.get("/v1/metadata")).json()
         assert meta["modelInfo"] == [{"shortName": "tiny-vl", "modelUrl": "/models/tiny-vl"}]
 
 

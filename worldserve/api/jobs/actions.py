@@ -51,7 +51,7 @@ def metadata(service: MediaService) -> dict[str, Any]:
     caps = service.capabilities()
     protocol = require_protocol(caps, service.model_name())
     info = service.client().info
-    model_path = info.model_path if info else None
+    model_path = service.runtime.public_path(info.model_path, None) if info else None
     if protocol == "world_model":
         return world_actions.metadata(caps, service.model_name(), model_path)
     return _flow_metadata(_flow_head(caps), service.model_name(), model_path)

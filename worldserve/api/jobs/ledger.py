@@ -31,7 +31,7 @@ from worldserve.api.jobs.records import (
 )
 from worldserve.api.jobs.store import RecordStore
 from worldserve.api.jobs.world_actions import predicted_action
-from worldserve.errors import WorldserveError
+from worldserve.errors import StorageFull, WorldserveError, public_message
 from worldserve.ipc.messages import GenerationResult
 
 log = logging.getLogger("worldserve.jobs")
@@ -40,7 +40,8 @@ SWEEP_INTERVAL_S = 60.0
 PROGRESS_WRITE_INTERVAL_S = 1.0
 RECORDS_FILE = Path(".worldserve") / "records.sqlite3"
 # Stage error codes a job shows as they are; anything else is `generation_failed`.
-_PUBLIC_ERROR_CODES = ("invalid_request", "stage_unavailable", "timeout", "replica_lost")
+_PUBLIC_ERROR_CODES = ("invalid_request", "stage_unavailable", "timeout", "replica_lost",
+                       "storage_full")
 
 
 def now_s() -> int:
@@ -59,6 +60,9 @@ class JobLedger:
         self._sweeper: asyncio.Task[None] | None = None
         self._inserted_s: dict[str, float] = {}  # monotonic insert time of each live record
         self._written_s: dict[str, float] = {}  # when each live record was last written
+        # Changes a full disk kept out of the store: answered from here, written once there
+        # is room again (the sweeper retries each pass).
+        self._unsaved: dict[str, JobRecord] = {}
 
     # ------------------------------------------------------------------ records
 
@@ -91,7 +95,9 @@ class JobLedger:
 
     def get(self, record_id: str, kind: JobKind) -> JobRecord | None:
         """The live (unexpired) record of `kind`, or None."""
-        record = self.store.get(record_id, kind)
+        record = self._unsaved.get(record_id)
+        if record is None or record.kind != kind:
+            record = self.store.get(record_id, kind)
         if record is None or (record.expires_at is not None and record.expires_at <= now_s()):
             return None
         return record
@@ -111,7 +117,15 @@ class JobLedger:
         return True
 
     def _write(self, record: JobRecord) -> None:
-        self.store.save(record)
+        try:
+            self.store.save(record)
+        except StorageFull as exc:
+            if record.id not in self._unsaved:
+                log.error("job %s (%s): %s; kept in memory until there is room", record.id,
+                          record.status.value, exc.message)
+            self._unsaved[record.id] = record
+        else:
+            self._unsaved.pop(record.id, None)
         if record.status.is_live:
             self._written_s[record.id] = time.monotonic()
         else:
@@ -160,7 +174,7 @@ class JobLedger:
 
     def fail(self, record: JobRecord, exc: WorldserveError) -> None:
         code = exc.code if exc.code in _PUBLIC_ERROR_CODES else "generation_failed"
-        self.move(record, JobStatus.FAILED, error=JobError(exc.message, code))
+        self.move(record, JobStatus.FAILED, error=JobError(public_message(exc), code))
 
     # ------------------------------------------------------------------ files
 
@@ -184,11 +198,22 @@ class JobLedger:
         """Delete a record and every file it owns (outputs and partial outputs)."""
         removed = self._delete_files(record.file_names + self._partial_files(record))
         self.store.delete(record.id)
+        self._unsaved.pop(record.id, None)
         self._inserted_s.pop(record.id, None)
         self._written_s.pop(record.id, None)
         return removed
 
     # ------------------------------------------------------------------ retention
+
+    def flush_unsaved(self) -> None:
+        """Write the changes a full disk held back, oldest first; stop at the first refusal."""
+        for record in list(self._unsaved.values()):
+            try:
+                self.store.save(record)
+            except StorageFull:
+                return
+            del self._unsaved[record.id]
+            log.info("job %s: its record is written again", record.id)
 
     def recover(self) -> None:
         """Startup: live records of a previous run become failed (server_restart)."""
@@ -227,6 +252,7 @@ class JobLedger:
         while True:
             await asyncio.sleep(interval)
             try:
+                self.flush_unsaved()
                 report = self.prune()
             except Exception:  # the sweeper keeps running; the next pass retries
                 log.exception("output sweep failed")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
 
@@ -30,6 +31,7 @@ from worldserve.errors import (
     NotFound,
     RequestTimeout,
     StageUnavailable,
+    StorageFull,
     WorldserveError,
 )
 from worldserve.ipc.capabilities import (
@@ -57,6 +59,18 @@ STAGE = "generation"
 ACCEPT_TIMEOUT_S = 60.0
 ACTION_TIMEOUT_S = 300.0
 Opened = tuple[Any, Any]  # (the stage's reply stream, its iterator)
+
+
+# An output index in `?variant=`: ASCII digits only (`str.isdigit` also takes '²', which
+# `int()` refuses), and short (a 5,000-digit index is refused by `int()` too).
+_VARIANT = re.compile(r"[0-9]{1,6}")
+
+
+def variant_index(variant: str, not_found: str) -> int:
+    """The output index `variant` names; NotFound(`not_found`) when it names none."""
+    if not _VARIANT.fullmatch(variant):
+        raise NotFound(not_found, param="variant")
+    return int(variant)
 
 
 class MediaService:
@@ -261,7 +275,11 @@ class MediaService:
         record.size = f"{accepted.width}x{accepted.height}"
         record.num_frames = accepted.num_frames
         record.seconds = str(round(accepted.num_frames / max(1, request.fps)))
-        self.ledger.insert(record)
+        try:
+            self.ledger.insert(record)
+        except StorageFull:  # no record, no job: the stage stops the work it accepted
+            opened[0].cancel()
+            raise
         self.live[record.id] = record
         self.in_flight += 1  # a live job holds an admission slot until it ends
         self.tasks[record.id] = asyncio.get_running_loop().create_task(
@@ -345,9 +363,7 @@ class MediaService:
         record = self.get_video(video_id)
         index = 0
         if variant is not None and variant != "video":
-            if not variant.isdigit():
-                raise NotFound(f"Variant {variant} not available", param="variant")
-            index = int(variant)
+            index = variant_index(variant, f"Variant {variant[:64]} not available")
         if record.status in (JobStatus.FAILED, JobStatus.CANCELLED):
             raise NotFound(f"Video generation {record.status.value}")
         paths = self.paths(record)
@@ -367,9 +383,9 @@ class MediaService:
         paths = self.paths(record)
         index = 0
         if variant is not None:
-            if not variant.isdigit() or int(variant) >= max(1, len(paths)):
+            index = variant_index(variant, f"Image variant {variant[:64]} not found")
+            if index >= max(1, len(paths)):
                 raise NotFound(f"Image variant {variant} not found", param="variant")
-            index = int(variant)
         if record.status in (JobStatus.FAILED, JobStatus.CANCELLED):
             raise NotFound(f"Image generation {record.status.value}")
         if index >= len(paths) or not paths[index].is_file():

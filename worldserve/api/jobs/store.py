@@ -8,11 +8,13 @@ statements are tiny, so running them inline is cheaper than a thread hop).
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable, Iterator
 
 from worldserve.api.jobs.records import TERMINAL_STATUSES, JobRecord, JobStatus
+from worldserve.errors import StorageFull
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -27,6 +29,19 @@ CREATE TABLE IF NOT EXISTS records (
 CREATE INDEX IF NOT EXISTS records_kind_created ON records (kind, created_at, seq);
 CREATE INDEX IF NOT EXISTS records_expires ON records (expires_at);
 """
+
+
+@contextlib.contextmanager
+def _disk_full_is_storage_full() -> Iterator[None]:
+    """SQLite's SQLITE_FULL (`database or disk is full`) as StorageFull; the failed statement
+    changed nothing (it is its own transaction)."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_FULL:
+            raise
+        raise StorageFull("the output directory's disk is full: the job record cannot be "
+                          "written; free space there or lower --output-ttl") from None
 
 
 class RecordStore:
@@ -45,10 +60,13 @@ class RecordStore:
 
     # ------------------------------------------------------------------ writes
 
+    def _write(self, sql: str, args: tuple[Any, ...]) -> sqlite3.Cursor:
+        with _disk_full_is_storage_full():
+            return self._db.execute(sql, args)
+
     def insert(self, record: JobRecord) -> None:
-        self._seq += 1
-        record.seq = self._seq
-        self._db.execute(
+        record.seq = self._seq + 1
+        self._write(
             "INSERT INTO records (id, kind, status, created_at, seq, expires_at, data) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
@@ -56,21 +74,22 @@ class RecordStore:
                 record.kind,
                 record.status.value,
                 record.created_at,
-                self._seq,
+                record.seq,
                 record.expires_at,
                 record.to_json().decode(),
             ),
         )
+        self._seq = record.seq
 
     def save(self, record: JobRecord) -> None:
         """Write the whole record back (one atomic statement)."""
-        self._db.execute(
+        self._write(
             "UPDATE records SET status = ?, expires_at = ?, data = ? WHERE id = ?",
             (record.status.value, record.expires_at, record.to_json().decode(), record.id),
         )
 
     def delete(self, record_id: str) -> bool:
-        return self._db.execute("DELETE FROM records WHERE id = ?", (record_id,)).rowcount > 0
+        return self._write("DELETE FROM records WHERE id = ?", (record_id,)).rowcount > 0
 
     # ------------------------------------------------------------------ reads
 

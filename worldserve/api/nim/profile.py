@@ -79,7 +79,8 @@ def runtime_facts(runtime: ServerRuntime, kind: NimRuntime) -> RuntimeFacts:
              stage_config.dtype)
     return RuntimeFacts(
         name=info.model if info else (stage_config.served_model_name or stage),
-        url=info.model_path if info else str(stage_config.model_path or ""),
+        url=runtime.public_path(info.model_path if info else str(stage_config.model_path or ""),
+                                info.model if info else stage_config.served_model_name or stage),
         backend=backend, dtype=dtype,
         precision=(declared.precision if declared else "") or DTYPE_NAMES.get(dtype, dtype),
         variant=declared.variant if declared else None)

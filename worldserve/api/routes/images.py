@@ -35,7 +35,7 @@ def _view(request: Request, service: MediaService, record: JobRecord) -> dict[st
         record,
         service.paths(record),
         base_url=public_base_url(request, service.runtime.config),
-        hide_paths=service.config.hide_file_paths,
+        hide_paths=service.runtime.hides_file_paths,
     )
 
 

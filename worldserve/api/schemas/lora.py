@@ -16,7 +16,7 @@ from worldserve.ipc.messages import LoraRef
 
 MAX_ADAPTERS_PER_REQUEST = 8
 MAX_SCALE = 100.0
-NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # fullmatch: `$` would let a final "\n" in
 
 
 def parse_lora(value: Any, param: str = "lora") -> list[LoraRef]:
@@ -51,7 +51,7 @@ def _ref(item: Any, param: str) -> LoraRef:
         raise InvalidRequest(f"{param}: unknown key '{unknown[0]}' (requests select adapters "
                              "loaded with POST /admin/lora/load by name)", param=param)
     name = item.get("name")
-    if not isinstance(name, str) or not NAME.match(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise InvalidRequest(f"{param}.name must be 1-64 letters, digits, '_' or '-'",
                              param=param)
     scale = item.get("scale")

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from worldserve.api.errors import validation_message
 from worldserve.api.schemas.chat import ChatCompletionRequest
 from worldserve.api.schemas.responses import InputMessage, ResponsesRequest, TextFormat
-from worldserve.errors import InvalidRequest, WorldserveError
+from worldserve.errors import InvalidRequest, WorldserveError, public_message
 from worldserve.ipc.messages import ChatDelta, ChatResult, Reply
 
 EXTENSIONS = ("top_k", "repetition_penalty", "seed", "media_io_kwargs", "chat_template_kwargs",
@@ -154,7 +154,7 @@ async def response_events(view: ResponseView, first: Reply, rest: AsyncIterator[
                     yield event
             reply = await _next(rest)
     except WorldserveError as exc:  # headers are sent: report in-band
-        yield emit("error", code=exc.code, message=exc.message, param=exc.param)
+        yield emit("error", code=exc.code, message=public_message(exc), param=exc.param)
 
 
 async def _next(rest: AsyncIterator[Reply]) -> Reply | None:

@@ -47,7 +47,9 @@ from worldserve.engines.generation.levers import (
 from worldserve.engines.generation.outputs import (
     action_output,
     output_names,
+    remove_outputs,
     to_uint8,
+    write_error,
     write_output,
 )
 from worldserve.engines.generation.scheduler import Scheduler, denoise_progress
@@ -301,11 +303,17 @@ class GenerationEngine:
         self._report([request], 99, "writing")  # before the (possibly slow) encode
         rows = batch.rows_of(request.request_id)
         names = output_names(msg.output_stem, msg.output_format, len(rows))
-        for name, row in zip(names, rows):
-            extras = batch.extras.get(row)
-            write_output(self.output_dir, name, batch.decoded[row], msg.output_format, msg.fps,
-                         msg.compression, audio=extras.audio if extras else None,
-                         sample_rate=extras.sample_rate if extras else None)
+        written: list[str] = []
+        try:
+            for name, row in zip(names, rows):
+                extras = batch.extras.get(row)
+                write_output(self.output_dir, name, batch.decoded[row], msg.output_format,
+                             msg.fps, msg.compression, audio=extras.audio if extras else None,
+                             sample_rate=extras.sample_rate if extras else None)
+                written.append(name)
+        except OSError as exc:  # a full disk: the request fails, none of its files remains
+            remove_outputs(self.output_dir, written)
+            raise write_error(names[len(written)], exc) from None
         return names
 
     # ------------------------------------------------------------------ update

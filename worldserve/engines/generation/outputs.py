@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from pathlib import Path
 
 import numpy as np
 
-from worldserve.errors import InvalidRequest
+from worldserve.errors import InternalError, InvalidRequest, StorageFull, WorldserveError
 from worldserve.ipc.messages import ActionOutput
 from worldserve.media.images import EXTENSIONS, encode_image
 from worldserve.media.video import encode_mp4
@@ -53,6 +54,21 @@ def write_output(root: Path, name: str, frames: np.ndarray, output_format: str, 
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
+
+
+def remove_outputs(root: Path, names: list[str]) -> None:
+    """Delete outputs already written for a request that failed (a client never gets part of
+    a request's files)."""
+    for name in names:
+        (root / name).unlink(missing_ok=True)
+
+
+def write_error(name: str, exc: OSError) -> WorldserveError:
+    """The error a request gets when its output `name` cannot be written."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageFull(f"cannot write output {name}: the output directory's disk is full "
+                           f"({exc.strerror}); free space there or lower --output-ttl")
+    return InternalError(f"cannot write output {name}: {exc.strerror or exc}")
 
 
 def to_uint8(frames: np.ndarray) -> np.ndarray:

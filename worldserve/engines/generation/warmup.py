@@ -4,6 +4,12 @@
 meanwhile queue behind them). A failure is a warning, unless `warmup_resolutions` were given
 explicitly: then the stage exits and startup fails. `off`: the stage is ready at once and one
 denoising step of the same synthetic request runs first in the background.
+
+Size: the model's smallest (one `size_multiple` square, the fewest frames that still take the
+video path), so that a start-up on a CPU does not denoise a full-size frame; every phase
+(prepare, denoise, decode) still runs once. Explicit `warmup_resolutions` are used as given;
+with `compile` the warmup runs at the representative size of native-media §6 (area <= 832x480,
+at most 17 frames), because compiled graphs are specialised to the shapes they saw.
 """
 
 from __future__ import annotations
@@ -43,11 +49,7 @@ class WarmupPlan:
         # compile: the warmup pays the compilation, so requests wait for it (never the first one)
         blocking = config.warmup_mode == "server" or explicit or config.compile
         steps = min(defaults.num_inference_steps, max(config.warmup_steps, 2)) if blocking else 1
-        if explicit:
-            sizes = [tuple(int(v) for v in s.lower().split("x")) for s in config.warmup_resolutions]
-        else:
-            sizes = [_representative_size(defaults.width, defaults.height, runner.size_multiple)]
-        frames = runner.snap_frames(min(defaults.num_frames, MAX_WARMUP_FRAMES))
+        sizes, frames = _sizes(config, defaults, runner)
         params = [
             GenerationParams(
                 prompt=WARMUP_PROMPT,
@@ -85,6 +87,20 @@ class WarmupPlan:
             log.info(
                 "warmup finished (%d request(s), %d failed)", len(self.params), self.num_failed
             )
+
+
+def _sizes(config: GenerationStageConfig, defaults: GenerationDefaults,
+           runner) -> tuple[list[tuple[int, int]], int]:
+    """The warmup's sizes (width, height) and frame count (see the module docstring)."""
+    frames = runner.snap_frames(min(defaults.num_frames, MAX_WARMUP_FRAMES))
+    if config.warmup_resolutions:
+        return [(int(w), int(h)) for w, h in
+                (s.lower().split("x") for s in config.warmup_resolutions)], frames
+    if config.compile:
+        return [_representative_size(defaults.width, defaults.height,
+                                     runner.size_multiple)], frames
+    fewest = runner.snap_frames(min(defaults.num_frames, runner.temporal_stride + 1))
+    return [(runner.size_multiple, runner.size_multiple)], fewest
 
 
 def _representative_size(width: int, height: int, multiple: int) -> tuple[int, int]:

@@ -134,6 +134,7 @@ class FakeReasonerEngine:
     """Deterministic stand-in for the hf reasoner engine (same messages, admission, shape)."""
 
     def __init__(self, stage_config: ReasonerStageConfig, server_config: ServerConfig) -> None:
+        time.sleep(stage_config.fake_load_delay_s)  # a slow model load, for start-up tests
         self.config = stage_config
         self.streaming = stage_config.streaming
         self.model_name = stage_config.served_model_name or "fake-reasoner"
