@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.support.fp8_dirs import LAYOUTS, fp8_pair
+from tests.support.machine import require_module
 from tests.unit.reasoner.conftest import GREEDY, Driver
 from tests.unit.reasoner.drive import concurrent_replies, windowed_greedy_replies
 from worldserve.config import ReasonerStageConfig, ServerConfig, StreamingConfig
@@ -219,7 +220,7 @@ def test_reasoner_w8a8_decodes_through_the_engine_static_and_batched(pair, monke
 def modelopt_restore_enabled():
     """ModelOpt's `enable_huggingface_checkpointing` (what a W8A8 generator calls), undone after
     the test: it patches transformers' and diffusers' classes process-wide."""
-    pytest.importorskip("modelopt")
+    require_module("modelopt", "pip install -e '.[fp8]'")
     import modelopt.torch.opt as mto
     from modelopt.torch.opt.plugins import huggingface as hf
 
