@@ -25,7 +25,7 @@ from worldserve.models.dev.world.grammar import normalise_answer
 from worldserve.models.dev.world.vocab import BACKGROUNDS, COLOURS, TONES_HZ, direction_of
 
 # A pixel belongs to the foreground when it is farther than this from the background colour
-# (RGB Euclidean; every palette colour is >= 228 from both backgrounds).
+# (RGB Euclidean; every palette colour is >= 206 from both backgrounds).
 FOREGROUND_DISTANCE = 120.0
 SQUARE_MIN_FILL = 0.9
 CIRCLE_MIN_FILL = 0.65
@@ -96,6 +96,10 @@ def clip_direction(readings: list[FrameReading], size_hw: tuple[int, int]) -> st
 
 
 def displacement_direction(dx_px: float, dy_px: float, size_hw: tuple[int, int]) -> str:
+    """The direction word of a net move. Rounded to 1/100 px first: the centroids of a shape
+    shifted by whole pixels differ by float noise, and an exact diagonal (a tie, which
+    `direction_of` calls horizontal) must read the same from pixels as from the roll-out."""
+    dx_px, dy_px = round(dx_px, 2), round(dy_px, 2)
     if max(abs(dx_px), abs(dy_px)) < STILL_BELOW * min(size_hw):
         return "still"
     return direction_of(dx_px, dy_px)

@@ -2,8 +2,9 @@
 
 Every label the generator draws and the evaluator reads back is one of these words, so the
 prompt grammar, the reasoner's answers and the pixel statistics share one source of truth.
-Colours are saturated primaries far apart in RGB (the closest pair, red and yellow, is 255
-apart), so the nearest-palette rule still names a noisy generated pixel correctly.
+Colours are saturated primaries far apart in RGB (the closest pair, red and yellow, is 190
+apart; every colour is >= 206 from both backgrounds), so the nearest-palette rule still names a
+noisy generated pixel correctly.
 """
 
 from __future__ import annotations
