@@ -164,6 +164,13 @@ def train(runner: Any, cfg: TrainConfig, log: Any = print) -> dict[str, Any]:
     return {"config": asdict(cfg), "history": history}
 
 
+def set_min_pixels(runner: Any, min_pixels: int) -> None:
+    """Upscale small frames to at least `min_pixels` before patching: the dev reasoner's 16 px
+    patches merged 2x2 leave a 64x64 frame 2x2 tokens per temporal group; 128x128 gives 4x4."""
+    processor = runner.prompting.image_processor
+    processor.size = {"shortest_edge": min_pixels, "longest_edge": processor.size.longest_edge}
+
+
 def load_dev_reasoner(model_dir: Path | None) -> Any:
     """The dev generation directory's reasoner runner (built into a temporary directory when
     `model_dir` is None)."""
@@ -187,10 +194,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-every", type=int, default=TrainConfig.eval_every)
     parser.add_argument("--num-eval", type=int, default=TrainConfig.num_eval)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--min-pixels", type=int, default=None,
+                        help="upscale frames to at least this many pixels (e.g. 16384)")
     parser.add_argument("--out", type=Path, default=None, help="save the trained reasoner here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     runner = load_dev_reasoner(args.model_dir)
+    if args.min_pixels:
+        set_min_pixels(runner, args.min_pixels)
     log = lambda entry: print(json.dumps(entry), flush=True)  # noqa: E731
     log({"params": sum(p.numel() for p in runner.model.parameters()),
          "before": exact_accuracy(WorldReasonerData(runner), args.num_eval)})
@@ -200,6 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     train(runner, cfg, log)
     if args.out is not None:
         runner.model.save_pretrained(args.out)
+        runner.prompting.image_processor.save_pretrained(args.out)
 
 
 def _lr_factor(step: int, num_steps: int) -> float:
