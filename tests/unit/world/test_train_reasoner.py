@@ -1,0 +1,60 @@
+"""The dev world's reasoner training feeds the model what the serving path would: the same
+prompt ids as the reasoner engine's chat prompt, and a loss on the answer only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from worldserve.models.dev.world.grammar import QUESTIONS
+from worldserve.models.dev.world.scenes import make_clip
+from worldserve.models.dev.world.train_reasoner import (
+    IGNORE,
+    WorldReasonerData,
+    model_inputs,
+)
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    from worldserve.models.cosmos3.dev import build_generation
+    from worldserve.models.cosmos3_reasoner.loader import load_runner
+
+    model_dir = tmp_path_factory.mktemp("generation")
+    build_generation(model_dir, 0)
+    return load_runner(model_dir)
+
+
+def test_prompts_are_the_reasoner_engines_chat_prompts(runner):
+    from worldserve.engines.reasoner.prompt import PromptBuilder
+
+    data = WorldReasonerData(runner)
+    media = data.read_clip(make_clip(0, "motion"))
+    question = QUESTIONS["direction"][0]
+    example = data.example(media, question, "left")
+    messages = [{"role": "user", "content": [{"type": "video"},
+                                             {"type": "text", "text": question}]}]
+    served = PromptBuilder(runner.tokenizer, runner.chat_template, runner.prompting).chat_prompt(
+        messages, [media])
+    assert example.ids[:example.num_prompt] == served.input_ids
+    assert example.ids[-1] == runner.tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+
+def test_the_loss_covers_the_answer_only(runner):
+    data = WorldReasonerData(runner)
+    clips = [make_clip(seed, "motion") for seed in range(2)]
+    examples = [data.example(data.read_clip(clips[0]), QUESTIONS["colour"][0], "red"),
+                data.example(data.read_clip(clips[1]), QUESTIONS["caption"][0],
+                             "a red circle on black moving left")]
+    inputs = model_inputs(runner, examples, with_labels=True)
+    for row, example in enumerate(examples):
+        labels = inputs["labels"][row]
+        assert (labels[:example.num_prompt] == IGNORE).all()
+        assert labels[example.num_prompt:len(example.ids)].tolist() == example.ids[
+            example.num_prompt:]
+        assert (labels[len(example.ids):] == IGNORE).all()
+        assert inputs["attention_mask"][row].sum() == len(example.ids)
+    loss = runner.model(**inputs).loss
+    assert torch.isfinite(loss) and loss > 0
