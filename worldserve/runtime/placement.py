@@ -28,6 +28,9 @@ Memory per GPU (all estimates, documented in docs/hardware.md):
     reserve   1 GiB + 2 % of the GPU (CUDA context, allocator fragmentation)
     fits      sum over the stages on the GPU of max(weights + headroom, load peak)
                 <= total - reserve
+
+Over the ~400-line guide on purpose: the memory model above, its constants and the assignment
+that applies them are read and changed together (docs/hardware.md mirrors them line for line).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Operator routes on the served models (docs/admin.md), behind the admin key rules.
 
-Each route relays one typed admin message (ipc/messages.py) to the stage that owns the model;
+Each route relays one typed admin message (ipc/messages/) to the stage that owns the model;
 the engine applies it between two steps. Bad bodies are 400 (OpenAI error envelope), as are
 the engine's refusals (missing LoRA path, unknown adapter, mismatching tensor).
 """
