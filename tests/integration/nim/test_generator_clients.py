@@ -241,3 +241,20 @@ def test_unknown_models_get_one_answer(nim_server: ServerProcess) -> None:
         models = http.get("/v1/models").json()["data"]
         assert [m["id"] for m in models] == ["worldserve-dev-cosmos3"]  # one entry, two stages
         assert set(models[0]["stages"]) == {"generation", "reasoner"}
+
+
+@pytest.mark.parametrize("case", ["t2i", "t2v"])
+def test_infer_idempotency_key(nim_server: ServerProcess, nim_url: str, case: str) -> None:
+    """The same key and body answer the job the first request made (one video listed, the
+    same bytes); the key with another body is a 409 naming it."""
+    headers = {"Idempotency-Key": f"nim-{case}"}
+    listed = len(httpx.get(f"{nim_server.base_url}/v1/videos", timeout=10).json()["data"])
+    first, again = (httpx.post(f"{nim_url}/v1/infer", json=CASES[case], headers=headers,
+                               timeout=300) for _ in range(2))
+    assert first.status_code == again.status_code == 200, first.text
+    assert first.json() == again.json()
+    now = len(httpx.get(f"{nim_server.base_url}/v1/videos", timeout=10).json()["data"])
+    assert now == listed + (case == "t2v")
+    other = httpx.post(f"{nim_url}/v1/infer", json={**CASES[case], "seed": 7}, headers=headers,
+                       timeout=300)
+    assert other.status_code == 409 and f"'nim-{case}'" in other.text, other.text

@@ -10,6 +10,7 @@ from typing import Awaitable, TypeVar
 
 from starlette.requests import Request
 
+from worldserve.api.jobs.idempotency import IdempotencyKey
 from worldserve.api.jobs.params import MediaRequest
 from worldserve.api.jobs.records import JobRecord, JobStatus
 from worldserve.api.jobs.service import MediaService
@@ -44,10 +45,11 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-async def run_video(service: MediaService, request: MediaRequest) -> JobRecord:
-    """Create the video job and wait for its end; its completed record (a failed job raises
-    its error, a job cancelled here is cancelled on the stage)."""
-    record = await service.create_video(request)
+async def run_video(service: MediaService, request: MediaRequest,
+                    key: IdempotencyKey | None = None) -> JobRecord:
+    """Create the video job (or find the one `key` made) and wait for its end; its completed
+    record (a failed job raises its error, a job cancelled here is cancelled on the stage)."""
+    record = await service.create_video(request, key)
     relay = service.tasks.get(record.id)
     try:
         if relay is not None:

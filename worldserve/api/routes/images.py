@@ -13,6 +13,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse
 
 from worldserve.api.errors import NativeRoute
+from worldserve.api.jobs.idempotency import read_key
 from worldserve.api.jobs.inputs import read_edit, read_images
 from worldserve.api.jobs.records import JobRecord
 from worldserve.api.jobs.service import MediaService
@@ -43,16 +44,18 @@ def _view(request: Request, service: MediaService, record: JobRecord) -> dict[st
 async def generations(request: Request, response: Response) -> dict[str, Any]:
     service = _service(request)
     images = await read_images(request, service.request_context())
+    key = await read_key(request)
     warn(response, images.warnings)
-    return _view(request, service, await service.generate_images(images))
+    return _view(request, service, await service.generate_images(images, key))
 
 
 @router.post("/v1/images/edits")
 async def edits(request: Request, response: Response) -> dict[str, Any]:
     service = _service(request)
     edit = await read_edit(request, service.request_context())
+    key = await read_key(request)
     warn(response, edit.warnings)
-    return _view(request, service, await service.generate_images(edit))
+    return _view(request, service, await service.generate_images(edit, key))
 
 
 @router.get("/v1/images/{image_id}/content")

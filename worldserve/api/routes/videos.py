@@ -13,6 +13,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse
 
 from worldserve.api.errors import NativeRoute
+from worldserve.api.jobs.idempotency import read_key
 from worldserve.api.jobs.inputs import read_video
 from worldserve.api.jobs.records import JobRecord
 from worldserve.api.jobs.service import MediaService
@@ -49,8 +50,9 @@ def _view(request: Request, service: MediaService, record: JobRecord) -> dict[st
 async def create(request: Request, response: Response) -> dict[str, Any]:
     service = _service(request)
     video = await read_video(request, service.request_context())
+    key = await read_key(request)
     warn(response, video.warnings)
-    return _view(request, service, await service.create_video(video))
+    return _view(request, service, await service.create_video(video, key))
 
 
 @router.post("/v1/videos/sync", response_model=None)
@@ -59,8 +61,9 @@ async def create_sync(request: Request) -> Response:
     `POST /v1/videos`, awaited; the MP4 bytes of its first output, the job in headers."""
     service = _service(request)
     video = await read_video(request, service.request_context())
+    key = await read_key(request)
     try:
-        record = await until_disconnect(request, run_video(service, video))
+        record = await until_disconnect(request, run_video(service, video, key))
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
     path = service.video_file(record.id, None)
