@@ -253,6 +253,8 @@ def test_infer_idempotency_key(nim_server: ServerProcess, nim_url: str, case: st
                                timeout=300) for _ in range(2))
     assert first.status_code == again.status_code == 200, first.text
     assert first.json() == again.json()
+    assert float(first.headers["x-inference-time-s"]) > 0
+    assert "total;dur=" in first.headers["server-timing"]
     now = len(httpx.get(f"{nim_server.base_url}/v1/videos", timeout=10).json()["data"])
     assert now == listed + (case == "t2v")
     other = httpx.post(f"{nim_url}/v1/infer", json={**CASES[case], "seed": 7}, headers=headers,

@@ -195,9 +195,10 @@ class MediaService:
                               key: IdempotencyKey | None = None) -> JobRecord:
         """Run a synchronous image request; returns its completed record (with an
         Idempotency-Key already used for this request: the record it made)."""
-        return await self.keys.once(key, lambda: self._generate_images(request), self._image)
+        return await self.keys.once(key, lambda: self._generate_images(request),
+                                   self.get_image)
 
-    def _image(self, image_id: str) -> JobRecord:
+    def get_image(self, image_id: str) -> JobRecord:
         record = self.ledger.get(image_id, "image")
         if record is None:
             raise NotFound("Image not found", param="image_id")
@@ -395,7 +396,7 @@ class MediaService:
 
     def image_file(self, image_id: str, variant: str | None) -> Path:
         """The file of output `variant` (default 0) of an image request."""
-        record = self._image(image_id)
+        record = self.get_image(image_id)
         paths = self.paths(record)
         index = 0
         if variant is not None:

@@ -37,7 +37,7 @@ async def infer(request: Request) -> Response:
         answer = await until_disconnect(request, run_infer(service, job, context, key))
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
-    response = JSONResponse(answer.body)
+    response = JSONResponse(answer.body, headers=answer.headers)
     if job.resolution_note:
         response.headers[RESOLUTION_HEADER] = job.resolution_note
     warn(response, answer.warnings)

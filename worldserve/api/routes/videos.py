@@ -18,7 +18,14 @@ from worldserve.api.jobs.inputs import read_video
 from worldserve.api.jobs.records import JobRecord
 from worldserve.api.jobs.service import MediaService
 from worldserve.api.jobs.sync import ClientDisconnected, run_video, until_disconnect
-from worldserve.api.jobs.views import job_list, job_object, public_base_url, sync_headers, warn
+from worldserve.api.jobs.views import (
+    job_list,
+    job_object,
+    public_base_url,
+    server_timing,
+    sync_headers,
+    warn,
+)
 from worldserve.api.services import ApiServices, media_service
 from worldserve.errors import InvalidRequest
 
@@ -121,8 +128,10 @@ async def retrieve(request: Request, video_id: str) -> dict[str, Any]:
 async def content(
     request: Request, video_id: str, variant: str | None = Query(None)
 ) -> FileResponse:
-    path = _service(request).video_file(video_id, variant)
-    return FileResponse(path, media_type="video/mp4", filename=path.name)
+    service = _service(request)
+    path = service.video_file(video_id, variant)
+    return FileResponse(path, media_type="video/mp4", filename=path.name,
+                        headers=server_timing(service.get_video(video_id)))
 
 
 @router.delete("/v1/videos/{video_id}")
