@@ -1,6 +1,7 @@
 """The synchronous forms of a video job (`POST /v1/videos/sync`, the Generator NIM's
 `POST /v1/infer`): the very job `POST /v1/videos` creates (listed, retrievable, counted), awaited
-to its end. A client that disconnects while it waits cancels it (`until_disconnect`)."""
+to its end. A client that disconnects while it waits cancels it (`until_disconnect`), unless it
+sent an Idempotency-Key."""
 
 from __future__ import annotations
 
@@ -55,7 +56,10 @@ async def run_video(service: MediaService, request: MediaRequest,
         if relay is not None:
             await asyncio.shield(relay)
     except asyncio.CancelledError:
-        service.cancel_video(record, "the client disconnected")
+        # With an Idempotency-Key the job outlives the connection: the client's retry under
+        # the key (or another waiter on it) gets its answer.
+        if key is None:
+            service.cancel_video(record, "the client disconnected")
         raise
     done = service.get_video(record.id)
     if done.status != JobStatus.COMPLETED:
