@@ -1,5 +1,6 @@
-"""Served model names: `/v1/models` entries, and the one answer every route gives for a model
-this server does not serve (404, `The model '<id>' does not exist; this server serves ...`)."""
+"""Served model names: `/v1/models` entries, the aliases `--served-model-name` adds, and the
+one answer every route gives for a model this server does not serve (404, `The model '<id>'
+does not exist; this server serves ...`)."""
 
 from __future__ import annotations
 
@@ -54,10 +55,18 @@ def model_entries(runtime: ServerRuntime, stages: tuple[str, ...] | None = None,
     return list(entries.values())
 
 
+def listed_name(runtime: ServerRuntime, model_id: str) -> str:
+    """The listed id an alias given by `--served-model-name` stands for; any other name as is."""
+    names = runtime.config.served_model_names
+    return names[0] if model_id in names[1:] else model_id
+
+
 def served_model(runtime: ServerRuntime, model_id: str,
                  stages: tuple[str, ...] | None = None) -> dict:
-    """The entry of `model_id`, else the 404 every route gives for an unknown model."""
+    """The entry of `model_id` (or of the listed name it is an alias of, `--served-model-name`),
+    else the 404 every route gives for an unknown model."""
     entries = model_entries(runtime, stages)
+    model_id = listed_name(runtime, model_id)
     for entry in entries:
         if entry["id"] == model_id:
             return entry

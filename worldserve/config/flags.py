@@ -77,6 +77,7 @@ SERVE_FLAGS: tuple[ConfigFlag, ...] = (
     _flag("--public-url", "public_url", default="the request's scheme and host"),
     _flag("--forwarded-allow-ips", "forwarded_allow_ips"),
     _flag("--show-server-paths", "show_server_paths"),
+    _flag("--served-model-name", "served_model_names", default="each stage's model"),
     _every_stage("--device", "device", DEVICES_PANEL),
     _every_stage("--dtype", "dtype", DEVICES_PANEL),
     _flag("--generation-parallel", f"{GENERATION}.parallel", DEVICES_PANEL,
@@ -131,6 +132,9 @@ SERVE_FLAGS: tuple[ConfigFlag, ...] = (
     _flag("--nim-runtime", "nim_runtime", NIM_PANEL,
           default="the reasoner when enabled, else the generator"),
 )
+# List flags that also take several values after one flag, as vLLM and SGLang spell them
+# (`--served-model-name A B`): PanelledCommand repeats the flag for each value.
+MULTI_VALUE_FLAGS = frozenset({"--served-model-name"})
 # `worldserve check`: what decides the placement plan.
 CHECK_FLAGS: tuple[ConfigFlag, ...] = tuple(
     flag for flag in SERVE_FLAGS if flag.panel == DEVICES_PANEL)
@@ -316,9 +320,29 @@ def with_config_flags(flags: tuple[ConfigFlag, ...]) -> Callable[[Callable[..., 
     return decorate
 
 
+def repeat_multi_value_flags(args: list[str]) -> list[str]:
+    """`--served-model-name A B --port 1` -> `--served-model-name A --served-model-name B
+    --port 1`: each value up to the next option gets the flag."""
+    out: list[str] = []
+    flag: str | None = None
+    for arg in args:
+        if arg.startswith("-"):
+            name = arg.split("=")[0]
+            flag = name if name in MULTI_VALUE_FLAGS else None
+            out.append(arg)
+        elif flag is not None and out[-1] != flag:
+            out += [flag, arg]
+        else:
+            out.append(arg)
+    return out
+
+
 class PanelledCommand(TyperCommand):
     """`--help` as click writes it (wrapped to the terminal, option names never cut, no rich
     markup to swallow `[ray]` or `[default: ...]`), one section per help panel."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, repeat_multi_value_flags(args))
 
     # typer vendors click (typer._click): reach its classes through typer's own.
     def format_help(self, ctx: typer.Context, formatter: Any) -> None:

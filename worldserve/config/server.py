@@ -4,7 +4,7 @@ stages, with the checks that span stages."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -64,7 +64,30 @@ class ServerConfig(FrozenConfig):
     nim_runtime: Literal["generator", "reasoner"] | None = Field(default=None, description=(
         "The runtime the root /v1/metadata, /v1/health/ready and /v1/manifest describe to NIM "
         "clients."))
+    # vLLM's and SGLang's `--served-model-name A B ...`: clients that always send their own id
+    # (e.g. `nvidia/Cosmos3-Super`) are served by configuration (api/model_names.py).
+    served_model_names: list[str] = Field(default_factory=list, description=(
+        "Names the served model answers to (repeatable, or several after one flag): the first "
+        "is every stage's listed id (a stage's own served_model_name wins), the others are "
+        "accepted as aliases in requests' `model`."))
     stages: StagesConfig = Field(default_factory=StagesConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _first_name_reaches_every_stage(cls, data: Any) -> Any:
+        """The first served name becomes the served_model_name of each stage without its own;
+        run again on the stage processes' copy, it changes nothing."""
+        if not isinstance(data, dict) or not data.get("served_model_names"):
+            return data
+        stages = data.get("stages") or {}
+        if not isinstance(stages, dict):
+            return data
+        first = data["served_model_names"][0]
+        named = {name: {**(stages.get(name) or {})} for name in StagesConfig.model_fields
+                 if isinstance(stages.get(name) or {}, dict)}
+        for stage in named.values():
+            stage["served_model_name"] = stage.get("served_model_name") or first
+        return {**data, "stages": {**stages, **named}}
 
     @model_validator(mode="after")
     def _colocation_is_possible(self) -> ServerConfig:

@@ -168,20 +168,35 @@ def test_urlencoded_jobs_like_the_vllm_omni_benchmark(nim_server: ServerProcess)
         assert http.delete(f"/v1/videos/{job['id']}").json()["deleted"] is True
 
 
-def test_a_disconnecting_client_cancels_its_job(nim_server: ServerProcess, nim_url: str) -> None:
-    """The client sends /v1/infer, waits until its job runs, then closes the connection."""
-    slow = {**CASES["t2v"], "num_frames": 197, "num_inference_steps": 100,
-            "prompt": "a slow clip"}
+def _disconnect_while_running(http: httpx.Client, nim_server: ServerProcess, nim_url: str,
+                              prompt: str, extra_header: str = "") -> None:
+    """Send a slow /v1/infer, wait until its job runs, then close the connection."""
+    slow = {**CASES["t2v"], "num_frames": 197, "num_inference_steps": 100, "prompt": prompt}
     body = json.dumps(slow).encode()
     path = nim_url.removeprefix(nim_server.base_url) + "/v1/infer"
+    with socket.create_connection(("127.0.0.1", nim_server.port)) as raw:
+        raw.sendall(f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json"
+                    f"{extra_header}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        wait_for_job(http, prompt, ("in_progress",))
+
+
+def test_a_disconnecting_client_cancels_its_job(nim_server: ServerProcess, nim_url: str) -> None:
     with httpx.Client(base_url=nim_server.base_url, timeout=30) as http:
-        with socket.create_connection(("127.0.0.1", nim_server.port)) as raw:
-            raw.sendall(f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json"
-                        f"\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
-            job = wait_for_job(http, "a slow clip", ("in_progress",))
+        _disconnect_while_running(http, nim_server, nim_url, "a slow clip")
         job = wait_for_job(http, "a slow clip", ("cancelled", "completed", "failed"))
     assert job["status"] == "cancelled", job
     assert job["error"]["message"] == "the client disconnected"
+
+
+def test_a_job_under_an_idempotency_key_outlives_the_connection(
+        nim_server: ServerProcess, nim_url: str) -> None:
+    """The retry under the key is meant to find it: a disconnect does not cancel it."""
+    header = "\r\nIdempotency-Key: slow-retry"
+    with httpx.Client(base_url=nim_server.base_url, timeout=30) as http:
+        _disconnect_while_running(http, nim_server, nim_url, "a kept clip", header)
+        time.sleep(1.0)  # the disconnect is seen well within this
+        job = wait_for_job(http, "a kept clip", ("in_progress",))
+        assert http.delete(f"/v1/videos/{job['id']}").status_code == 200
 
 
 def wait_for_job(http: httpx.Client, prompt: str, states: tuple[str, ...]) -> dict:
@@ -241,3 +256,22 @@ def test_unknown_models_get_one_answer(nim_server: ServerProcess) -> None:
         models = http.get("/v1/models").json()["data"]
         assert [m["id"] for m in models] == ["worldserve-dev-cosmos3"]  # one entry, two stages
         assert set(models[0]["stages"]) == {"generation", "reasoner"}
+
+
+@pytest.mark.parametrize("case", ["t2i", "t2v"])
+def test_infer_idempotency_key(nim_server: ServerProcess, nim_url: str, case: str) -> None:
+    """The same key and body answer the job the first request made (one video listed, the
+    same bytes); the key with another body is a 409 naming it."""
+    headers = {"Idempotency-Key": f"nim-{case}"}
+    listed = len(httpx.get(f"{nim_server.base_url}/v1/videos", timeout=10).json()["data"])
+    first, again = (httpx.post(f"{nim_url}/v1/infer", json=CASES[case], headers=headers,
+                               timeout=300) for _ in range(2))
+    assert first.status_code == again.status_code == 200, first.text
+    assert first.json() == again.json()
+    assert float(first.headers["x-inference-time-s"]) > 0
+    assert "total;dur=" in first.headers["server-timing"]
+    now = len(httpx.get(f"{nim_server.base_url}/v1/videos", timeout=10).json()["data"])
+    assert now == listed + (case == "t2v")
+    other = httpx.post(f"{nim_url}/v1/infer", json={**CASES[case], "seed": 7}, headers=headers,
+                       timeout=300)
+    assert other.status_code == 409 and f"'nim-{case}'" in other.text, other.text

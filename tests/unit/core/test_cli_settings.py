@@ -72,6 +72,22 @@ def test_reasoner_flags(served: list[ServerConfig]) -> None:
     assert served[0].stages.reasoner.served_model_name == "cosmos"
 
 
+@pytest.mark.parametrize("args", [
+    ("--served-model-name", "a/one", "b/two", "c", "--port", "0"),
+    ("--served-model-name=a/one", "b/two", "--served-model-name", "c"),
+])
+def test_served_model_name_takes_several_names_after_one_flag(
+        served: list[ServerConfig], args: tuple[str, ...]) -> None:
+    result = _serve(*args, "--reasoner-model-name", "own")
+    assert result.exit_code == 0, result.output
+    config = served[0]
+    assert config.served_model_names == ["a/one", "b/two", "c"]
+    # The first is every stage's listed id; a stage's own name wins.
+    assert config.stages.generation.served_model_name == "a/one"
+    assert config.stages.realtime.served_model_name == "a/one"
+    assert config.stages.reasoner.served_model_name == "own"
+
+
 def test_malformed_variable_is_a_startup_error(served: list[ServerConfig]) -> None:
     result = _serve(env={"NIM_STREAMING_MAX_VIDEO_SEGMENTS": "eight"})
     assert result.exit_code == 2 and not served

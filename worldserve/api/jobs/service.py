@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
 
 from worldserve.api.jobs.enhancer import PromptEnhancer, maybe_enhance
+from worldserve.api.jobs.idempotency import IdempotencyKey, IdempotencyKeys
 from worldserve.api.jobs.inputs import RequestContext
 from worldserve.api.jobs.ledger import JobLedger
 from worldserve.api.jobs.params import MediaRequest
@@ -89,6 +90,7 @@ class MediaService:
         self.live: dict[str, JobRecord] = {}  # video jobs being relayed: the records they own
         self.in_flight = 0
         self.slots = SlotClock()  # how long admission slots are held: the 503's Retry-After
+        self.keys = IdempotencyKeys(self.ledger.store)
         self.ledger.recover()
 
     # ------------------------------------------------------------------ stage facts
@@ -189,8 +191,20 @@ class MediaService:
 
     # ------------------------------------------------------------------ images
 
-    async def generate_images(self, request: MediaRequest) -> JobRecord:
-        """Run a synchronous image request; returns its completed record."""
+    async def generate_images(self, request: MediaRequest,
+                              key: IdempotencyKey | None = None) -> JobRecord:
+        """Run a synchronous image request; returns its completed record (with an
+        Idempotency-Key already used for this request: the record it made)."""
+        return await self.keys.once(key, lambda: self._generate_images(request),
+                                   self.get_image)
+
+    def get_image(self, image_id: str) -> JobRecord:
+        record = self.ledger.get(image_id, "image")
+        if record is None:
+            raise NotFound("Image not found", param="image_id")
+        return record
+
+    async def _generate_images(self, request: MediaRequest) -> JobRecord:
         request.model = self.served_model(request.model)
         await self._enhance(request)
         with self.admit():
@@ -263,8 +277,13 @@ class MediaService:
 
     # ------------------------------------------------------------------ videos
 
-    async def create_video(self, request: MediaRequest) -> JobRecord:
-        """Queue a video job; returns its record once the stage accepted it."""
+    async def create_video(self, request: MediaRequest,
+                           key: IdempotencyKey | None = None) -> JobRecord:
+        """Queue a video job; returns its record once the stage accepted it (with an
+        Idempotency-Key already used for this request: the job it created)."""
+        return await self.keys.once(key, lambda: self._create_video(request), self.get_video)
+
+    async def _create_video(self, request: MediaRequest) -> JobRecord:
         model = self.served_model(request.model)
         await self._enhance(request)
         record = self.ledger.new("video", request, model=model, action=request.action)
@@ -377,9 +396,7 @@ class MediaService:
 
     def image_file(self, image_id: str, variant: str | None) -> Path:
         """The file of output `variant` (default 0) of an image request."""
-        record = self.ledger.get(image_id, "image")
-        if record is None:
-            raise NotFound("Image not found", param="image_id")
+        record = self.get_image(image_id)
         paths = self.paths(record)
         index = 0
         if variant is not None:

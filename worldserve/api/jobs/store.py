@@ -28,6 +28,12 @@ CREATE TABLE IF NOT EXISTS records (
 );
 CREATE INDEX IF NOT EXISTS records_kind_created ON records (kind, created_at, seq);
 CREATE INDEX IF NOT EXISTS records_expires ON records (expires_at);
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    key TEXT PRIMARY KEY,
+    record_id TEXT NOT NULL,
+    fingerprint TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idempotency_keys_record ON idempotency_keys (record_id);
 """
 
 
@@ -89,7 +95,20 @@ class RecordStore:
         )
 
     def delete(self, record_id: str) -> bool:
+        """Remove a record and the Idempotency-Keys that named it (keys expire with their
+        job)."""
+        self._write("DELETE FROM idempotency_keys WHERE record_id = ?", (record_id,))
         return self._write("DELETE FROM records WHERE id = ?", (record_id,)).rowcount > 0
+
+    def remember_key(self, key: str, fingerprint: str, record_id: str) -> None:
+        self._write("INSERT INTO idempotency_keys (key, record_id, fingerprint) VALUES (?, ?, ?)",
+                    (key, record_id, fingerprint))
+
+    def key_record(self, key: str) -> tuple[str, str] | None:
+        """(record id, request fingerprint) an Idempotency-Key names, None when unknown."""
+        row = self._db.execute("SELECT record_id, fingerprint FROM idempotency_keys WHERE key = ?",
+                               (key,)).fetchone()
+        return (row[0], row[1]) if row is not None else None
 
     # ------------------------------------------------------------------ reads
 

@@ -1,6 +1,7 @@
 """The synchronous forms of a video job (`POST /v1/videos/sync`, the Generator NIM's
 `POST /v1/infer`): the very job `POST /v1/videos` creates (listed, retrievable, counted), awaited
-to its end. A client that disconnects while it waits cancels it (`until_disconnect`)."""
+to its end. A client that disconnects while it waits cancels it (`until_disconnect`), unless it
+sent an Idempotency-Key."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Awaitable, TypeVar
 
 from starlette.requests import Request
 
+from worldserve.api.jobs.idempotency import IdempotencyKey
 from worldserve.api.jobs.params import MediaRequest
 from worldserve.api.jobs.records import JobRecord, JobStatus
 from worldserve.api.jobs.service import MediaService
@@ -44,16 +46,20 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-async def run_video(service: MediaService, request: MediaRequest) -> JobRecord:
-    """Create the video job and wait for its end; its completed record (a failed job raises
-    its error, a job cancelled here is cancelled on the stage)."""
-    record = await service.create_video(request)
+async def run_video(service: MediaService, request: MediaRequest,
+                    key: IdempotencyKey | None = None) -> JobRecord:
+    """Create the video job (or find the one `key` made) and wait for its end; its completed
+    record (a failed job raises its error, a job cancelled here is cancelled on the stage)."""
+    record = await service.create_video(request, key)
     relay = service.tasks.get(record.id)
     try:
         if relay is not None:
             await asyncio.shield(relay)
     except asyncio.CancelledError:
-        service.cancel_video(record, "the client disconnected")
+        # With an Idempotency-Key the job outlives the connection: the client's retry under
+        # the key (or another waiter on it) gets its answer.
+        if key is None:
+            service.cancel_video(record, "the client disconnected")
         raise
     done = service.get_video(record.id)
     if done.status != JobStatus.COMPLETED:

@@ -100,10 +100,25 @@ def image_response(record: JobRecord, paths: list[Path], *, base_url: str,
             "usage": {"image_count": len(paths)}}
 
 
+def server_timing(record: JobRecord) -> dict[str, str]:
+    """`Server-Timing` (W3C: milliseconds) of the phases the engine reported for the job
+    (encode, denoise, decode, mux, as far as it ran them) and `total`, its inference time; none
+    before the job has figures."""
+    phases = [f"{name};dur={seconds * 1000:.1f}" for name, seconds in
+              record.stage_durations.items()]
+    if record.inference_time_s is not None:
+        phases.append(f"total;dur={record.inference_time_s * 1000:.1f}")
+    return {"Server-Timing": ", ".join(phases)} if phases else {}
+
+
+def timing_headers(record: JobRecord) -> dict[str, str]:
+    """The figures of a synchronous answer: vLLM-Omni's header names for time and memory, and
+    `Server-Timing`."""
+    return {"X-Inference-Time-S": f"{record.inference_time_s or 0:.3f}",
+            "X-Peak-Memory-MB": f"{record.peak_memory_mb or 0:.1f}", **server_timing(record)}
+
+
 def sync_headers(record: JobRecord) -> dict[str, str]:
-    """What a synchronous video answer says besides its bytes (vLLM-Omni's header names for the
-    time and memory figures)."""
+    """What a synchronous video answer says besides its bytes."""
     durations = ",".join(f"{k}={v:.3f}" for k, v in record.stage_durations.items())
-    return {"X-Video-Id": record.id, "X-Inference-Time-S": f"{record.inference_time_s or 0:.3f}",
-            "X-Peak-Memory-MB": f"{record.peak_memory_mb or 0:.1f}",
-            "X-Stage-Durations": durations}
+    return {"X-Video-Id": record.id, **timing_headers(record), "X-Stage-Durations": durations}

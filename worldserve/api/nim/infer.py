@@ -16,10 +16,12 @@ import binascii
 from dataclasses import dataclass, field
 from typing import Any
 
+from worldserve.api.jobs.idempotency import IdempotencyKey
 from worldserve.api.jobs.inputs import RequestContext, parse_body, video_request
 from worldserve.api.jobs.params import MediaRequest, resolve_image
 from worldserve.api.jobs.service import MediaService
 from worldserve.api.jobs.sync import run_video
+from worldserve.api.jobs.views import timing_headers
 from worldserve.api.nim.infer_rules import NimJob
 from worldserve.api.schemas.images import ImageGenerationRequest
 from worldserve.errors import InvalidRequest
@@ -35,24 +37,28 @@ _MAGIC = ((b"\xff\xd8\xff", "image/jpeg"), (b"\x89PNG\r\n\x1a\n", "image/png"),
 class InferAnswer:
     body: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=dict)  # the job's figures (timing_headers)
 
 
-async def run_infer(service: MediaService, job: NimJob, context: RequestContext) -> InferAnswer:
-    """The NIM answer of one `/v1/infer` request, through the native request path."""
+async def run_infer(service: MediaService, job: NimJob, context: RequestContext,
+                    key: IdempotencyKey | None = None) -> InferAnswer:
+    """The NIM answer of one `/v1/infer` request, through the native request path (with an
+    Idempotency-Key already used for this request: the answer of the job it made)."""
     if job.mode == "text2image":
         request = _image_request(job, context)
-        record = await service.generate_images(request)
+        record = await service.generate_images(request, key)
         image = service.paths(record)[0].read_bytes()
-        return InferAnswer({"b64_image": base64.b64encode(image).decode()}, request.warnings)
+        return InferAnswer({"b64_image": base64.b64encode(image).decode()}, request.warnings,
+                           timing_headers(record))
     request = await video_request(_video_fields(job), context)
     _retime(request, job)
     if job.mode in ("policy", "inverse_dynamics"):
         _predict_actions(request, job, context)
-    record = await run_video(service, request)
+    record = await run_video(service, request, key)
     video = service.paths(record)[0].read_bytes()
     action = record.action if job.mode in ("policy", "inverse_dynamics") else None
     return InferAnswer({"b64_video": base64.b64encode(video).decode(), "action": action},
-                       request.warnings)
+                       request.warnings, timing_headers(record))
 
 
 def _sampling(job: NimJob) -> dict[str, Any]:

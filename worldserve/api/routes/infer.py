@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from worldserve.api.errors import NimInferRoute
+from worldserve.api.jobs.idempotency import read_key
 from worldserve.api.jobs.inputs import read_json
 from worldserve.api.jobs.sync import ClientDisconnected, until_disconnect
 from worldserve.api.jobs.views import warn
@@ -31,11 +32,12 @@ async def infer(request: Request) -> Response:
     service = media_service(request)
     context = service.request_context()
     job = resolve(parse_infer(await read_json(request)), context.caps)
+    key = await read_key(request)
     try:
-        answer = await until_disconnect(request, run_infer(service, job, context))
+        answer = await until_disconnect(request, run_infer(service, job, context, key))
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
-    response = JSONResponse(answer.body)
+    response = JSONResponse(answer.body, headers=answer.headers)
     if job.resolution_note:
         response.headers[RESOLUTION_HEADER] = job.resolution_note
     warn(response, answer.warnings)

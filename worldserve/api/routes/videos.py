@@ -13,11 +13,19 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse
 
 from worldserve.api.errors import NativeRoute
+from worldserve.api.jobs.idempotency import read_key
 from worldserve.api.jobs.inputs import read_video
 from worldserve.api.jobs.records import JobRecord
 from worldserve.api.jobs.service import MediaService
 from worldserve.api.jobs.sync import ClientDisconnected, run_video, until_disconnect
-from worldserve.api.jobs.views import job_list, job_object, public_base_url, sync_headers, warn
+from worldserve.api.jobs.views import (
+    job_list,
+    job_object,
+    public_base_url,
+    server_timing,
+    sync_headers,
+    warn,
+)
 from worldserve.api.services import ApiServices, media_service
 from worldserve.errors import InvalidRequest
 
@@ -49,8 +57,9 @@ def _view(request: Request, service: MediaService, record: JobRecord) -> dict[st
 async def create(request: Request, response: Response) -> dict[str, Any]:
     service = _service(request)
     video = await read_video(request, service.request_context())
+    key = await read_key(request)
     warn(response, video.warnings)
-    return _view(request, service, await service.create_video(video))
+    return _view(request, service, await service.create_video(video, key))
 
 
 @router.post("/v1/videos/sync", response_model=None)
@@ -59,8 +68,9 @@ async def create_sync(request: Request) -> Response:
     `POST /v1/videos`, awaited; the MP4 bytes of its first output, the job in headers."""
     service = _service(request)
     video = await read_video(request, service.request_context())
+    key = await read_key(request)
     try:
-        record = await until_disconnect(request, run_video(service, video))
+        record = await until_disconnect(request, run_video(service, video, key))
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
     path = service.video_file(record.id, None)
@@ -118,8 +128,10 @@ async def retrieve(request: Request, video_id: str) -> dict[str, Any]:
 async def content(
     request: Request, video_id: str, variant: str | None = Query(None)
 ) -> FileResponse:
-    path = _service(request).video_file(video_id, variant)
-    return FileResponse(path, media_type="video/mp4", filename=path.name)
+    service = _service(request)
+    path = service.video_file(video_id, variant)
+    return FileResponse(path, media_type="video/mp4", filename=path.name,
+                        headers=server_timing(service.get_video(video_id)))
 
 
 @router.delete("/v1/videos/{video_id}")

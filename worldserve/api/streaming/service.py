@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from worldserve.api.model_names import listed_name
 from worldserve.api.runtime import ServerRuntime
 from worldserve.api.schemas.streaming import CreateSessionBody
 from worldserve.api.streaming.params import (
@@ -132,7 +133,7 @@ class StreamingService:
         """Validation order of spec section 4.4; admission (400/503) is the stage's."""
         client = self.client()
         info = client.info
-        if body.model is not None and body.model != info.model:
+        if body.model is not None and listed_name(self.runtime, body.model) != info.model:
             raise NotFound(f"unknown model '{body.model}'", param="model")
         caps = reasoner_capabilities(client)
         retention = build_retention(body.retention, caps.retention, caps.library_retention)
