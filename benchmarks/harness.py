@@ -30,12 +30,9 @@ from typing import Any
 
 from tests.support.server import ServerProcess
 from worldserve import envs
+from worldserve.cli import DEV_STAGE_DEFAULTS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-# `make serve`'s stages (worldserve/cli.py DEV_STAGE_DEFAULTS): the Cosmos3 dev directory holds
-# the generator and its reasoner; the realtime stage serves the dev causal model.
-DEFAULT_STAGE_DIRS = {"generation": "generation", "reasoner": "generation", "realtime": "realtime"}
 
 
 def dev_models_dir(quiet: bool = False) -> Path:
@@ -54,7 +51,7 @@ def dev_model(name: str, quiet: bool = False) -> Path:
 def default_stages() -> dict[str, Any]:
     """The `stages` config of `make serve` (every stage on its dev checkpoint)."""
     root = dev_models_dir(quiet=True)
-    return {name: {"model_path": str(root / folder)} for name, folder in DEFAULT_STAGE_DIRS.items()}
+    return {name: {"model_path": str(root / folder)} for name, folder in DEV_STAGE_DEFAULTS.items()}
 
 
 def start_server(workdir: Path, config: dict[str, Any] | None = None, *,

@@ -24,6 +24,7 @@ import pytest
 
 from tests.support import machine, markdown
 from tests.support.server import REPO_ROOT, ServerProcess, base_env
+from worldserve.cli import DEV_STAGE_DEFAULTS
 
 EXAMPLES = markdown.examples()
 BASH = sorted({block.path for block in EXAMPLES
@@ -45,9 +46,8 @@ def server(tmp_path_factory: pytest.TempPathFactory,
            dev_models_dir: Path) -> Iterator[ServerProcess]:
     """`make serve`'s stages: the Cosmos3 dev directory (generator and reasoner) and the dev
     causal model on the realtime stage (worldserve/cli.py DEV_STAGE_DEFAULTS)."""
-    stages = {"generation": {"model_path": str(dev_models_dir / "generation")},
-              "reasoner": {"model_path": str(dev_models_dir / "generation")},
-              "realtime": {"model_path": str(dev_models_dir / "realtime")}}
+    stages = {name: {"model_path": str(dev_models_dir / folder)}
+              for name, folder in DEV_STAGE_DEFAULTS.items()}
     process = ServerProcess(tmp_path_factory.mktemp("examples-server"), {"stages": stages})
     try:
         process.wait_healthy(timeout_s=180)

@@ -72,20 +72,6 @@ def test_help_comes_from_the_field(flag: ConfigFlag) -> None:
     assert f"[default: {default_text(flag)}" in text
 
 
-@pytest.fixture
-def served(monkeypatch: pytest.MonkeyPatch) -> list[ServerConfig]:
-    """Stop `serve` at the boundary: record the config it would start the server with."""
-    seen: list[ServerConfig] = []
-
-    async def fake_serve(cfg: ServerConfig, key: Any) -> int:
-        seen.append(cfg)
-        return 0
-
-    monkeypatch.setattr(cli, "_serve", fake_serve)
-    monkeypatch.setattr(cli, "_fill_dev_model_paths", lambda cfg: cfg)
-    return seen
-
-
 def served_value(served: list[ServerConfig], *args: str, key: str) -> Any:
     result = CliRunner().invoke(cli.app, ["serve", *args])
     assert result.exit_code == 0, result.output

@@ -26,20 +26,6 @@ FLAGS = [  # flag, value, attribute of stages.reasoner.streaming (or the reasone
 ]
 
 
-@pytest.fixture
-def served(monkeypatch: pytest.MonkeyPatch) -> list[ServerConfig]:
-    """Stop `serve` at the boundary: record the config it would start the server with."""
-    seen: list[ServerConfig] = []
-
-    async def fake_serve(cfg: ServerConfig, key: Any) -> int:
-        seen.append(cfg)
-        return 0
-
-    monkeypatch.setattr(cli, "_serve", fake_serve)
-    monkeypatch.setattr(cli, "_fill_dev_model_paths", lambda cfg: cfg)
-    return seen
-
-
 def _serve(*args: str, env: dict[str, str] | None = None) -> Any:
     return CliRunner().invoke(cli.app, ["serve", *args], env=env)
 
