@@ -13,7 +13,8 @@ the same directory with the dequantised weights written as plain weights. Then:
 
     python benchmarks/fp8.py      # CUDA when available, else the CPU
 
-Prints one JSON line per part; `part_fp8(report)` is the entry benchmarks/gpu_check.py calls.
+Prints one JSON line per part. benchmarks/gpu_check.py's `fp8` part calls `build_pair` and, on
+CUDA, `part_w8a8`.
 """
 
 from __future__ import annotations

@@ -182,11 +182,13 @@ ARMS = {"before": dict(static_decode=False, legacy=True),
 class DecodeBench:
     """One engine per arm; `measure` runs `batch` sessions on one frame each."""
 
-    def __init__(self, model_path: Path, arm: str, frame: bytes, max_tokens: int) -> None:
+    def __init__(self, model_path: Path, arm: str, frame: bytes, max_tokens: int,
+                 stage: dict[str, Any] | None = None) -> None:
+        """`stage`: more reasoner stage settings (e.g. `device`, `fp8_compute`)."""
         from worldserve.config import ReasonerStageConfig, ServerConfig, StreamingConfig
         from worldserve.engines.reasoner.engine import ReasonerEngine
 
-        spec = dict(ARMS[arm])
+        spec = {**ARMS[arm], **(stage or {})}
         self.legacy = spec.pop("legacy")
         stage = ReasonerStageConfig(model_path=model_path, streaming=StreamingConfig(
             max_sessions=4), **spec)
