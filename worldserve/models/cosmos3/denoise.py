@@ -52,7 +52,7 @@ class Cosmos3Denoise(StepCacheOps):
             "action": (row.action_latents.to(device=device, dtype=dtype)
                        if row.action_latents is not None else None),
         }
-        cond, uncond = self._guided_velocities(row, tokens, t, i, sigma, guidance != 1.0)
+        cond, uncond = self._guided_velocities(row, tokens, i, sigma, guidance != 1.0)
         velocity = [_combine(c, u, guidance) for c, u in
                     zip(cond, uncond if uncond is not None else (None, None, None))]
         row.latents = row.scheduler.step(velocity[0].unsqueeze(0), t, row.latents.unsqueeze(0),
@@ -61,29 +61,27 @@ class Cosmos3Denoise(StepCacheOps):
             row.sound_latents = row.sound_scheduler.step(
                 velocity[1].unsqueeze(0), t, row.sound_latents.unsqueeze(0),
                 return_dict=False)[0].squeeze(0)
-        noisy_action = (row.action_mask is not None
-                        and row.action_mask.sum() < row.action_mask.numel())
-        if row.action_scheduler is not None and noisy_action and velocity[2] is not None:
+        if row.action_scheduler is not None and row.noisy_action and velocity[2] is not None:
             row.action_latents = row.action_scheduler.step(
                 velocity[2].unsqueeze(0), t, row.action_latents.unsqueeze(0),
                 return_dict=False)[0].squeeze(0)
             if row.raw_action_dim is not None:
                 row.action_latents[:, row.raw_action_dim:] = 0
 
-    def _guided_velocities(self, row: RowState, tokens: dict[str, Any], t: torch.Tensor,
-                           i: int, sigma: float, cfg: bool) -> tuple[list[Any], list[Any] | None]:
+    def _guided_velocities(self, row: RowState, tokens: dict[str, Any], i: int, sigma: float,
+                           cfg: bool) -> tuple[list[Any], list[Any] | None]:
         """The cond forward's velocities and, with CFG, the uncond one's (a rank group splits
         them: models/cosmos3/parallel.py)."""
-        cond = self._velocities(row, row.cond, tokens, t, i, sigma, "cond")
-        uncond = self._velocities(row, row.uncond, tokens, t, i, sigma, "uncond") if cfg else None
+        cond = self._velocities(row, row.cond, tokens, i, sigma, "cond")
+        uncond = self._velocities(row, row.uncond, tokens, i, sigma, "uncond") if cfg else None
         return cond, uncond
 
     def _velocities(self, row: RowState, packed: dict[str, Any], tokens: dict[str, Any],
-                    t: torch.Tensor, i: int, sigma: float, name: str) -> list[Any]:
+                    i: int, sigma: float, name: str) -> list[Any]:
         """One forward (cond or uncond) and its masked velocities, as float32."""
         pipe = self.pipe
         device = row.device
-        timestep = t.item()
+        timestep = row.host_timesteps[i]
         vision_t = torch.full((packed["num_noisy_vision_tokens"],), timestep, device=device)
         sound_t = (torch.full((packed["sound_len"],), timestep, device=device)
                    if tokens["sound"] is not None else None)

@@ -99,13 +99,13 @@ class ParallelCosmos3Runner(Cosmos3Runner):
                                "server on the new checkpoint")
         return super().update_weights(path)
 
-    def _guided_velocities(self, row: RowState, tokens: dict[str, Any], t: torch.Tensor,
-                           i: int, sigma: float, cfg: bool) -> tuple[list[Any], list[Any] | None]:
+    def _guided_velocities(self, row: RowState, tokens: dict[str, Any], i: int, sigma: float,
+                           cfg: bool) -> tuple[list[Any], list[Any] | None]:
         group = self.mesh.cfg
         if not cfg or group.size == 1:
-            return super()._guided_velocities(row, tokens, t, i, sigma, cfg)
+            return super()._guided_velocities(row, tokens, i, sigma, cfg)
         packed, name = (row.cond, "cond") if group.index == 0 else (row.uncond, "uncond")
-        mine = self._velocities(row, packed, tokens, t, i, sigma, name)
+        mine = self._velocities(row, packed, tokens, i, sigma, name)
         present = [v for v in mine if v is not None]
         flat = torch.cat([v.flatten() for v in present])
         both = all_gather(flat, group)  # (2, n): cond from index 0, uncond from index 1

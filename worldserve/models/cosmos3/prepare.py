@@ -86,7 +86,10 @@ class Cosmos3Prepare(StepCacheOps):
             action_mode=action.mode if action is not None else None, scheduler=scheduler,
             sound_scheduler=copy.deepcopy(scheduler) if sound_latents is not None else None,
             action_scheduler=copy.deepcopy(scheduler) if action_latents is not None else None,
-            timesteps=timesteps, mixed_precision=self._mixed_precision(), device=device)
+            timesteps=timesteps, host_timesteps=timesteps.tolist(),
+            noisy_action=(action_mask is not None
+                          and bool(action_mask.sum() < action_mask.numel())),
+            mixed_precision=self._mixed_precision(), device=device)
 
     def _action_canvas(self, action: Any) -> tuple[int, int, int]:
         """Frames and the padded canvas of an action run, as `__call__` resolves them."""

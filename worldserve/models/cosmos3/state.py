@@ -33,6 +33,11 @@ class RowState:
     sound_scheduler: Any
     action_scheduler: Any
     timesteps: torch.Tensor
+    # the same values read once to the host (prepare): a forward's timestep tensors are filled
+    # from them, with no per-forward device-to-host sync (`t.item()` of before)
+    host_timesteps: list[float]
+    # whether any action is noisy (the mask is fixed for the row): the action scheduler steps
+    noisy_action: bool
     mixed_precision: Any
     device: Any  # the pipeline's execution device, resolved once per row
     decode_job: WanDecodeJob | None = None  # a chunked VAE decode under way (decode_chunk)
