@@ -27,7 +27,7 @@ LATEST_PINS ?= "transformers<6" "diffusers<1"
 # `make test` a test never skips for something the machine lacks (WORLDSERVE_TEST_STRICT=1).
 BROWSER ?= 1
 
-.PHONY: serve serve-qwen test mutations lint install dev-models clean lock test-latest
+.PHONY: serve serve-qwen test mutations lint install dev-models clean lock test-latest wheelhouse
 
 $(BIN)/python:
 	@command -v $(PYTHON) >/dev/null || { echo "make: $(PYTHON) not found: install Python \
@@ -108,6 +108,27 @@ test-latest:
 	$(LATEST_VENV)/bin/pip list 2>/dev/null | grep -E '^(transformers|diffusers|tokenizers|huggingface)'
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WORLDSERVE_TEST_STRICT=1 \
 		$(LATEST_VENV)/bin/python -m pytest -q $(FAMILY_TESTS) $(PYTEST_ARGS)
+
+# An offline install for a GPU host that has its own CUDA torch and no network (docs/hardware.md):
+# every package of the lock except torch and the CUDA runtime wheels (tools/wheelhouse.py), as
+# wheels for CPython $(PY) on x86_64 Linux, into $(WHEELHOUSE)/; only the lock's pins, no
+# resolving (--no-deps: the lock is complete). manylinux wheels for glibc <= 2.$(GLIBC_MINOR)
+# (llguidance 1.9's need 2.31); pip takes each --platform tag literally, so every older one is
+# listed too.
+PY ?= 3.11
+GLIBC_MINOR ?= 31
+WHEEL_PLATFORMS ?= $(foreach minor,$(shell seq $(GLIBC_MINOR) -1 5),manylinux_2_$(minor)_x86_64) \
+	manylinux2014_x86_64 manylinux2010_x86_64 manylinux1_x86_64
+WHEELHOUSE ?= wheelhouse
+wheelhouse: $(BIN)/python
+	mkdir -p $(WHEELHOUSE)
+	$(BIN)/python -m tools.wheelhouse $(or $(LOCK),requirements/lock.txt) > $(WHEELHOUSE)/requirements.txt
+	$(BIN)/python -m pip download --no-deps --only-binary=:all: --python-version $(PY) \
+		--implementation cp --abi cp$(subst .,,$(PY)) $(addprefix --platform ,$(WHEEL_PLATFORMS)) \
+		-r $(WHEELHOUSE)/requirements.txt -d $(WHEELHOUSE)
+	@echo "make: $(WHEELHOUSE)/ holds $$(ls $(WHEELHOUSE)/*.whl | wc -l) wheels, \
+	$$(du -sh $(WHEELHOUSE) | cut -f1); copy it with the checkout to the GPU host and run there: \
+	pip install --no-index --find-links $(WHEELHOUSE) -e ."
 
 clean:
 	rm -rf $(VENV) .venv-lock $(LATEST_VENV) outputs .pytest_cache
