@@ -156,8 +156,10 @@ class StaticDecoder:
         """(B, 1, W, D, D) or, for W = 1, (B, 1, D, D): q @ R == q * cos + rotate_half(q) * sin
         at each token's position (text tokens: the three M-RoPE axes agree)."""
         cos, sin = self.text.rotary_emb(x, positions.unsqueeze(0).expand(3, -1, -1))
-        rotate = self.rotate.to(device=x.device, dtype=x.dtype)
-        rotation = torch.diag_embed(cos) + rotate * sin.unsqueeze(-2)  # (B, W, D, D)
+        if self.rotate.device != x.device or self.rotate.dtype != x.dtype:
+            # once: a copy per step was a host-to-device transfer (a sync on CUDA) every token
+            self.rotate = self.rotate.to(device=x.device, dtype=x.dtype)
+        rotation = torch.diag_embed(cos) + self.rotate * sin.unsqueeze(-2)  # (B, W, D, D)
         return rotation[:, None, 0] if x.shape[1] == 1 else rotation[:, None]
 
 
