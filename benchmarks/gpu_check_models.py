@@ -41,6 +41,8 @@ def _backends(transformer: Any, device: str) -> list[str]:
     then reads about 1.0 (notes/gpu-first-contact.md §9)."""
     names = ["native"]
     if device != "cuda":
+        print("gpu_check: flash and _native_cudnn attention are tried on CUDA only",
+              file=sys.stderr)
         return names
     for candidate in ("flash", "_native_cudnn"):
         try:
@@ -95,7 +97,7 @@ def part_generator(setup: argparse.Namespace, tmp: Path, out: Figures) -> None:
                dtype=str(_dtype(setup)).removeprefix("torch."), runs={})
     active = _AttentionBackendRegistry._active_backend  # set_attention_backend changes it
     try:
-        backends = _backends(transformer, setup.device)
+        backends = out["backends"] = _backends(transformer, setup.device)
         for size, (height, width) in (SMALL_SIZES if setup.small else SIZES).items():
             params = GenerationParams(prompt=PROMPT, width=width, height=height,
                                       num_frames=setup.frames,
