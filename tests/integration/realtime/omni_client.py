@@ -40,16 +40,24 @@ class OmniSession:
         assert isinstance(msg, str), f"expected a JSON text message, got {len(msg)} bytes"
         return json.loads(msg)
 
+    async def step(self, timeout_s: float = 20.0) -> dict[str, Any]:
+        """The next message; a chunk's metadata comes with its binary frame (kept in `chunks`),
+        any other message is kept in `messages`."""
+        msg = await self.recv_json(timeout_s)
+        if msg["type"] != "video.chunk_metadata":
+            self.messages.append(msg)
+            return msg
+        data = await asyncio.wait_for(self.ws.recv(), timeout_s)
+        assert isinstance(data, bytes) and len(data) == msg["byte_length"]
+        self.chunks.append(OmniChunk(msg, data))
+        return msg
+
     async def next_message(self, timeout_s: float = 20.0) -> dict[str, Any]:
         """The next non-chunk message; chunks met on the way are kept in `chunks`."""
         while True:
-            msg = await self.recv_json(timeout_s)
+            msg = await self.step(timeout_s)
             if msg["type"] != "video.chunk_metadata":
-                self.messages.append(msg)
                 return msg
-            data = await asyncio.wait_for(self.ws.recv(), timeout_s)
-            assert isinstance(data, bytes) and len(data) == msg["byte_length"]
-            self.chunks.append(OmniChunk(msg, data))
 
     async def until(self, kind: str, timeout_s: float = 20.0) -> dict[str, Any]:
         while True:
@@ -59,7 +67,7 @@ class OmniSession:
 
     async def wait_chunks(self, count: int, timeout_s: float = 20.0) -> None:
         while len(self.chunks) < count:
-            await self.next_message(timeout_s)
+            await self.step(timeout_s)
 
     async def close_code(self, timeout_s: float = 20.0) -> tuple[int, str]:
         try:

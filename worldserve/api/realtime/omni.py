@@ -322,8 +322,10 @@ class OmniRealtimeConnection:
         if unknown:
             raise wire.InvalidMessage(f"interaction.{sorted(unknown)[0]} is not supported",
                                       f"interaction.{sorted(unknown)[0]}")
-        event_id = self.ledger.new_event_id(interaction.get("event_id"))
+        raw_id = interaction.get("event_id")
+        event_id = raw_id if isinstance(raw_id, str) and raw_id else None
         try:
+            event_id = self.ledger.new_event_id(raw_id)
             transition_chunks(interaction.get("transition_chunks"))
             updates = interaction_updates(interaction.get("event"), facts,
                                           settings.refresh_kv_default)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from pydantic import ValidationError
+
 from worldserve.api.realtime.controls import (
     ControlUpdate,
     PromptUpdate,
@@ -191,7 +193,22 @@ def start_to_init(start: SessionStart, facts: RealtimeCapabilities) -> InitReque
     inputs = _condition_inputs(start.extra_params or {}, facts)
     if inputs:
         init["condition_inputs"] = inputs
-    return InitRequest.model_validate(init)
+    try:
+        return InitRequest.model_validate(init)
+    except ValidationError as exc:
+        raise _init_error(exc) from None
+
+
+def _init_error(exc: ValidationError) -> InvalidMessage:
+    """An init validation error in vLLM-Omni's field names."""
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err.get("loc", ()))
+    text = err["msg"].removeprefix("Value error, ")
+    head = text.split(":")[0]
+    if loc == "condition_inputs" and head in ("action", "intrinsics"):
+        loc, text = f"condition_inputs.{head}", text[len(head) + 1:].strip()
+    param = omni_param(loc) or loc
+    return InvalidMessage(f"Invalid session.start: {param}: {text}", param)
 
 
 # ------------------------------------------------------------------ session.interaction
