@@ -305,3 +305,15 @@ async def test_cadence_figures_for_both_protocols_in_metrics(rt_server):
             line = next(li for li in text.splitlines()
                         if li.startswith(f'{name}{{protocol="{protocol}"}}'))
             assert float(line.split()[-1]) >= 1, line
+
+
+@pytest.mark.parametrize("how", ["close", "vanish"])
+async def test_a_client_that_closes_or_vanishes_frees_the_session(rt_server, how):
+    async with connect(rt_server) as ws:
+        session = OmniSession(ws)
+        await session.send(start("gone", size="64x48"))  # runs until the client leaves
+        await session.wait_chunks(2)
+        assert await admin_sessions(rt_server) == 1
+        if how == "vanish":
+            ws.transport.abort()  # no close frame: the TCP connection just drops
+    await wait_released(rt_server)
