@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import re
 import struct
+import threading
 from fractions import Fraction
 
 import av
@@ -104,9 +105,18 @@ class FragmentedMP4Writer:
         self._sequence = 0
         self._next_dts = 0  # in track timescale units
         self._frame_ticks = round(self._timescale / max(1, fps))
+        # write() runs in a worker thread; close() may come from the event loop meanwhile.
+        self._lock = threading.Lock()
+        self._closed = False
 
     def write(self, frames: np.ndarray) -> bytes:
         """One fragment with exactly these frames (the init segment first, on the first call)."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the fMP4 writer is closed")
+            return self._write(frames)
+
+    def _write(self, frames: np.ndarray) -> bytes:
         packets = []
         for index, frame in enumerate(frames):
             image = av.VideoFrame.from_ndarray(
@@ -120,10 +130,14 @@ class FragmentedMP4Writer:
 
     def close(self) -> None:
         """Release the encoder (the stream needs no trailer: each fragment is complete)."""
-        try:
-            self._container.close()
-        except (av.FFmpegError, ValueError):
-            pass  # nothing was muxed into the header container; its trailer is not needed
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._container.close()
+            except (av.FFmpegError, ValueError):
+                pass  # nothing was muxed into the header container; its trailer is not needed
 
     def _fragment(self, packets: list[av.Packet]) -> bytes:
         samples = [annexb_to_avcc(bytes(packet)) for packet in packets]

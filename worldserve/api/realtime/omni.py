@@ -60,6 +60,8 @@ _TRANSITIONS = {
 }
 DONE, STOPPED, INVALID, FAILED = (1000, "generation complete"), (1000, "session stopped"), \
     (1008, "invalid session.start"), (1011, "generation error")
+LIFETIME_REACHED = (1000, "maximum session lifetime reached")
+WRITE_SETTLE_S = 5.0  # a chunk being written when the session ends may finish first
 
 
 class OmniRealtimeConnection:
@@ -77,6 +79,7 @@ class OmniRealtimeConnection:
         self.progress_at = time.monotonic()  # a chunk sent or a ping (vLLM-Omni's stall clock)
         self.chunks_sent = 0
         self._lock = asyncio.Lock()
+        self._writing: asyncio.Task[None] | None = None
 
     def _enter(self, state: OmniState) -> None:
         if state not in _TRANSITIONS[self.state]:
@@ -226,23 +229,43 @@ class OmniRealtimeConnection:
             self.controls.apply([ScriptUpdate(settings.initial_script)], None)
         cadence = CadenceTracker("vllm_omni", settings.fps,
                                  self.service.runtime.metrics.realtime_cadence)
-        tasks = [asyncio.create_task(self._generate_loop(settings, facts, cadence)),
+        writer = FragmentedMP4Writer(settings.width, settings.height, settings.fps)
+        tasks = [asyncio.create_task(self._generate_loop(settings, facts, cadence, writer)),
                  asyncio.create_task(self._watchdog()),
                  asyncio.create_task(self._listen(facts, settings))]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
             await _stop_all(tasks)
+            try:
+                await self._settle_write()
+            finally:
+                writer.close()  # only once no write can still use it
         ended = [t for t in tasks if t.done() and not t.cancelled()]
         for task in ended[1:]:
             task.exception()  # a loser's ClientGone is expected: retrieved, not logged
-        return ended[0].result()
+        close = ended[0].result()
+        if close in (STOPPED, LIFETIME_REACHED):  # after the last chunk's pair, never between
+            await self._send(wire.session_done(self.request_id, self.chunks_sent, True))
+        return close
+
+    async def _settle_write(self) -> None:
+        """Let a chunk being written finish (its metadata and binary frame stay a pair)."""
+        task, self._writing = self._writing, None
+        if task is None:
+            return
+        if not task.done():
+            await asyncio.wait([task], timeout=WRITE_SETTLE_S)
+        if not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # ClientGone, typically
 
     async def _generate_loop(self, settings: RealtimeConnectionSettings,
-                             facts: RealtimeCapabilities,
-                             cadence: CadenceTracker) -> tuple[int, str]:
+                             facts: RealtimeCapabilities, cadence: CadenceTracker,
+                             writer: FragmentedMP4Writer) -> tuple[int, str]:
         """Chunk k+1 is generated while chunk k is encoded and written (one pending send)."""
-        writer = FragmentedMP4Writer(settings.width, settings.height, settings.fps)
         pending: asyncio.Task[None] | None = None
         chunk_index = 0
         try:
@@ -251,20 +274,18 @@ class OmniRealtimeConnection:
                 out = await self._generate_chunk(settings, facts, chunk_index)
                 if pending is not None:
                     await pending
-                pending = asyncio.create_task(self._write(writer, out, cadence))
+                pending = self._writing = asyncio.create_task(self._write(writer, out, cadence))
                 chunk_index += 1
             if pending is not None:
                 await pending
         except WorldserveError as exc:
-            if pending is not None and not pending.done():
-                pending.cancel()
+            if pending is not None:
+                await pending
             log.warning("vLLM-Omni realtime %s: chunk %d failed: %s", self.request_id,
                         chunk_index, exc.message)
             await self._send(wire.error(f"generation failed: {exc.message}", "generation_error",
                                         request_id=self.request_id))
             return FAILED
-        finally:
-            writer.close()
         await self._send(wire.session_done(self.request_id, self.chunks_sent, False))
         return DONE
 
@@ -298,7 +319,6 @@ class OmniRealtimeConnection:
                 if not isinstance(message, dict):
                     raise wire.InvalidMessage("WebSocket messages must be JSON objects")
                 if kind == "session.stop":
-                    await self._send(wire.session_done(self.request_id, self.chunks_sent, True))
                     return STOPPED
                 if kind == "session.ping":
                     self.progress_at = time.monotonic()
@@ -348,7 +368,6 @@ class OmniRealtimeConnection:
                                             "stall_timeout", request_id=self.request_id))
                 return 1000, "stall timeout"
             if config.max_lifetime_s and now - started >= config.max_lifetime_s:
-                await self._send(wire.session_done(self.request_id, self.chunks_sent, True))
-                return 1000, "maximum session lifetime reached"
+                return LIFETIME_REACHED
             await asyncio.sleep(0.25)
 
