@@ -10,11 +10,14 @@ previous) value would not match, so a field that silently fell back to its defau
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import time
 
 import httpx
 import numpy as np
 import pytest
+from PIL import Image
 
 from tests.integration.realtime.helpers import ExpectedFrames
 from tests.integration.realtime.helpers import Session as SGLangSession
@@ -85,6 +88,21 @@ async def test_start_streams_fmp4_chunks_with_the_requested_size_fps_and_seed(rt
     await wait_released(rt_server)
 
 
+async def test_start_image_reference_is_the_first_frame(rt_server):
+    image = Image.new("RGB", (16, 16), (30, 60, 90))
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    async with connect(rt_server) as ws:
+        session = OmniSession(ws)
+        await session.send(start("framed", size=f"{W}x{H}", num_frames=FRAMES,
+                                 image_reference={"image_url": url}))
+        await session.until("session.done")
+    expected = ExpectedFrames("framed", width=W, height=H, first_frame_mean=60)
+    without = ExpectedFrames("framed", width=W, height=H)
+    assert_matches(decode_chunk(session.chunks, 0).frames, expected.chunk(), without.chunk())
+
+
 @pytest.mark.parametrize("extra_params, camera", [
     ({"camera_action_script": [[["d"], ["D"], ["d"]], [["w"], [], ["a", "l"]]]},
      [["d"]] * 12 + [["w"]] * 4 + [[]] * 4 + [["a", "l"]] * 4),
@@ -104,15 +122,20 @@ async def test_start_camera_script_drives_the_chunks(rt_server, extra_params, ca
                        still.chunk())
 
 
-async def run_with_interaction(server, interaction: dict, num_chunks: int = 10):
+async def run_with_interaction(server, interaction: dict, after: int = 2):
+    """An open-ended session: one chunk, the interaction, then `after` chunks past the one it
+    started in, then `session.stop` (robust to a slow client: the session waits for it)."""
     async with connect(server) as ws:
         session = OmniSession(ws)
-        await session.send(start("north", size=f"{W}x{H}", seed=5,
-                                 num_frames=num_chunks * FRAMES))
+        await session.send(start("north", size=f"{W}x{H}", seed=5))
         await session.wait_chunks(1)
         await session.send({"type": "session.interaction", "interaction": interaction})
         queued = await session.until("session.interaction.queued")
-        await session.until("session.done")
+        while not any(interaction["event_id"] in c.metadata["started_event_ids"]
+                      for c in session.chunks[-after - 1:-after] if len(session.chunks) > after):
+            await session.step()
+        await session.send({"type": "session.stop"})
+        assert (await session.until("session.done"))["stopped"] is True
     return session, queued
 
 
@@ -151,7 +174,7 @@ async def test_interaction_camera_script_plays_once_then_stops(rt_server):
     script = {"schema": "lingbot.camera_actions.v1",
               "data": {"mode": "script", "frames": [["w"], ["s", "j"], []]}}
     session, _ = await run_with_interaction(rt_server, {
-        "event_id": "dash", "event": {"multi_modal_data": {"camera": script}}}, num_chunks=8)
+        "event_id": "dash", "event": {"multi_modal_data": {"camera": script}}})
     switch = first_chunk_with(session, "dash")
     expected = ExpectedFrames("north", seed=5, width=W, height=H)
     unchanged = ExpectedFrames("north", seed=5, width=W, height=H)
@@ -188,6 +211,10 @@ async def test_ping_pong_then_stop_ends_with_done_and_releases(rt_server):
     (start(quality="high"), "quality"),
     (start(width=128), "height"),
     (start(size="100x96"), "size"),
+    (start(num_inference_steps=60), "num_inference_steps"),  # the fake model's limit: 50
+    (start(guidance_scale=0.5), "guidance_scale"),
+    (start(image_reference={"image_url": "data:image/png;base64,AAAA"}),
+     "image_reference.image_url"),
     (start(model="someone/else"), "model"),
     (start(image_reference={"file_id": "file-1"}), "image_reference.file_id"),
     (start(extra_params={"flow_shift": 3.0}), "extra_params.flow_shift"),
@@ -240,7 +267,7 @@ async def test_bad_control_messages_are_errors_and_the_session_goes_on(rt_server
     ]
     async with connect(rt_server) as ws:
         session = OmniSession(ws)
-        await session.send(start("calm", size="64x48", num_frames=12 * 12))
+        await session.send(start("calm", size="64x48"))  # until stopped
         await session.wait_chunks(1)
         for message, param in bad:
             await session.send(message)
@@ -255,20 +282,26 @@ async def test_bad_control_messages_are_errors_and_the_session_goes_on(rt_server
         await session.send(ok)
         conflict = await session.until("error")
         assert (conflict["code"], conflict["event_id"]) == ("event_id_conflict", "a")
+        await session.send({"type": "session.stop"})
         done = await session.until("session.done")
-    assert done["stopped"] is False and done["chunks"] == 12
+        assert await session.close_code() == (1000, "session stopped")
+    assert done["stopped"] is True and done["chunks"] == len(session.chunks)
 
 
 async def test_two_concurrent_sessions_are_isolated(rt_server):
     async def one(prompt: str, seed: int, keys: list[str], event_id: str):
         async with connect(rt_server) as ws:
             session = OmniSession(ws)
-            await session.send(start(prompt, size=f"{W}x{H}", seed=seed, num_frames=8 * FRAMES))
+            await session.send(start(prompt, size=f"{W}x{H}", seed=seed))
             await session.wait_chunks(1)
             await session.send({"type": "session.interaction", "interaction": {
                 "event_id": event_id, "event": {"multi_modal_data": {"camera": {
                     "schema": "lingbot.camera_actions.v1",
                     "data": {"mode": "state", "transitions": [{"actions": keys}]}}}}}})
+            while not any(event_id in c.metadata["started_event_ids"]
+                          for c in session.chunks[:-2]):
+                await session.step()
+            await session.send({"type": "session.stop"})
             await session.until("session.done")
         switch = first_chunk_with(session, event_id)
         expected = ExpectedFrames(prompt, seed=seed, width=W, height=H)

@@ -9,6 +9,7 @@ engine never learns which protocol spoke. Field names in errors are vLLM-Omni's.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -41,10 +42,12 @@ def omni_param(param: str | None) -> str | None:
 
 
 def omni_message(message: str, param: str | None) -> str:
-    """A service error's text with its leading SGLang field name in vLLM-Omni's spelling."""
-    for sglang, omni in PARAM_NAMES.items():
-        if param == sglang and message.startswith(f"{sglang}:"):
-            return omni + message[len(sglang):]
+    """A service error's text with the SGLang field names in vLLM-Omni's spelling."""
+    if param not in PARAM_NAMES:
+        return message
+    for sglang in sorted(PARAM_NAMES, key=len, reverse=True):  # the longest name first
+        message = re.sub(rf"(?<![\w.]){re.escape(sglang)}(?![\w.])", PARAM_NAMES[sglang],
+                         message)
     return message
 
 
