@@ -5,6 +5,8 @@ frames/s with 1 and 2 concurrent sessions, and payload encoding figures.
     python benchmarks/realtime.py --model sana_wm [--chunks 200] [--no-refiner] [--steps 2]
     python benchmarks/realtime.py --model cosmos3 [--chunks 80] [--steps 2]
     python benchmarks/realtime.py --model lingbot [--chunks 200] [--steps 2] [--size 64x64]
+    python benchmarks/realtime.py --protocols [--backend causal|fake] [--sessions 3]
+        [--protocol-chunks 12]   # cadence of both WebSocket protocols (realtime_protocols.py)
 
 The engine runs in-process (no sockets). Flatness = p95 of the last 20 chunks / p95 of the first
 20 (1.0 = flat). Prints progress to stderr and one JSON line to stdout.
@@ -280,7 +282,20 @@ def main() -> None:
     ap.add_argument("--size", default="64x64")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--model-path", type=Path, default=None)
+    ap.add_argument("--protocols", action="store_true",
+                    help="cadence of both realtime WebSocket protocols through a live server "
+                    "(benchmarks/realtime_protocols.py)")
+    ap.add_argument("--backend", choices=("causal", "fake"), default="causal",
+                    help="--protocols: the realtime backend (causal: the dev checkpoint)")
+    ap.add_argument("--sessions", type=int, default=3, help="--protocols: sessions each")
+    ap.add_argument("--protocol-chunks", type=int, default=12,
+                    help="--protocols: chunks per session")
     args = ap.parse_args()
+    if args.protocols:
+        from benchmarks.realtime_protocols import protocols_main
+
+        protocols_main(args)
+        return
     torch.set_num_threads(args.threads)
     width, height = (int(v) for v in args.size.split("x"))
     if args.model in ("sana_wm", "cosmos3", "lingbot"):

@@ -273,6 +273,8 @@ FAMILY_FREE_LAYERS = ("api", "engines")
 NOT_A_FAMILY: set[tuple[str, str]] = {
     # a field of the /admin/model_info answer (the action head's shapes), not a family branch
     ("worldserve/engines/generation/admin.py", "action_head"),
+    # a key of vLLM-Omni's realtime wire (`extra_params.sana_wm.action`), mapped for any model
+    ("worldserve/api/realtime/omni_mapping.py", "sana_wm"),
 }
 def docstrings(tree: ast.Module) -> set[int]:
     kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)

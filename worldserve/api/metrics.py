@@ -43,6 +43,7 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.realtime_cadence = RealtimeCadenceMetrics(self.registry)
         self.stage_figures = StageFigures()
         self.registry.register(self.stage_figures)
 
@@ -52,6 +53,49 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class RealtimeCadenceMetrics:
+    """How realtime chunks reach their viewers, per protocol (`protocol`: `sglang` for
+    /v1/realtime_video/generate, `vllm_omni` for /v1/realtime/video); fed by
+    api/realtime/cadence.py. Inter-chunk p50/p99: `histogram_quantile` over
+    `worldserve_realtime_chunk_interval_seconds`."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.first_chunk_seconds = Histogram(
+            "worldserve_realtime_first_chunk_seconds",
+            "From the session's start (its valid init) to its first chunk on the socket",
+            ["protocol"], registry=registry,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64),
+        )
+        self.chunk_interval_seconds = Histogram(
+            "worldserve_realtime_chunk_interval_seconds",
+            "Time between two consecutive chunks of one session on the socket",
+            ["protocol"], registry=registry,
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1, 1.5, 2, 4, 8, 16),
+        )
+        self.realtime_factor = Histogram(
+            "worldserve_realtime_factor",
+            "Media seconds a chunk carries / wall seconds since the previous chunk "
+            "(>= 1 keeps up with playback)", ["protocol"], registry=registry,
+            buckets=(0.1, 0.25, 0.5, 0.75, 0.9, 1, 1.1, 1.25, 1.5, 2, 4, 8),
+        )
+        self.stalls = Counter(
+            "worldserve_realtime_stalls_total",
+            "Chunks that arrived after the media delivered before them had run out "
+            "(a player started at the first chunk would have frozen)", ["protocol"],
+            registry=registry,
+        )
+
+    def first_chunk(self, protocol: str, seconds: float) -> None:
+        self.first_chunk_seconds.labels(protocol).observe(seconds)
+
+    def interval(self, protocol: str, seconds: float, media_s: float, stalled: bool) -> None:
+        self.chunk_interval_seconds.labels(protocol).observe(seconds)
+        if seconds > 0:
+            self.realtime_factor.labels(protocol).observe(media_s / seconds)
+        if stalled:
+            self.stalls.labels(protocol).inc()
 
 
 class StageFigures(Collector):

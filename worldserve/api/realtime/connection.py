@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
-import numpy as np
 from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from worldserve.api.realtime.admission import AdmissionRejected, Lease
+from worldserve.api.realtime.cadence import CadenceTracker
+from worldserve.api.realtime.chunks import open_session, request_chunk
 from worldserve.api.realtime.controls import ScriptUpdate, SessionControls
 from worldserve.api.realtime.events import EventApplier, InvalidEvent, parse_event
 from worldserve.api.realtime.sender import (
@@ -33,9 +34,8 @@ from worldserve.api.realtime.sender import (
 )
 from worldserve.api.realtime.service import RealtimeConnectionSettings, RealtimeService
 from worldserve.api.schemas.realtime import InitRequest
-from worldserve.errors import InternalError, InvalidRequest, StageUnavailable, WorldserveError
+from worldserve.errors import InvalidRequest, StageUnavailable, WorldserveError
 from worldserve.ipc.capabilities import RealtimeCapabilities
-from worldserve.ipc.messages import RealtimeChunk, RealtimeChunkResult, RealtimeOpened
 from worldserve.media.framing import ChunkEncoder, unpack
 from worldserve.media.policy import check_forbidden_fields, check_prompt_lengths
 
@@ -96,6 +96,7 @@ class RealtimeConnection:
         self.settings: RealtimeConnectionSettings | None = None
         self.lease: Lease | None = None
         self.controls: SessionControls | None = None
+        self.cadence: CadenceTracker | None = None
         self.last_activity = time.monotonic()
         self.trace_id = websocket.query_params.get("trace_id") or f"trace-{uuid.uuid4().hex}"
 
@@ -143,6 +144,8 @@ class RealtimeConnection:
         settings = await self._await_init(facts)
         if settings is None:
             return NO_VALID_INIT
+        self.cadence = CadenceTracker("sglang", settings.fps,
+                                      self.service.runtime.metrics.realtime_cadence)
         self._enter(RealtimeConnectionState.ADMITTING)
         try:
             self.lease = await self.service.admission.acquire(settings.user, settings.kv_bytes)
@@ -256,7 +259,7 @@ class RealtimeConnection:
                 out = await self._generate_chunk(settings, facts, chunk_index)
                 if pending is not None:
                     await pending
-                pending = asyncio.create_task(sender.send(out))
+                pending = asyncio.create_task(self._send(sender, out))
                 if settings.pacing:  # paced sends are not overlapped with generation (§8)
                     await pending
                 chunk_index += 1
@@ -276,11 +279,7 @@ class RealtimeConnection:
                 pending.cancel()
 
     async def _open(self, settings: RealtimeConnectionSettings) -> None:
-        """The session's settings go to the stage once, here; chunks carry only what changes."""
-        reply = await self.service.client().call(settings.open_request(),
-                                                 timeout_s=self.service.config.chunk_timeout_s)
-        if not isinstance(reply, RealtimeOpened):
-            raise InternalError(f"realtime stage answered {type(reply).__name__} to an open")
+        await open_session(self.service, settings)
 
     async def _generate_chunk(self, settings: RealtimeConnectionSettings,
                               facts: RealtimeCapabilities, chunk_index: int) -> GeneratedChunk:
@@ -288,23 +287,12 @@ class RealtimeConnection:
         assert self.controls is not None  # set by _stream before the loop starts
         started = time.perf_counter()
         controls = self.controls.next_chunk(facts.frames_in_chunk(chunk_index))
-        request = RealtimeChunk(
-            request_id=f"{settings.session_id}_{uuid.uuid4().hex}",
-            session_id=settings.session_id, chunk_index=chunk_index, prompt=controls.prompt,
-            camera=controls.camera, refresh_kv=controls.refresh_kv and chunk_index > 0,
-            submitted_at=time.time(),
-        )
-        prepare_ms = (time.perf_counter() - started) * 1000
-        result = await self.service.client().call(request,
-                                                  timeout_s=self.service.config.chunk_timeout_s)
-        if not isinstance(result, RealtimeChunkResult):
-            raise InternalError(f"realtime stage answered {type(result).__name__} to a chunk")
-        return GeneratedChunk(
-            request_id=request.request_id, chunk_index=chunk_index, event_id=controls.event_id,
-            frames=_frames(result), started=started, prepare_ms=prepare_ms,
-            forward_ms=result.forward_ms, gpu_queue_ms=result.queue_ms,
-            kv_refresh_ms=result.kv_refresh_ms,
-        )
+        return await request_chunk(self.service, settings, controls, chunk_index, started)
+
+    async def _send(self, sender: ChunkSender, out: GeneratedChunk) -> None:
+        await sender.send(out)
+        if self.cadence is not None:
+            self.cadence.chunk_sent(len(out.frames))
 
     async def _listen(self, applier: EventApplier) -> CloseDecision:
         """Apply client events until the client goes away (raises ClientGone)."""
@@ -366,11 +354,3 @@ def _parse_init(kind: str, data: Any) -> InitRequest:
             msg = err["msg"].removeprefix("Value error, ")
             parts.append(f"{loc}: {msg}" if loc else msg)
         raise InvalidRequest("; ".join(parts)) from None
-
-
-def _frames(result: RealtimeChunkResult) -> np.ndarray:
-    shape = (result.num_frames, result.height, result.width, 3)
-    if len(result.frames) != int(np.prod(shape)):
-        raise InternalError(f"realtime stage sent {len(result.frames)} frame bytes for "
-                            f"{result.num_frames} frames of {result.width}x{result.height}")
-    return np.frombuffer(result.frames, np.uint8).reshape(shape)

@@ -1,4 +1,5 @@
-"""`WS /v1/realtime_video/generate`: realtime world exploration (spec realtime-video.md)."""
+"""Realtime world exploration: `WS /v1/realtime_video/generate` (SGLang protocol, spec
+realtime-video.md) and `WS /v1/realtime/video` (vLLM-Omni protocol, docs/realtime.md)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from fastapi.responses import JSONResponse
 
 from worldserve.api.errors import status_headers
 from worldserve.api.realtime.connection import RealtimeConnection
+from worldserve.api.realtime.omni import OmniRealtimeConnection
 from worldserve.api.services import ApiServices, realtime_service, services_of
 from worldserve.errors import StageUnavailable, error_body
 
@@ -30,3 +32,18 @@ async def realtime_generate(websocket: WebSocket) -> None:
         return
     async with services_of(websocket).sockets.track(websocket):
         await RealtimeConnection(websocket, service).run()
+
+
+@router.websocket("/v1/realtime/video")
+async def realtime_video(websocket: WebSocket) -> None:
+    """vLLM-Omni's realtime video protocol (api/realtime/omni.py) on the same sessions."""
+    service = realtime_service(websocket)
+    try:
+        service.client()
+    except StageUnavailable as exc:
+        await websocket.send_denial_response(JSONResponse(
+            status_code=503, content=error_body(exc),
+            headers=status_headers(websocket, 503, exc)))
+        return
+    async with services_of(websocket).sockets.track(websocket):
+        await OmniRealtimeConnection(websocket, service).run()
