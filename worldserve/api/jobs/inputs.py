@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
 from worldserve.api.jobs.params import MediaRequest, resolve_image, resolve_video
-from worldserve.api.schemas.images import ImageGenerationRequest
+from worldserve.api.schemas.images import ImageGenerationRequest, SamplingFields
 from worldserve.api.schemas.videos import VideoCreateRequest
 from worldserve.errors import InvalidRequest, UnsupportedMediaType, WorldserveError
 from worldserve.ipc.capabilities import GenerationCapabilities
@@ -140,8 +140,10 @@ async def _edit_uploads(form: FormBody, limit: int) -> list[bytes]:
     return images
 
 
-def _noted(request: MediaRequest, body: BaseModel, route: str) -> MediaRequest:
-    """Unknown top-level fields are accepted (spec §0.3) but said: logged and warned."""
+def _noted(request: MediaRequest, body: SamplingFields, route: str) -> MediaRequest:
+    """Unknown top-level fields are accepted (spec §0.3) but said: logged and warned, as are
+    the known ones that do not act here (`compat_warnings`)."""
+    request.warnings.extend(body.compat_warnings())
     unknown = sorted(body.model_extra or {})
     if unknown:
         names = ", ".join(ascii(name)[:64] for name in unknown[:MAX_LISTED_FIELDS])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, field_validator
 
@@ -36,6 +36,9 @@ class VideoCreateRequest(SamplingFields):
     action_view_point: str | None = None
     action_normalization: str | None = None
     resolution_tier: int | None = None
+    # TensorRT-LLM's name: "safetensors" answers /v1/videos/sync with the tensors
+    # (api/jobs/video_outputs.py); the job itself always writes its MP4.
+    output_format: Literal["mp4", "safetensors"] | None = None
 
     @field_validator("condition_frame_indexes", "condition_frame_indexes_vision", "action",
                      mode="before")
@@ -78,6 +81,7 @@ class VideoJob(BaseModel):
     url: str | None = None
     urls: list[str] | None = None
     remixed_from_video_id: str | None = None
+    prompt: str | None = None  # OpenAI's Video.prompt: the prompt the job ran (as revised)
     completed_at: int | None = None
     expires_at: int | None = None
     error: VideoError | None = None
@@ -91,6 +95,8 @@ class VideoJob(BaseModel):
     step_cache: dict[str, Any] | None = None
     revised_prompt: str | None = None
     action: dict[str, Any] | None = None
+    # an action job's result again, where vLLM-Omni reads it: [{"url": ..., "action": ...}]
+    data: list[dict[str, Any]] | None = None
     deleted: bool | None = None
 
 
