@@ -9,11 +9,14 @@ pass reads the request (api/jobs/inputs.py):
 - `output_format` (TensorRT-LLM): which body `/v1/videos/sync` answers (`mp4` or
   `safetensors`); `format` in the query says the same and wins.
 
-Giving an alias and the field it maps to is a 400 naming both.
+Giving an alias and the field it maps to is a 400 naming both; an error about the mapped
+field names the alias the client sent (`named_as`).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from worldserve.api.jobs.inputs import FormBody, flatten_extras
@@ -42,20 +45,37 @@ def _image_reference(value: Any) -> str:
                          param="image_reference")
 
 
-def map_aliases(body: FormBody) -> FormBody:
-    """`body` with the aliases above renamed to worldserve's fields (in place)."""
+def map_aliases(body: FormBody) -> dict[str, str]:
+    """Rename the aliases above in `body` to worldserve's fields (in place); returns
+    {worldserve's field: the alias it came from}."""
     fields, files = body.fields, body.files
+    renamed: dict[str, str] = {}
     if "image_reference" in files:
         if "input_reference" in files or fields.get("input_reference"):
             raise InvalidRequest("give image_reference or input_reference, not both",
                                  param="image_reference")
         files["input_reference"] = files.pop("image_reference")
+        renamed["input_reference"] = "image_reference"
     if "image_reference" in fields:
         _take(fields, "image_reference", "input_reference",
               _image_reference(fields.pop("image_reference")))
+        renamed["input_reference"] = "image_reference"
     if isinstance(fields.get("video_reference"), str):
         _take(fields, "video_reference", "video_url", fields.pop("video_reference"))
-    return body
+        renamed["video_url"] = "video_reference"
+    return renamed
+
+
+@contextlib.contextmanager
+def named_as(renamed: dict[str, str]) -> Iterator[None]:
+    """A 400 about a mapped field names the alias the client sent."""
+    try:
+        yield
+    except InvalidRequest as exc:
+        alias = renamed.get(exc.param or "")
+        if alias is None:
+            raise
+        raise InvalidRequest(f"{alias}: {exc.message}", param=alias) from None
 
 
 def sync_format(query_format: str | None, fields: dict[str, Any]) -> str:

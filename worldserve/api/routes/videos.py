@@ -25,7 +25,12 @@ from worldserve.api.jobs.records import JobRecord
 from worldserve.api.jobs.remix import remix_request
 from worldserve.api.jobs.service import MediaService
 from worldserve.api.jobs.sync import ClientDisconnected, run_video, until_disconnect
-from worldserve.api.jobs.video_aliases import map_aliases, refuse_tensor_format, sync_format
+from worldserve.api.jobs.video_aliases import (
+    map_aliases,
+    named_as,
+    refuse_tensor_format,
+    sync_format,
+)
 from worldserve.api.jobs.views import (
     job_list,
     job_object,
@@ -66,14 +71,16 @@ def _view(request: Request, service: MediaService, record: JobRecord) -> dict[st
 async def _read(request: Request, service: MediaService,
                 sync_query_format: str | None = None) -> tuple[MediaRequest, str]:
     """The validated job request and the body a synchronous answer takes (`mp4` for a job)."""
-    body = map_aliases(await read_payload(request))
+    body = await read_payload(request)
+    renamed = map_aliases(body)
     if request.url.path.endswith("/sync"):
         answer_format = sync_format(sync_query_format, body.fields)
     else:
         refuse_tensor_format(body.fields)
         answer_format = "mp4"
-    return await video_request(body.fields, service.request_context(), body.files), \
-        answer_format
+    with named_as(renamed):
+        video = await video_request(body.fields, service.request_context(), body.files)
+    return video, answer_format
 
 
 @router.post("/v1/videos")
