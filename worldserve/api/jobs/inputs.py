@@ -70,17 +70,11 @@ class FormBody:
 # ---------------------------------------------------------------------- the one-pass readers
 
 
-async def read_video(request: Request, context: RequestContext) -> MediaRequest:
-    """`POST /v1/videos`: JSON, a URL-encoded form, or multipart with `input_reference` /
-    `video_reference` files (an `input_reference` that is a video conditions like
-    `video_path`)."""
-    form = await read_payload(request)
-    return await video_request(form.fields, context, form.files)
-
-
 async def video_request(fields: dict[str, Any], context: RequestContext,
                         files: dict[str, list[UploadFile]] | None = None) -> MediaRequest:
-    """A `/v1/videos` body given as fields (and files) -> the validated request: the extra
+    """`POST /v1/videos` (JSON, a URL-encoded form, or multipart with `input_reference` /
+    `video_reference` files; an `input_reference` that is a video conditions like
+    `video_path`), its body given as fields (and files) -> the validated request: the extra
     containers flattened, one media pass (uploads, policy, references), the public schema,
     then the stage's declaration."""
     flat = flatten_extras(fields)
