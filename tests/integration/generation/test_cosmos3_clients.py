@@ -40,10 +40,12 @@ def test_remix_action_shapes_and_tensors(http):
     source = wait(http, source["id"])
     assert source["status"] == "completed"
 
-    remix = http.post(f"/v1/videos/{source['id']}/remix", json={"prompt": "a robot, later"})
-    assert remix.status_code == 200, remix.text
-    video_type.model_validate(remix.json(), strict=True)
-    done = wait(http, remix.json()["id"])
+    openai = require_module("openai")
+    sdk = openai.OpenAI(base_url=str(http.base_url).rstrip("/") + "/v1", api_key="unused",
+                        max_retries=0)
+    remix = sdk.videos.remix(source["id"], prompt="a robot, later")  # the SDK's own call
+    assert remix.object == "video" and remix.remixed_from_video_id == source["id"]
+    done = wait(http, remix.id)
     assert done["status"] == "completed" and done["remixed_from_video_id"] == source["id"]
     assert done["size"] == "48x32" and done["prompt"] == "a robot, later"
     video_type.model_validate(done, strict=True)

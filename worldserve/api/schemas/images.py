@@ -66,7 +66,8 @@ class SamplingFields(_Open):
     def compat_warnings(self) -> list[str]:
         """What SGLang / OpenAI fields this request sends that do not act here, said in
         X-Worldserve-Warning (the request runs; nothing is silently different)."""
-        if self.generator_device in (None, "cpu"):
+        sent = "generator_device" in self.model_fields_set  # the default is SGLang's "cuda"
+        if not sent or self.generator_device in (None, "cpu"):
             return []
         return [f"generator_device {self.generator_device!r} ignored: the initial noise is "
                 "drawn on the CPU from the seed (the same seed gives the same output on any "
