@@ -7,6 +7,7 @@ non-default value, so a field mapped to the wrong name would show)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import json
 from pathlib import Path
@@ -83,15 +84,35 @@ def test_sync_safetensors_body(http):
     assert tensors["video"].dtype == np.uint8 and tensors["video"].shape == (5, 64, 64, 3)
     assert float(tensors["frame_rate"]) == 8.0 and "action" not in tensors
     assert reply.headers["X-Video-Id"]
-    # TensorRT-LLM's body field says the same
-    by_field = http.post("/v1/videos/sync", json={**VIDEO, "output_format": "safetensors"})
-    assert safetensors_numpy.load(by_field.content)["video"].shape == (5, 64, 64, 3)
     assert_error(http.post("/v1/videos/sync", params={"format": "gif"}, json=VIDEO), 400,
-                 "format must be one of mp4, safetensors")
-    assert_error(http.post("/v1/videos", json={**VIDEO, "output_format": "safetensors"}), 400,
+                 "format must be one of mp4, auto, safetensors")
+    assert_error(http.post("/v1/videos", json={**VIDEO, "format": "safetensors"}), 400,
                  "/v1/videos/sync")
-    assert_error(http.post("/v1/videos/sync", json={**VIDEO, "output_format": "avi"}), 400,
-                 "output_format")
+    assert_error(http.post("/v1/videos/sync", json={**VIDEO, "format": "avi"}), 400,
+                 "format must be one of")
+
+
+def test_tensorrt_llm_sync_request_shapes(http):
+    """TensorRT-LLM's visual-gen client (examples/visual_gen/serve/sync_video_gen.py): POST
+    /v1/videos/generations, a form with `seconds` as "1.0", `fps` and `format`, the image as
+    `image_reference` ({"content": base64} in JSON)."""
+    safetensors_numpy = require_module("safetensors.numpy")
+    form = {"prompt": "a boat", "size": "64x64", "seconds": "1.0", "fps": "5",
+            "format": "safetensors", "num_inference_steps": "2", "seed": "4"}
+    reply = http.post("/v1/videos/generations", data=form,
+                      files={"image_reference": ("ref.png", png(), "image/png")})
+    assert reply.status_code == 200, reply.text
+    tensors = safetensors_numpy.load(reply.content)
+    assert tensors["video"].shape == (5, 64, 64, 3) and float(tensors["frame_rate"]) == 5.0
+    content = base64.b64encode(png()).decode()
+    as_json = http.post("/v1/videos/generations", json={
+        **VIDEO, "format": "mp4", "image_reference": {"content": content, "role": "reference"}})
+    assert as_json.status_code == 200 and as_json.content[4:8] == b"ftyp", as_json.text
+    assert_error(http.post("/v1/videos/generations", json={
+        **VIDEO, "image_reference": {"content": content, "role": "last_frame"}}), 400,
+        "image_reference.role 'last_frame'")
+    assert_error(http.post("/v1/videos/generations", json={**VIDEO, "seconds": 1.5}), 400,
+                 "seconds")
 
 
 def test_reference_aliases(http):

@@ -25,12 +25,7 @@ from worldserve.api.jobs.records import JobRecord
 from worldserve.api.jobs.remix import remix_request
 from worldserve.api.jobs.service import MediaService
 from worldserve.api.jobs.sync import ClientDisconnected, run_video, until_disconnect
-from worldserve.api.jobs.video_aliases import (
-    map_aliases,
-    named_as,
-    refuse_tensor_format,
-    sync_format,
-)
+from worldserve.api.jobs.video_aliases import answer_format, map_aliases, named_as
 from worldserve.api.jobs.views import (
     job_list,
     job_object,
@@ -68,19 +63,15 @@ def _view(request: Request, service: MediaService, record: JobRecord) -> dict[st
     )
 
 
-async def _read(request: Request, service: MediaService,
-                sync_query_format: str | None = None) -> tuple[MediaRequest, str]:
+async def _read(request: Request, service: MediaService, *, sync: bool = False,
+                query_format: str | None = None) -> tuple[MediaRequest, str]:
     """The validated job request and the body a synchronous answer takes (`mp4` for a job)."""
     body = await read_payload(request)
     renamed = map_aliases(body)
-    if request.url.path.endswith("/sync"):
-        answer_format = sync_format(sync_query_format, body.fields)
-    else:
-        refuse_tensor_format(body.fields)
-        answer_format = "mp4"
+    fmt = answer_format(body.fields, query_format, sync)
     with named_as(renamed):
         video = await video_request(body.fields, service.request_context(), body.files)
-    return video, answer_format
+    return video, fmt
 
 
 @router.post("/v1/videos")
@@ -93,12 +84,14 @@ async def create(request: Request, response: Response) -> dict[str, Any]:
 
 
 @router.post("/v1/videos/sync", response_model=None)
+@router.post("/v1/videos/generations", response_model=None)  # TensorRT-LLM's name for it
 async def create_sync(request: Request, format: str | None = Query(None)) -> Response:
     """SGLang's and vLLM-Omni's blocking form (`Accept: video/mp4`): the same job as
-    `POST /v1/videos`, awaited; the MP4 bytes of its first output (or, `format=safetensors`
-    as TensorRT-LLM answers, its tensors), the job in headers."""
+    `POST /v1/videos`, awaited; the MP4 bytes of its first output (or, with `format`
+    `safetensors` in the query or the body, as TensorRT-LLM answers, its tensors), the job in
+    headers."""
     service = _service(request)
-    video, answer_format = await _read(request, service, format)
+    video, fmt = await _read(request, service, sync=True, query_format=format)
     key = await read_key(request)
     try:
         record = await until_disconnect(request, run_video(service, video, key))
@@ -106,7 +99,7 @@ async def create_sync(request: Request, format: str | None = Query(None)) -> Res
         return Response(status_code=CLIENT_CLOSED)
     path = service.video_file(record.id, None)
     response: Response
-    if answer_format == "safetensors":
+    if fmt == "safetensors":
         body = await asyncio.to_thread(video_outputs.tensor_body, path, record.action)
         response = Response(body, media_type=video_outputs.SAFETENSORS_TYPE,
                             headers={**sync_headers(record), "Content-Disposition":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, field_validator
 
@@ -36,9 +36,6 @@ class VideoCreateRequest(SamplingFields):
     action_view_point: str | None = None
     action_normalization: str | None = None
     resolution_tier: int | None = None
-    # TensorRT-LLM's name: "safetensors" answers /v1/videos/sync with the tensors
-    # (api/jobs/video_outputs.py); the job itself always writes its MP4.
-    output_format: Literal["mp4", "safetensors"] | None = None
 
     @field_validator("condition_frame_indexes", "condition_frame_indexes_vision", "action",
                      mode="before")
@@ -55,8 +52,14 @@ class VideoCreateRequest(SamplingFields):
     @field_validator("seconds", mode="before")
     @classmethod
     def _numeric_string(cls, value: Any) -> Any:
-        # The OpenAI SDK sends seconds as a string ("4").
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        # The OpenAI SDK sends seconds as a string ("4"), TensorRT-LLM's clients as a float
+        # (4.0, or "4.0" in a form): whole numbers are taken, others stay a 400.
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                return value
+        if isinstance(value, float) and value.is_integer():
             return int(value)
         return value
 
