@@ -243,6 +243,9 @@ def test_sglang_lora_routes(http, gen_server, gen_model_dir: Path, tmp_path: Pat
     set_reply = http.post("/v1/set_lora", json={"lora_nickname": "sg", "lora_path": str(lora),
                                                 "strength": 0.5})
     assert set_reply.json()["status"] == "ok", set_reply.text
+    again = http.post("/v1/set_lora", json={"lora_nickname": "sg", "lora_path": str(lora),
+                                            "strength": 0.5})
+    assert again.status_code == 200, again.text  # the same nickname and path: reused
     listed = http.get("/v1/list_loras").json()
     assert listed["active"] == [{"nickname": "sg", "strength": 0.5}]
     # the set adapter at strength 0.5 applies to a request that names none, exactly as the

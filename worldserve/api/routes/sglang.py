@@ -127,8 +127,10 @@ async def set_lora(body: SetLoraBody, request: Request) -> dict[str, str]:
     if body.lora_alpha is not None:
         raise InvalidRequest("lora_alpha is not supported: worldserve reads the adapter's "
                              "alpha from its files", param="lora_alpha")
+    loaded = {a["name"]: a.get("path") for a in await _adapters(request)}
     for name, path, strength in zip(names, paths, strengths):
-        if path is not None:
+        # SGLang clients repeat set_lora with the same nickname and path: loaded, it is reused
+        if path is not None and loaded.get(name) != path:
             if len(path) > MAX_PATH_CHARS:
                 raise InvalidRequest("lora_path is too long", param="lora_path")
             await relay(request, LoraLoad(request_id=new_request_id("lora"), name=name,
