@@ -263,3 +263,25 @@ def test_sglang_lora_routes(http, gen_server, gen_model_dir: Path, tmp_path: Pat
     assert http.post("/v1/unmerge_lora_weights", json={}).status_code == 200
     assert b64(http.post("/v1/images/generations", json=image)) == base
     assert json.loads(http.get("/v1/list_loras").text)["active"] == []
+
+
+def test_action_answer_survives_a_restart(tmp_path, gen_model_dir):
+    from tests.integration.generation.conftest import start_server
+
+    key = {"Idempotency-Key": "act-restart"}
+    server = start_server(tmp_path, gen_model_dir)
+    try:
+        with httpx.Client(base_url=server.base_url, timeout=60) as client:
+            body = _action_body(client)
+        first = httpx.post(f"{server.base_url}/v1/actions/generations", json=body,
+                           headers=key, timeout=60)
+        assert first.status_code == 200, first.text
+    finally:
+        server.stop()
+    restarted = start_server(tmp_path, gen_model_dir)
+    try:
+        again = httpx.post(f"{restarted.base_url}/v1/actions/generations", json=body,
+                           headers=key, timeout=60)
+        assert again.status_code == 200 and again.content == first.content
+    finally:
+        restarted.stop()
