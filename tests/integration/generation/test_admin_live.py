@@ -51,6 +51,10 @@ def test_admin_routes_on_a_live_server(tmp_path: Path, gen_model_dir: Path) -> N
         server.wait_healthy()
         url = server.base_url
         assert httpx.get(f"{url}/admin/lora", timeout=5).status_code == 401
+        # SGLang's LoRA routes keep the admin rules
+        assert httpx.get(f"{url}/v1/list_loras", timeout=5).status_code == 401
+        assert httpx.post(f"{url}/v1/set_lora", timeout=5,
+                          json={"lora_nickname": "style"}).status_code == 401
         loaded = httpx.post(f"{url}/admin/lora/load", headers=AUTH, timeout=60,
                             json={"name": "style", "path": str(lora), "scale": 0.8})
         assert loaded.status_code == 200, loaded.text

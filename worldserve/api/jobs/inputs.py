@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
 from worldserve.api.jobs.params import MediaRequest, resolve_image, resolve_video
-from worldserve.api.schemas.images import ImageGenerationRequest
+from worldserve.api.schemas.images import ImageGenerationRequest, SamplingFields
 from worldserve.api.schemas.videos import VideoCreateRequest
 from worldserve.errors import InvalidRequest, UnsupportedMediaType, WorldserveError
 from worldserve.ipc.capabilities import GenerationCapabilities
@@ -70,17 +70,11 @@ class FormBody:
 # ---------------------------------------------------------------------- the one-pass readers
 
 
-async def read_video(request: Request, context: RequestContext) -> MediaRequest:
-    """`POST /v1/videos`: JSON, a URL-encoded form, or multipart with `input_reference` /
-    `video_reference` files (an `input_reference` that is a video conditions like
-    `video_path`)."""
-    form = await read_payload(request)
-    return await video_request(form.fields, context, form.files)
-
-
 async def video_request(fields: dict[str, Any], context: RequestContext,
                         files: dict[str, list[UploadFile]] | None = None) -> MediaRequest:
-    """A `/v1/videos` body given as fields (and files) -> the validated request: the extra
+    """`POST /v1/videos` (JSON, a URL-encoded form, or multipart with `input_reference` /
+    `video_reference` files; an `input_reference` that is a video conditions like
+    `video_path`), its body given as fields (and files) -> the validated request: the extra
     containers flattened, one media pass (uploads, policy, references), the public schema,
     then the stage's declaration."""
     flat = flatten_extras(fields)
@@ -140,8 +134,10 @@ async def _edit_uploads(form: FormBody, limit: int) -> list[bytes]:
     return images
 
 
-def _noted(request: MediaRequest, body: BaseModel, route: str) -> MediaRequest:
-    """Unknown top-level fields are accepted (spec §0.3) but said: logged and warned."""
+def _noted(request: MediaRequest, body: SamplingFields, route: str) -> MediaRequest:
+    """Unknown top-level fields are accepted (spec §0.3) but said: logged and warned, as are
+    the known ones that do not act here (`compat_warnings`)."""
+    request.warnings.extend(body.compat_warnings())
     unknown = sorted(body.model_extra or {})
     if unknown:
         names = ", ".join(ascii(name)[:64] for name in unknown[:MAX_LISTED_FIELDS])

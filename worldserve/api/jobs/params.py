@@ -56,6 +56,7 @@ class MediaRequest:
     model: str | None = None
     enhance_prompt: bool = False
     action: dict[str, Any] | None = None  # a forward-dynamics job's rows, as the job shows them
+    remixed_from_video_id: str | None = None  # a remix: the job whose video conditions it
     warnings: list[str] = field(default_factory=list)  # said in X-Worldserve-Warning
 
 

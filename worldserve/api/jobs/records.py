@@ -65,6 +65,7 @@ class JobRecord(msgspec.Struct, kw_only=True):
     stage_request_id: str | None = None
     num_frames: int | None = None
     seconds: str = "0"
+    remixed_from_video_id: str | None = None  # POST /v1/videos/{id}/remix: the source job
     # forward dynamics: the rows the job rolls out; policy / inverse dynamics: the predicted ones
     action: dict[str, Any] | None = None
     # images

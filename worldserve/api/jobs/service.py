@@ -16,6 +16,8 @@ import re
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
 
+import msgspec
+
 from worldserve.api.jobs.enhancer import PromptEnhancer, maybe_enhance
 from worldserve.api.jobs.idempotency import IdempotencyKey, IdempotencyKeys
 from worldserve.api.jobs.inputs import RequestContext
@@ -50,6 +52,7 @@ from worldserve.ipc.messages import (
     GenerationParams,
     GenerationProgress,
     GenerationResult,
+    LoraRef,
 )
 from worldserve.media.policy import MediaPolicy
 
@@ -91,6 +94,8 @@ class MediaService:
         self.in_flight = 0
         self.slots = SlotClock()  # how long admission slots are held: the 503's Retry-After
         self.keys = IdempotencyKeys(self.ledger.store)
+        # SGLang's /v1/set_lora (routes/sglang.py): adapters for requests that name none
+        self.active_lora: list[LoraRef] = []
         self.ledger.recover()
 
     # ------------------------------------------------------------------ stage facts
@@ -138,10 +143,15 @@ class MediaService:
 
     # ------------------------------------------------------------------ relaying
 
+    def _with_active_lora(self, params: GenerationParams) -> GenerationParams:
+        if params.lora or not self.active_lora:
+            return params
+        return msgspec.structs.replace(params, lora=list(self.active_lora))
+
     def _message(self, record_id: str, request: MediaRequest) -> GenerateMedia:
         return GenerateMedia(
             request_id=new_request_id("gen"),
-            params=request.params,
+            params=self._with_active_lora(request.params),
             output_stem=record_id,
             output_format=request.output_format,
             fps=request.fps,
@@ -252,7 +262,7 @@ class MediaService:
             action_horizon=params.action_horizon,
             seed=params.seed if params.seed is not None else 42,
             num_candidates=params.candidate_count or 1,
-            lora=env.lora,
+            lora=env.lora or list(self.active_lora),
         )
         with self.admit():
             result = await self.client().call(msg, timeout_s=ACTION_TIMEOUT_S)
@@ -263,7 +273,7 @@ class MediaService:
     async def generate_data(self, params: GenerationParams) -> GenerationResult:
         """A data-only generation (world-model actions): no file, the result carries the data.
         Interleaves with media requests like any other; a client that goes away cancels it."""
-        msg = GenerateMedia(request_id=new_request_id("act"), params=params,
+        msg = GenerateMedia(request_id=new_request_id("act"), params=self._with_active_lora(params),
                             output_stem="actions", output_format=NO_FILE)
         with self.admit():
             opened, _ = await self._open(msg)
@@ -286,7 +296,8 @@ class MediaService:
     async def _create_video(self, request: MediaRequest) -> JobRecord:
         model = self.served_model(request.model)
         await self._enhance(request)
-        record = self.ledger.new("video", request, model=model, action=request.action)
+        record = self.ledger.new("video", request, model=model, action=request.action,
+                                 remixed_from_video_id=request.remixed_from_video_id)
         with self.admit(measured=False):
             msg = self._message(record.id, request)
             opened, accepted = await self._open(msg)

@@ -34,6 +34,12 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     fingerprint TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS idempotency_keys_record ON idempotency_keys (record_id);
+CREATE TABLE IF NOT EXISTS answers (
+    id TEXT PRIMARY KEY,
+    media_type TEXT NOT NULL,
+    body BLOB NOT NULL,
+    expires_at INTEGER NOT NULL
+);
 """
 
 
@@ -109,6 +115,25 @@ class RecordStore:
         row = self._db.execute("SELECT record_id, fingerprint FROM idempotency_keys WHERE key = ?",
                                (key,)).fetchone()
         return (row[0], row[1]) if row is not None else None
+
+    def save_answer(self, answer_id: str, media_type: str, body: bytes,
+                    expires_at: int) -> None:
+        """A synchronous answer that is no job record (an action generation), kept for the
+        Idempotency-Key that names it until `expires_at`."""
+        self._write("INSERT INTO answers (id, media_type, body, expires_at) VALUES (?, ?, ?, ?)",
+                    (answer_id, media_type, body, expires_at))
+
+    def answer(self, answer_id: str) -> tuple[bytes, str] | None:
+        """(body, media type) of a kept answer, None when unknown or dropped."""
+        row = self._db.execute("SELECT body, media_type FROM answers WHERE id = ?",
+                               (answer_id,)).fetchone()
+        return (bytes(row[0]), row[1]) if row is not None else None
+
+    def drop_expired_answers(self, now: int) -> None:
+        """Answers past their time go, with the keys that named them."""
+        self._write("DELETE FROM idempotency_keys WHERE record_id IN "
+                    "(SELECT id FROM answers WHERE expires_at <= ?)", (now,))
+        self._write("DELETE FROM answers WHERE expires_at <= ?", (now,))
 
     # ------------------------------------------------------------------ reads
 

@@ -53,7 +53,8 @@ def job_object(record: JobRecord, paths: list[Path], *, base_url: str,
         "url": url if completed else None,
         "urls": [f"{url}?variant={i}" for i in range(len(paths))]
         if completed and len(paths) > 1 else None,
-        "remixed_from_video_id": None, "completed_at": record.completed_at,
+        "remixed_from_video_id": record.remixed_from_video_id,
+        "completed_at": record.completed_at, "prompt": record.revised_prompt,
         "expires_at": record.expires_at, "error": _error(record),
         "file_path": str(paths[0]) if completed and paths and not hide_paths else None,
         "file_paths": [str(p) for p in paths] if completed and not hide_paths else None,
@@ -64,7 +65,16 @@ def job_object(record: JobRecord, paths: list[Path], *, base_url: str,
         "stage_durations": dict(record.stage_durations),
         "step_cache": record.step_cache,
         "revised_prompt": record.revised_prompt, "action": record.action,
+        **_action_data(record, url if completed else None),
     }
+
+
+def _action_data(record: JobRecord, url: str | None) -> dict[str, Any]:
+    """vLLM-Omni reads an action job's result at `data[0].action` (SGLang at the top level,
+    `action`): both carry it."""
+    if record.action is None:
+        return {}
+    return {"data": [{"url": url, "action": record.action}]}
 
 
 def job_list(records: list[JobRecord], paths_of: Any, has_more: bool, *, base_url: str,

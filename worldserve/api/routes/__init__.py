@@ -9,6 +9,7 @@ ROUTE_MODULES: tuple[str, ...] = (
     "worldserve.api.routes.ops",
     "worldserve.api.routes.admin",
     "worldserve.api.routes.model_admin",
+    "worldserve.api.routes.sglang",
     "worldserve.api.routes.images",
     "worldserve.api.routes.videos",
     "worldserve.api.routes.infer",

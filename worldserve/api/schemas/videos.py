@@ -52,8 +52,14 @@ class VideoCreateRequest(SamplingFields):
     @field_validator("seconds", mode="before")
     @classmethod
     def _numeric_string(cls, value: Any) -> Any:
-        # The OpenAI SDK sends seconds as a string ("4").
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        # The OpenAI SDK sends seconds as a string ("4"), TensorRT-LLM's clients as a float
+        # (4.0, or "4.0" in a form): whole numbers are taken, others stay a 400.
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                return value
+        if isinstance(value, float) and value.is_integer():
             return int(value)
         return value
 
@@ -78,6 +84,7 @@ class VideoJob(BaseModel):
     url: str | None = None
     urls: list[str] | None = None
     remixed_from_video_id: str | None = None
+    prompt: str | None = None  # OpenAI's Video.prompt: the prompt the job ran (as revised)
     completed_at: int | None = None
     expires_at: int | None = None
     error: VideoError | None = None
@@ -91,6 +98,8 @@ class VideoJob(BaseModel):
     step_cache: dict[str, Any] | None = None
     revised_prompt: str | None = None
     action: dict[str, Any] | None = None
+    # an action job's result again, where vLLM-Omni reads it: [{"url": ..., "action": ...}]
+    data: list[dict[str, Any]] | None = None
     deleted: bool | None = None
 
 
