@@ -32,7 +32,7 @@ from worldserve.api.jobs.records import (
 from worldserve.api.jobs.store import RecordStore
 from worldserve.api.jobs.world_actions import predicted_action
 from worldserve.errors import StorageFull, WorldserveError, public_message
-from worldserve.ipc.messages import GenerationResult
+from worldserve.ipc.messages import GenerationProgress, GenerationResult
 
 log = logging.getLogger("worldserve.jobs")
 
@@ -60,6 +60,7 @@ class JobLedger:
         self._sweeper: asyncio.Task[None] | None = None
         self._inserted_s: dict[str, float] = {}  # monotonic insert time of each live record
         self._written_s: dict[str, float] = {}  # when each live record was last written
+        self.unfinished: dict[str, JobRecord] = {}  # queued and in-progress records (/metrics)
         # Changes a full disk kept out of the store: answered from here, written once there
         # is room again (the sweeper retries each pass).
         self._unsaved: dict[str, JobRecord] = {}
@@ -75,6 +76,8 @@ class JobLedger:
     def insert(self, record: JobRecord) -> None:
         self.store.insert(record)
         self._inserted_s[record.id] = self._written_s[record.id] = time.monotonic()
+        if record.status.is_live:
+            self.unfinished[record.id] = record
         frames = f", {record.num_frames} frames" if record.num_frames else ""
         log.info("job %s (%s) created: %s%s, %d output(s), %s", record.id, record.kind,
                  record.size, frames, record.num_outputs, record.status.value)
@@ -106,6 +109,8 @@ class JobLedger:
         if not record.status.can_move_to(status):
             return False
         record.status = status
+        if not status.is_live:
+            self.unfinished.pop(record.id, None)
         for name, value in changes.items():
             setattr(record, name, value)
         if not status.is_live:
@@ -145,18 +150,39 @@ class JobLedger:
             log.info("job %s %s%s: %s (%s)", record.id, record.status.value, after,
                      error.message if error else "-", error.code if error else "-")
 
+    def queue_waits_s(self) -> list[tuple[JobKind, float]]:
+        """(kind, seconds waited so far) of every job the engine has not admitted yet."""
+        now = time.monotonic()
+        return [(record.kind, now - self._inserted_s.get(record_id, now))
+                for record_id, record in self.unfinished.items()
+                if record.status == JobStatus.QUEUED]
+
     def cancel(self, record: JobRecord, message: str) -> bool:
         return self.move(record, JobStatus.CANCELLED, error=JobError(message, "cancelled"))
 
-    def progress(self, record: JobRecord, progress: int) -> None:
-        progress = max(record.progress, min(99, progress))
+    def progress(self, record: JobRecord, update: GenerationProgress) -> float | None:
+        """Apply the engine's progress reply. A `queued` one moves the queue position (kept in
+        memory); the first other one is the engine admitting the job: `in_progress` from then,
+        and its queue wait (seconds, returned; None for any other update) is recorded."""
+        if update.phase == "queued":
+            if record.status == JobStatus.QUEUED:
+                record.queue_position = update.queue_position
+            return None
+        changes = dict(progress=max(record.progress, min(99, update.progress)),
+                       phase=update.phase, step=update.steps_done,
+                       total_steps=update.steps_total)
         if record.status == JobStatus.QUEUED:
-            self.move(record, JobStatus.IN_PROGRESS, progress=progress)
-        elif record.status == JobStatus.IN_PROGRESS and progress != record.progress:
-            record.progress = progress
+            waited_s = time.monotonic() - self._inserted_s.get(record.id, time.monotonic())
+            self.move(record, JobStatus.IN_PROGRESS, queue_position=None,
+                      queue_wait_s=round(waited_s, 6), **changes)
+            return waited_s
+        if record.status == JobStatus.IN_PROGRESS:
+            for name, value in changes.items():
+                setattr(record, name, value)
             written = self._written_s.get(record.id, 0.0)
             if time.monotonic() - written >= PROGRESS_WRITE_INTERVAL_S:
                 self._write(record)
+        return None
 
     def complete(self, record: JobRecord, result: GenerationResult) -> None:
         predicted = predicted_action(result.actions[0]) if result.actions else None
@@ -199,6 +225,7 @@ class JobLedger:
         removed = self._delete_files(record.file_names + self._partial_files(record))
         self.store.delete(record.id)
         self._unsaved.pop(record.id, None)
+        self.unfinished.pop(record.id, None)
         self._inserted_s.pop(record.id, None)
         self._written_s.pop(record.id, None)
         return removed

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
 
 from worldserve.api.jobs.enhancer import PromptEnhancer, maybe_enhance
+from worldserve.api.jobs.figures import QueueFigures, queue_wait_histogram
 from worldserve.api.jobs.idempotency import IdempotencyKey, IdempotencyKeys
 from worldserve.api.jobs.inputs import RequestContext
 from worldserve.api.jobs.ledger import JobLedger
@@ -92,6 +93,9 @@ class MediaService:
         self.slots = SlotClock()  # how long admission slots are held: the 503's Retry-After
         self.keys = IdempotencyKeys(self.ledger.store)
         self.ledger.recover()
+        registry = runtime.metrics.registry
+        self.queue_wait = queue_wait_histogram(registry)
+        registry.register(QueueFigures(self.ledger))
 
     # ------------------------------------------------------------------ stage facts
 
@@ -184,6 +188,11 @@ class MediaService:
                 ) from None
             yield reply
 
+    def _progress(self, record: JobRecord, update: GenerationProgress) -> None:
+        waited_s = self.ledger.progress(record, update)
+        if waited_s is not None:  # the engine admitted the job just now
+            self.queue_wait.labels(record.kind).observe(waited_s)
+
     async def _enhance(self, request: MediaRequest) -> None:
         if request.enhance_prompt:
             params = request.params
@@ -214,7 +223,6 @@ class MediaService:
         record = self.ledger.new(
             "image",
             request,
-            status=JobStatus.IN_PROGRESS,
             num_input_images=len(request.params.condition_images),
             response_format=request.response_format,
         )
@@ -223,7 +231,9 @@ class MediaService:
         try:
             opened, _ = await self._open(self._message(record.id, request))
             async for reply in self._replies(opened):
-                if isinstance(reply, GenerationResult):
+                if isinstance(reply, GenerationProgress):
+                    self._progress(record, reply)
+                elif isinstance(reply, GenerationResult):
                     self.ledger.complete(record, reply)
         except WorldserveError as exc:
             self.ledger.fail(record, exc)
@@ -293,6 +303,7 @@ class MediaService:
         record.stage_request_id = msg.request_id
         record.size = f"{accepted.width}x{accepted.height}"
         record.num_frames = accepted.num_frames
+        record.queue_position = accepted.queue_position
         record.seconds = str(round(accepted.num_frames / max(1, request.fps)))
         try:
             self.ledger.insert(record)
@@ -312,7 +323,7 @@ class MediaService:
                 if self.live.get(record.id) is not record:
                     break  # deleted: nothing is left to update
                 if isinstance(reply, GenerationProgress):
-                    self.ledger.progress(record, reply.progress)
+                    self._progress(record, reply)
                 elif isinstance(reply, GenerationResult):
                     self.ledger.complete(record, reply)
                 elif isinstance(reply, GenerationCancelled):

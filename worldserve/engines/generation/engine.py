@@ -177,6 +177,7 @@ class GenerationEngine:
         params.lora = self.admin.resolve(params.lora)
         output_names(msg.output_stem, msg.output_format, len(params.seeds))  # validates
         position = self._enqueue(msg.request_id, params, MediaJob(msg=msg, reply=reply))
+        self.scheduler.requests[msg.request_id].extra["queue_position"] = position
         reply(GenerationAccepted(request_id=msg.request_id, num_frames=params.num_frames,
                                  width=params.width, height=params.height, queue_position=position))
 
@@ -190,6 +191,7 @@ class GenerationEngine:
         if request is not None:
             self.num_finished += 1
             request.payload.reply(GenerationCancelled(request_id=request_id))
+            self._report_queue()  # the requests behind it moved up
 
     def has_work(self) -> bool:
         if self.scheduler.paused:
@@ -213,6 +215,8 @@ class GenerationEngine:
         if scheduled is None:
             time.sleep(min(MAX_WAIT_SLEEP_S, self.scheduler.wait_s()))
             return
+        if scheduled.phase is Phase.PREPARE:  # admitted into a batch just now
+            self._report_admitted(scheduled.batch)
         started = time.perf_counter()
         try:
             output = self._execute(scheduled)
@@ -300,7 +304,8 @@ class GenerationEngine:
         msg = request.payload.msg
         if msg is None:
             return []
-        self._report([request], 99, "writing")  # before the (possibly slow) encode
+        steps = batch.state.num_steps if batch.state is not None else 0
+        self._report([request], 99, "mux", steps, steps)  # before the (possibly slow) encode
         rows = batch.rows_of(request.request_id)
         names = output_names(msg.output_stem, msg.output_format, len(rows))
         written: list[str] = []
@@ -325,7 +330,7 @@ class GenerationEngine:
         batch = scheduled.batch
         assert batch is not None and batch.state is not None
         if scheduled.phase is Phase.PREPARE:
-            self._report(batch.requests, 1, "denoising")
+            self._report(batch.requests, 1, "denoise", 0, batch.state.num_steps)
         elif scheduled.phase is Phase.DENOISE:
             self._report_steps(batch)
         elif scheduled.phase is Phase.DECODE:
@@ -335,7 +340,8 @@ class GenerationEngine:
             batch.extras[batch.next_row] = output.extras
             batch.next_row += 1
             if batch.next_row == len(batch.state.row_owner):
-                self._report(batch.requests, 95, "decoded")
+                steps = batch.state.num_steps
+                self._report(batch.requests, 95, "mux", steps, steps)
         else:
             self._finish_one(batch, output.file_names)
 
@@ -347,7 +353,31 @@ class GenerationEngine:
         self.denoise_rows += len(state.row_owner)
         for request in batch.requests:
             request.steps_done = state.step_index
-        self._report(batch.requests, progress, "denoising", state.step_index, state.num_steps)
+        phase = "decode" if state.done_denoising else "denoise"
+        self._report(batch.requests, progress, phase, state.step_index, state.num_steps)
+
+    def _report_admitted(self, batch: RunningBatch | None) -> None:
+        """The batch's requests left the queue: `encode` at progress 0 (the api's job turns
+        `in_progress` here, not when it was accepted); the requests still waiting moved up."""
+        assert batch is not None
+        for request in batch.requests:
+            request.extra.pop("queue_position", None)
+            if request.payload.msg is not None:
+                request.payload.reply(GenerationProgress(
+                    request_id=request.request_id, progress=0, steps_done=0,
+                    steps_total=request.params.num_inference_steps, phase="encode"))
+        self._report_queue()
+
+    def _report_queue(self) -> None:
+        """`queued` with its new position to each waiting request whose position changed."""
+        for position, request in enumerate(self.scheduler.waiting):
+            if request.payload.msg is None or request.extra.get("queue_position") == position:
+                continue
+            request.extra["queue_position"] = position
+            request.payload.reply(GenerationProgress(
+                request_id=request.request_id, progress=0, steps_done=0,
+                steps_total=request.params.num_inference_steps, phase="queued",
+                queue_position=position))
 
     def _report(self, requests: list[ScheduledRequest], progress: int, phase: str,
                 done: int = 0, total: int = 0) -> None:
