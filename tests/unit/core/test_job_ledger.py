@@ -121,3 +121,38 @@ def test_queued_until_the_engine_admits_the_job(ledger: JobLedger) -> None:
     assert record.queue_position is None and record.status == JobStatus.IN_PROGRESS
     ledger.cancel(record, "job deleted")
     assert record.id not in ledger.unfinished
+
+
+def completed(ledger: JobLedger) -> JobRecord:
+    record = ledger.new("video", resolved())
+    ledger.insert(record)
+    (ledger.output_dir / f"{record.id}.mp4").write_bytes(b"x")
+    ledger.complete(record, result(f"{record.id}.mp4"))
+    return record
+
+
+def test_an_expired_job_is_gone_and_its_404_says_expired(tmp_path: Path, monkeypatch) -> None:
+    ledger = JobLedger(tmp_path / "out", ttl_s=0.5, max_records=0)
+    record = completed(ledger)
+    assert record.expires_at == record.completed_at + 1  # a fractional TTL rounds up, not to 0
+    assert ledger.get(record.id, "video") is not None
+    monkeypatch.setattr("worldserve.api.jobs.ledger.now_s", lambda: record.expires_at)
+    assert ledger.get(record.id, "video") is None  # expired: gone before the sweep runs
+    before_sweep = ledger.missing(record.id, "video", "Video not found")
+    assert before_sweep.code == "expired" and "output_ttl_s=0.5" in before_sweep.message
+    assert ledger.prune()["ids"] == [record.id]
+    assert not ledger.paths(record)[0].exists()
+    after_sweep = ledger.missing(record.id, "video", "Video not found")
+    assert (after_sweep.code, after_sweep.param) == ("expired", "video_id")
+    assert ledger.missing("other", "video", "Video not found").code == "not_found"
+
+
+def test_a_completed_job_whose_files_vanished_is_gone(ledger: JobLedger) -> None:
+    record = completed(ledger)
+    kept = completed(ledger)
+    ledger.paths(record)[0].unlink()  # an operator's clean-up, behind the server's back
+    listed, _ = ledger.page("video", None, 10, False)
+    assert [r.id for r in listed] == [kept.id]
+    assert ledger.get(record.id, "video") is None
+    assert ledger.missing(record.id, "video", "Video not found").code == "expired"
+    assert ledger.get(kept.id, "video") is not None

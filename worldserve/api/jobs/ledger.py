@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import uuid
 from pathlib import Path
@@ -31,12 +32,13 @@ from worldserve.api.jobs.records import (
 )
 from worldserve.api.jobs.store import RecordStore
 from worldserve.api.jobs.world_actions import predicted_action
-from worldserve.errors import StorageFull, WorldserveError, public_message
+from worldserve.errors import Expired, NotFound, StorageFull, WorldserveError, public_message
 from worldserve.ipc.messages import GenerationProgress, GenerationResult
 
 log = logging.getLogger("worldserve.jobs")
 
 SWEEP_INTERVAL_S = 60.0
+MAX_REMEMBERED_EXPIRIES = 4096  # ids whose 404 still says `expired` after their record went
 PROGRESS_WRITE_INTERVAL_S = 1.0
 RECORDS_FILE = Path(".worldserve") / "records.sqlite3"
 # Stage error codes a job shows as they are; anything else is `generation_failed`.
@@ -64,6 +66,8 @@ class JobLedger:
         # Changes a full disk kept out of the store: answered from here, written once there
         # is room again (the sweeper retries each pass).
         self._unsaved: dict[str, JobRecord] = {}
+        # Why recently removed records are gone (expired at / files removed), newest last.
+        self._gone: dict[str, str] = {}
 
     # ------------------------------------------------------------------ records
 
@@ -85,7 +89,8 @@ class JobLedger:
     def page(self, kind: JobKind, after: str | None, limit: int,
              descending: bool) -> tuple[list[JobRecord], bool]:
         """Unexpired records of `kind` after record `after`; True when more follow."""
-        return self.store.page(kind, after, limit, descending, now_s())
+        records, has_more = self.store.page(kind, after, limit, descending, now_s())
+        return [r for r in records if not self._drop_if_vanished(r)], has_more
 
     def position(self, record_id: str, kind: JobKind) -> tuple[int, int] | None:
         """(created_at, seq) of a record, expired or not (as `page`'s anchor)."""
@@ -94,16 +99,43 @@ class JobLedger:
     def page_after(self, kind: JobKind, anchor: tuple[int, int] | None, limit: int,
                    descending: bool) -> tuple[list[JobRecord], bool]:
         """Unexpired records of `kind` after position `anchor` ((created_at, seq))."""
-        return self.store.page_after(kind, anchor, limit, descending, now_s())
+        records, has_more = self.store.page_after(kind, anchor, limit, descending, now_s())
+        return [r for r in records if not self._drop_if_vanished(r)], has_more
 
     def get(self, record_id: str, kind: JobKind) -> JobRecord | None:
-        """The live (unexpired) record of `kind`, or None."""
+        """The live (unexpired) record of `kind`, or None (`missing` says why)."""
         record = self._unsaved.get(record_id)
         if record is None or record.kind != kind:
             record = self.store.get(record_id, kind)
-        if record is None or (record.expires_at is not None and record.expires_at <= now_s()):
+        if record is None or _expired(record) or self._drop_if_vanished(record):
             return None
         return record
+
+    def missing(self, record_id: str, kind: JobKind, message: str) -> NotFound:
+        """The 404 for a record `get` did not return: `expired` (naming when, or that its files
+        were removed) while the server remembers it, else `message`."""
+        record = self.store.get(record_id, kind)
+        if record is not None and _expired(record):
+            return Expired(f"{kind} {record_id} expired at {record.expires_at} (output_ttl_s="
+                           f"{self.ttl_s:g}); its outputs are deleted", param=f"{kind}_id")
+        if record_id in self._gone:
+            return Expired(f"{kind} {record_id} {self._gone[record_id]}", param=f"{kind}_id")
+        return NotFound(message, param=f"{kind}_id")
+
+    def _drop_if_vanished(self, record: JobRecord) -> bool:
+        """A completed record whose files were removed behind the server's back (an operator's
+        clean-up) is gone too, never `completed` with a 404 content: True when it was."""
+        if record.status != JobStatus.COMPLETED or all(p.is_file() for p in self.paths(record)):
+            return False
+        log.warning("job %s: its output files were removed; the job is gone", record.id)
+        self.remove(record)
+        self._remember_gone(record.id, "expired: its output files were removed")
+        return True
+
+    def _remember_gone(self, record_id: str, why: str) -> None:
+        self._gone[record_id] = why
+        while len(self._gone) > MAX_REMEMBERED_EXPIRIES:
+            del self._gone[next(iter(self._gone))]
 
     def move(self, record: JobRecord, status: JobStatus, **changes: Any) -> bool:
         if not record.status.can_move_to(status):
@@ -115,8 +147,8 @@ class JobLedger:
             setattr(record, name, value)
         if not status.is_live:
             record.completed_at = now_s()
-            if self.ttl_s > 0:
-                record.expires_at = record.completed_at + int(self.ttl_s)
+            if self.ttl_s > 0:  # never before the TTL (0.5 s is 1 s, not 0)
+                record.expires_at = record.completed_at + math.ceil(self.ttl_s)
         self._write(record)
         self._log_move(record)
         return True
@@ -257,6 +289,8 @@ class JobLedger:
         for record in self.store.expired(now_s()):
             files += self.remove(record)
             removed_ids.append(record.id)
+            self._remember_gone(record.id, f"expired at {record.expires_at} (output_ttl_s="
+                                f"{self.ttl_s:g}); its outputs are deleted")
         # counted after the expired ones are gone
         over = self.store.oldest_terminal_over(self.max_records) if self.max_records > 0 else []
         for record in over:
@@ -286,3 +320,7 @@ class JobLedger:
                 continue
             if report["removed_records"]:
                 log.info("swept %d expired record(s)", report["removed_records"])
+
+
+def _expired(record: JobRecord) -> bool:
+    return record.expires_at is not None and record.expires_at <= now_s()

@@ -210,7 +210,7 @@ class MediaService:
     def get_image(self, image_id: str) -> JobRecord:
         record = self.ledger.get(image_id, "image")
         if record is None:
-            raise NotFound("Image not found", param="image_id")
+            raise self.ledger.missing(image_id, "image", "Image not found")
         return record
 
     async def _generate_images(self, request: MediaRequest) -> JobRecord:
@@ -345,7 +345,7 @@ class MediaService:
         """The live record of a job being relayed, else the stored one."""
         record = self.live.get(video_id) or self.ledger.get(video_id, "video")
         if record is None:
-            raise NotFound("Video not found", param="video_id")
+            raise self.ledger.missing(video_id, "video", "Video not found")
         return record
 
     def list_videos(
