@@ -94,9 +94,9 @@ class GenerationAccepted(Reply):
 
 
 class GenerationProgress(Reply):
-    """Where a request is. `phase` (PROGRESS_PHASES): `queued` while it waits in the engine
-    (`queue_position` requests ahead of it, sent whenever that changes), `encode` once the
-    engine admits it into a batch (progress 0), then `denoise` (1..90, `steps_done` of
+    """Where a request is (engines/generation/progress.py). `phase`: `queued` while it waits
+    in the engine (`queue_position` requests ahead of it, sent whenever that changes), `encode`
+    once the engine admits it into a batch (progress 0), then `denoise` (1..90, `steps_done` of
     `steps_total`), `decode`, and `mux` (95 decoded, 99 writing the files)."""
 
     terminal: ClassVar[bool] = False
@@ -105,9 +105,6 @@ class GenerationProgress(Reply):
     steps_total: int
     phase: str = "denoise"
     queue_position: int | None = None  # phase `queued` only
-
-
-PROGRESS_PHASES = ("queued", "encode", "denoise", "decode", "mux")
 
 
 class ActionOutput(msgspec.Struct, kw_only=True):
