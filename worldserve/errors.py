@@ -43,6 +43,12 @@ class NotFound(WorldserveError, LookupError):
     error_type = "not_found_error"
 
 
+class Expired(NotFound):
+    """A job whose outputs retention removed (output_ttl_s): gone, and the 404 says so."""
+
+    code = "expired"
+
+
 class Conflict(WorldserveError):
     code = "conflict"
     error_type = "conflict_error"

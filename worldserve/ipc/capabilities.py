@@ -75,6 +75,14 @@ class GenerationDefaults(msgspec.Struct, kw_only=True, frozen=True):
     # /v1/infer serves a resolution key at the NIM table's size divided by this (the tiny dev
     # checkpoint: 16, so 720_16_9 is 80x48); 1: the table's own sizes
     resolution_divisor: int = 1
+    # The largest request the checkpoint runs in reasonable time (its family's resolution
+    # template; the tiny dev checkpoint's CPU budget): larger is a 400 naming these limits
+    # (ipc/rules.py), never an hours-long job. None: no limit of that kind.
+    max_width: int | None = None
+    max_height: int | None = None
+    max_pixels: int | None = None  # width x height of one frame
+    max_num_frames: int | None = None
+    max_video_pixels: int | None = None  # width x height x num_frames
 
 
 class ActionHeadCapabilities(msgspec.Struct, kw_only=True):

@@ -16,7 +16,11 @@ from __future__ import annotations
 from typing import Literal
 
 from worldserve.errors import InvalidRequest
-from worldserve.ipc.capabilities import ActionGenerationCapabilities, GenerationCapabilities
+from worldserve.ipc.capabilities import (
+    ActionGenerationCapabilities,
+    GenerationCapabilities,
+    GenerationDefaults,
+)
 from worldserve.ipc.messages import ActionCondition, GenerationParams
 
 ACTION_MODES = ("policy", "forward_dynamics", "inverse_dynamics")
@@ -60,8 +64,35 @@ def _check_media(params: GenerationParams, caps: GenerationCapabilities) -> None
         raise InvalidRequest(f"num_frames must be {stride}k+1 (1, 5, 9, ...) for this model: the "
                              f"VAE's temporal stride is {stride} (got {params.num_frames})",
                              param="num_frames")
+    _check_limits(params, caps.defaults)
     if params.condition_video is not None:
         _check_video_condition(params, stride)
+
+
+def _check_limits(params: GenerationParams, limits: GenerationDefaults) -> None:
+    """The checkpoint's declared size limits (its family's template): a request past one is a
+    400 naming the field and every limit, instead of a job that would run for hours."""
+    pixels = params.width * params.height
+    for name, value, limit in (
+        ("width", params.width, limits.max_width),
+        ("height", params.height, limits.max_height),
+        ("size", pixels, limits.max_pixels),
+        ("num_frames", params.num_frames, limits.max_num_frames),
+        ("num_frames", pixels * params.num_frames, limits.max_video_pixels),
+    ):
+        if limit is not None and value > limit:
+            raise InvalidRequest(
+                f"{name}: {params.width}x{params.height} x {params.num_frames} frame(s) is past "
+                f"this model's limits ({limits_text(limits)}); ask for a smaller size or fewer "
+                "frames", param=name)
+
+
+def limits_text(limits: GenerationDefaults) -> str:
+    """The declared limits in words, e.g. `width <= 1280, height <= 1280, ...`."""
+    named = (("width", limits.max_width), ("height", limits.max_height),
+             ("width x height", limits.max_pixels), ("num_frames", limits.max_num_frames),
+             ("width x height x num_frames", limits.max_video_pixels))
+    return ", ".join(f"{name} <= {limit}" for name, limit in named if limit is not None)
 
 
 def _check_video_condition(params: GenerationParams, stride: int) -> None:

@@ -1,6 +1,7 @@
-"""Timing a client can read, through a real server (tiny Wan): `Server-Timing` (the phases the
-engine reported, in milliseconds, and `total`) on the synchronous image and video answers and on
-`/content`; `X-Inference-Time-S` and `X-Peak-Memory-MB` on the synchronous answers."""
+"""Timing a client can read, through a real server (tiny Wan): `Server-Timing` (the wait for
+admission, `queue`, the phases the engine reported, in milliseconds, and `total`) on the
+synchronous image and video answers and on `/content`; `X-Inference-Time-S` and
+`X-Peak-Memory-MB` on the synchronous answers."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from tests.integration.generation.test_lifecycle import wait_status
 
-PHASES = {"encode", "denoise", "decode", "mux", "total"}
+PHASES = {"queue", "encode", "denoise", "decode", "mux", "total"}
 IMAGE = {"prompt": "x", "size": "64x64", "num_inference_steps": 2}
 VIDEO = {"prompt": "x", "size": "64x64", "num_frames": 5, "num_inference_steps": 2}
 
@@ -26,7 +27,8 @@ def server_timing(response: httpx.Response) -> dict[str, float]:
     for entry in response.headers["server-timing"].split(","):
         name, duration = entry.strip().split(";dur=")
         out[name] = float(duration)
-    assert set(out) <= PHASES and {"denoise", "total"} <= set(out), out
+    assert set(out) <= PHASES and {"queue", "denoise", "total"} <= set(out), out
+    assert list(out)[0] == "queue"  # acceptance to admission comes first
     assert all(ms >= 0 for ms in out.values()) and out["total"] > 0
     return out
 

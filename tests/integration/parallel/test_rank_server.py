@@ -27,6 +27,14 @@ def wait(http: httpx.Client, job_id: str, until=("completed", "failed", "cancell
     raise AssertionError(f"job {job_id} stuck: {job}")
 
 
+def denoising(http: httpx.Client, job_id: str) -> None:
+    """Until the job has run a denoising step (`in_progress` comes earlier, at admission)."""
+    deadline = time.monotonic() + 120
+    while http.get(f"/v1/videos/{job_id}").json()["step"] < 1:
+        assert time.monotonic() < deadline, f"job {job_id} never denoised"
+        time.sleep(0.05)
+
+
 def ranks(http: httpx.Client) -> dict:
     return http.get("/admin/model_info").json()["stages"]["generation"]["rank_group"]
 
@@ -44,7 +52,7 @@ def test_a_killed_rank_fails_its_job_and_the_group_restarts(server_factory, cosm
         long = http.post("/v1/videos", json={"prompt": "a robot", "size": "48x32",
                                              "num_frames": 9,
                                              "num_inference_steps": 400}).json()
-        wait(http, long["id"], until=("in_progress",))
+        denoising(http, long["id"])  # mid-denoise: a step collective is what the kill breaks
         os.kill(group["pids"]["1"], signal.SIGKILL)
         failed = wait(http, long["id"])
         assert failed["status"] == "failed"

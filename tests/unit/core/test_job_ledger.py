@@ -12,7 +12,7 @@ from worldserve.api.jobs.ledger import JobLedger
 from worldserve.api.jobs.params import MediaRequest
 from worldserve.api.jobs.records import JobError, JobRecord, JobStatus
 from worldserve.errors import InternalError, InvalidRequest, RequestTimeout
-from worldserve.ipc.messages import GenerationParams, GenerationResult
+from worldserve.ipc.messages import GenerationParams, GenerationProgress, GenerationResult
 
 # A record as the dict-based MediaService stored it (keys and value shapes of that version).
 OLD_RECORD = {"id": "c0ffee", "_kind": "video", "status": "in_progress", "progress": 40,
@@ -33,6 +33,12 @@ def result(*names: str) -> GenerationResult:
                             num_frames=9, inference_time_s=0.5)
 
 
+def update(progress: int, phase: str, queue_position: int | None = None,
+           step: int = 0) -> GenerationProgress:
+    return GenerationProgress(request_id="gen-1", progress=progress, steps_done=step,
+                              steps_total=4, phase=phase, queue_position=queue_position)
+
+
 @pytest.fixture
 def ledger(tmp_path: Path) -> JobLedger:
     return JobLedger(tmp_path / "out", ttl_s=60, max_records=0)
@@ -42,9 +48,9 @@ def test_terminal_states_are_final_and_stamp_expiry(ledger: JobLedger) -> None:
     record = ledger.new("video", resolved())
     assert (record.status, record.size, record.num_outputs) == (JobStatus.QUEUED, "64x32", 2)
     ledger.insert(record)
-    ledger.progress(record, 30)
+    ledger.progress(record, update(30, "denoise"))
     assert record.status == JobStatus.IN_PROGRESS and record.progress == 30
-    ledger.progress(record, 10)  # progress never goes back
+    ledger.progress(record, update(10, "denoise"))  # progress never goes back
     assert record.progress == 30
     assert ledger.cancel(record, "job deleted")
     assert record.completed_at is not None and record.expires_at == record.completed_at + 60
@@ -84,7 +90,9 @@ def test_records_of_earlier_versions_load_and_recover(tmp_path: Path) -> None:
     assert json.loads(record.to_json()) == {**OLD_RECORD, "num_input_images": 0,
                                             "response_format": None, "inference_time_s": None,
                                             "peak_memory_mb": None, "action": None,
-                                            "stage_durations": {}, "step_cache": None}
+                                            "stage_durations": {}, "step_cache": None,
+                                            "queue_position": None, "phase": None, "step": 0,
+                                            "total_steps": 0, "queue_wait_s": None}
     ledger = JobLedger(tmp_path / "out", ttl_s=0, max_records=0)
     ledger.insert(record)
     restarted = JobLedger(tmp_path / "out", ttl_s=0, max_records=0)
@@ -93,3 +101,58 @@ def test_records_of_earlier_versions_load_and_recover(tmp_path: Path) -> None:
     assert recovered is not None and recovered.status == JobStatus.FAILED
     assert recovered.error == JobError("server restarted before the job finished",
                                        "server_restart")
+
+
+def test_queued_until_the_engine_admits_the_job(ledger: JobLedger) -> None:
+    record = ledger.new("video", resolved())
+    ledger.insert(record)
+    assert ledger.progress(record, update(0, "queued", queue_position=2)) is None
+    assert ledger.progress(record, update(0, "queued", queue_position=1)) is None
+    assert (record.status, record.queue_position) == (JobStatus.QUEUED, 1)
+    assert [kind for kind, _ in ledger.queue_waits_s()] == ["video"]
+    waited_s = ledger.progress(record, update(0, "encode"))
+    assert waited_s is not None and waited_s >= 0 and record.queue_wait_s == round(waited_s, 6)
+    assert (record.status, record.phase, record.queue_position) == (
+        JobStatus.IN_PROGRESS, "encode", None)
+    assert ledger.queue_waits_s() == [] and record.id in ledger.unfinished
+    assert ledger.progress(record, update(45, "denoise", step=2)) is None
+    assert (record.progress, record.step, record.total_steps) == (45, 2, 4)
+    ledger.progress(record, update(0, "queued", queue_position=0))  # late: changes nothing
+    assert record.queue_position is None and record.status == JobStatus.IN_PROGRESS
+    ledger.cancel(record, "job deleted")
+    assert record.id not in ledger.unfinished
+
+
+def completed(ledger: JobLedger) -> JobRecord:
+    record = ledger.new("video", resolved())
+    ledger.insert(record)
+    (ledger.output_dir / f"{record.id}.mp4").write_bytes(b"x")
+    ledger.complete(record, result(f"{record.id}.mp4"))
+    return record
+
+
+def test_an_expired_job_is_gone_and_its_404_says_expired(tmp_path: Path, monkeypatch) -> None:
+    ledger = JobLedger(tmp_path / "out", ttl_s=0.5, max_records=0)
+    record = completed(ledger)
+    assert record.expires_at == record.completed_at + 1  # a fractional TTL rounds up, not to 0
+    assert ledger.get(record.id, "video") is not None
+    monkeypatch.setattr("worldserve.api.jobs.ledger.now_s", lambda: record.expires_at)
+    assert ledger.get(record.id, "video") is None  # expired: gone before the sweep runs
+    before_sweep = ledger.missing(record.id, "video", "Video not found")
+    assert before_sweep.code == "expired" and "output_ttl_s=0.5" in before_sweep.message
+    assert ledger.prune()["ids"] == [record.id]
+    assert not ledger.paths(record)[0].exists()
+    after_sweep = ledger.missing(record.id, "video", "Video not found")
+    assert (after_sweep.code, after_sweep.param) == ("expired", "video_id")
+    assert ledger.missing("other", "video", "Video not found").code == "not_found"
+
+
+def test_a_completed_job_whose_files_vanished_is_gone(ledger: JobLedger) -> None:
+    record = completed(ledger)
+    kept = completed(ledger)
+    ledger.paths(record)[0].unlink()  # an operator's clean-up, behind the server's back
+    listed, _ = ledger.page("video", None, 10, False)
+    assert [r.id for r in listed] == [kept.id]
+    assert ledger.get(record.id, "video") is None
+    assert ledger.missing(record.id, "video", "Video not found").code == "expired"
+    assert ledger.get(kept.id, "video") is not None

@@ -100,10 +100,40 @@ def test_batched_equals_sequential_and_progress(engine):
     b0 = replies.terminal("b0")
     assert isinstance(b0, GenerationResult) and b0.file_names == ["b0.png"]
     assert np.array_equal(frames_of(engine, solo), frames_of(engine, b0))
-    progress = [r.progress for r in replies["b1"] if isinstance(r, GenerationProgress)]
+    updates = [r for r in replies["b1"] if isinstance(r, GenerationProgress)]
+    progress = [r.progress for r in updates]
     assert isinstance(replies["b1"][0], GenerationAccepted)
-    assert progress == sorted(progress) and progress[0] >= 1 and progress[-1] == 99
-    assert len(progress) >= 3 + 2  # every denoising step, decoded, writing
+    assert progress == sorted(progress) and progress[0] == 0 and progress[-1] == 99
+    assert len(progress) >= 1 + 3 + 2  # admitted, every denoising step, decoded, writing
+    phases = [r.phase for r in updates]
+    assert phases[0] == "encode" and phases[-1] == "mux"
+    assert phases == sorted(phases, key=["encode", "denoise", "decode", "mux"].index)
+    steps = [r.steps_done for r in updates if r.phase == "denoise"]
+    assert steps == sorted(steps) and {r.steps_total for r in updates} == {3}
+
+
+def test_queued_until_admitted_with_its_position(tiny_wan_dir, tmp_path):
+    """One request runs at a time: the others hear `queued` with their position whenever it
+    moves, and `encode` only when the engine admits them."""
+    engine = engine_for(tiny_wan_dir, tmp_path, max_running_requests=1)
+    drain(engine)
+    replies = Replies()
+    for i, frames in enumerate((1, 5, 9)):  # three shapes: never one batch
+        engine.submit(media(f"q{i}", frames=frames, fmt="mp4" if frames > 1 else "png"),
+                      replies.fn(f"q{i}"))
+    assert [replies[f"q{i}"][0].queue_position for i in range(3)] == [0, 1, 2]
+    engine.step()  # q0 admitted: q1 and q2 move up
+    queued = [(r.phase, r.queue_position) for r in replies["q2"][1:]]
+    assert queued == [("queued", 1)] and replies["q0"][1].phase == "encode"
+    while not isinstance(replies["q0"][-1], GenerationResult):
+        assert all(r.phase == "queued" for r in replies["q2"][1:])
+        engine.step()
+    drain(engine)
+    positions = [r.queue_position for r in replies["q2"] if getattr(r, "phase", "") == "queued"]
+    assert positions == [1, 0]
+    first_running = next(i for i, r in enumerate(replies["q2"])
+                         if getattr(r, "phase", "") == "encode")
+    assert all(r.phase != "queued" for r in replies["q2"][first_running + 1:-1])
 
 
 def test_stage_durations_per_phase(engine):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import uuid
 from pathlib import Path
@@ -31,12 +32,13 @@ from worldserve.api.jobs.records import (
 )
 from worldserve.api.jobs.store import RecordStore
 from worldserve.api.jobs.world_actions import predicted_action
-from worldserve.errors import StorageFull, WorldserveError, public_message
-from worldserve.ipc.messages import GenerationResult
+from worldserve.errors import Expired, NotFound, StorageFull, WorldserveError, public_message
+from worldserve.ipc.messages import GenerationProgress, GenerationResult
 
 log = logging.getLogger("worldserve.jobs")
 
 SWEEP_INTERVAL_S = 60.0
+MAX_REMEMBERED_EXPIRIES = 4096  # ids whose 404 still says `expired` after their record went
 PROGRESS_WRITE_INTERVAL_S = 1.0
 RECORDS_FILE = Path(".worldserve") / "records.sqlite3"
 # Stage error codes a job shows as they are; anything else is `generation_failed`.
@@ -60,9 +62,12 @@ class JobLedger:
         self._sweeper: asyncio.Task[None] | None = None
         self._inserted_s: dict[str, float] = {}  # monotonic insert time of each live record
         self._written_s: dict[str, float] = {}  # when each live record was last written
+        self.unfinished: dict[str, JobRecord] = {}  # queued and in-progress records (/metrics)
         # Changes a full disk kept out of the store: answered from here, written once there
         # is room again (the sweeper retries each pass).
         self._unsaved: dict[str, JobRecord] = {}
+        # Why recently removed records are gone (expired at / files removed), newest last.
+        self._gone: dict[str, str] = {}
 
     # ------------------------------------------------------------------ records
 
@@ -75,6 +80,8 @@ class JobLedger:
     def insert(self, record: JobRecord) -> None:
         self.store.insert(record)
         self._inserted_s[record.id] = self._written_s[record.id] = time.monotonic()
+        if record.status.is_live:
+            self.unfinished[record.id] = record
         frames = f", {record.num_frames} frames" if record.num_frames else ""
         log.info("job %s (%s) created: %s%s, %d output(s), %s", record.id, record.kind,
                  record.size, frames, record.num_outputs, record.status.value)
@@ -82,7 +89,8 @@ class JobLedger:
     def page(self, kind: JobKind, after: str | None, limit: int,
              descending: bool) -> tuple[list[JobRecord], bool]:
         """Unexpired records of `kind` after record `after`; True when more follow."""
-        return self.store.page(kind, after, limit, descending, now_s())
+        records, has_more = self.store.page(kind, after, limit, descending, now_s())
+        return [r for r in records if not self._drop_if_vanished(r)], has_more
 
     def position(self, record_id: str, kind: JobKind) -> tuple[int, int] | None:
         """(created_at, seq) of a record, expired or not (as `page`'s anchor)."""
@@ -91,27 +99,56 @@ class JobLedger:
     def page_after(self, kind: JobKind, anchor: tuple[int, int] | None, limit: int,
                    descending: bool) -> tuple[list[JobRecord], bool]:
         """Unexpired records of `kind` after position `anchor` ((created_at, seq))."""
-        return self.store.page_after(kind, anchor, limit, descending, now_s())
+        records, has_more = self.store.page_after(kind, anchor, limit, descending, now_s())
+        return [r for r in records if not self._drop_if_vanished(r)], has_more
 
     def get(self, record_id: str, kind: JobKind) -> JobRecord | None:
-        """The live (unexpired) record of `kind`, or None."""
+        """The live (unexpired) record of `kind`, or None (`missing` says why)."""
         record = self._unsaved.get(record_id)
         if record is None or record.kind != kind:
             record = self.store.get(record_id, kind)
-        if record is None or (record.expires_at is not None and record.expires_at <= now_s()):
+        if record is None or _expired(record) or self._drop_if_vanished(record):
             return None
         return record
+
+    def missing(self, record_id: str, kind: JobKind, message: str) -> NotFound:
+        """The 404 for a record `get` did not return: `expired` (naming when, or that its files
+        were removed) while the server remembers it, else `message`."""
+        record = self.store.get(record_id, kind)
+        if record is not None and _expired(record):
+            return Expired(f"{kind} {record_id} expired at {record.expires_at} (output_ttl_s="
+                           f"{self.ttl_s:g}); its outputs are deleted", param=f"{kind}_id")
+        if record_id in self._gone:
+            return Expired(f"{kind} {record_id} {self._gone[record_id]}", param=f"{kind}_id")
+        return NotFound(message, param=f"{kind}_id")
+
+    def _drop_if_vanished(self, record: JobRecord) -> bool:
+        """A completed record whose files were removed behind the server's back (an operator's
+        clean-up) is gone too, never `completed` with a 404 content: True when it was."""
+        if record.status != JobStatus.COMPLETED or all(p.is_file() for p in self.paths(record)):
+            return False
+        log.warning("job %s: its output files were removed; the job is gone", record.id)
+        self.remove(record)
+        self._remember_gone(record.id, "expired: its output files were removed")
+        return True
+
+    def _remember_gone(self, record_id: str, why: str) -> None:
+        self._gone[record_id] = why
+        while len(self._gone) > MAX_REMEMBERED_EXPIRIES:
+            del self._gone[next(iter(self._gone))]
 
     def move(self, record: JobRecord, status: JobStatus, **changes: Any) -> bool:
         if not record.status.can_move_to(status):
             return False
         record.status = status
+        if not status.is_live:
+            self.unfinished.pop(record.id, None)
         for name, value in changes.items():
             setattr(record, name, value)
         if not status.is_live:
             record.completed_at = now_s()
-            if self.ttl_s > 0:
-                record.expires_at = record.completed_at + int(self.ttl_s)
+            if self.ttl_s > 0:  # never before the TTL (0.5 s is 1 s, not 0)
+                record.expires_at = record.completed_at + math.ceil(self.ttl_s)
         self._write(record)
         self._log_move(record)
         return True
@@ -145,18 +182,39 @@ class JobLedger:
             log.info("job %s %s%s: %s (%s)", record.id, record.status.value, after,
                      error.message if error else "-", error.code if error else "-")
 
+    def queue_waits_s(self) -> list[tuple[JobKind, float]]:
+        """(kind, seconds waited so far) of every job the engine has not admitted yet."""
+        now = time.monotonic()
+        return [(record.kind, now - self._inserted_s.get(record_id, now))
+                for record_id, record in self.unfinished.items()
+                if record.status == JobStatus.QUEUED]
+
     def cancel(self, record: JobRecord, message: str) -> bool:
         return self.move(record, JobStatus.CANCELLED, error=JobError(message, "cancelled"))
 
-    def progress(self, record: JobRecord, progress: int) -> None:
-        progress = max(record.progress, min(99, progress))
+    def progress(self, record: JobRecord, update: GenerationProgress) -> float | None:
+        """Apply the engine's progress reply. A `queued` one moves the queue position (kept in
+        memory); the first other one is the engine admitting the job: `in_progress` from then,
+        and its queue wait (seconds, returned; None for any other update) is recorded."""
+        if update.phase == "queued":
+            if record.status == JobStatus.QUEUED:
+                record.queue_position = update.queue_position
+            return None
+        changes = dict(progress=max(record.progress, min(99, update.progress)),
+                       phase=update.phase, step=update.steps_done,
+                       total_steps=update.steps_total)
         if record.status == JobStatus.QUEUED:
-            self.move(record, JobStatus.IN_PROGRESS, progress=progress)
-        elif record.status == JobStatus.IN_PROGRESS and progress != record.progress:
-            record.progress = progress
+            waited_s = time.monotonic() - self._inserted_s.get(record.id, time.monotonic())
+            self.move(record, JobStatus.IN_PROGRESS, queue_position=None,
+                      queue_wait_s=round(waited_s, 6), **changes)
+            return waited_s
+        if record.status == JobStatus.IN_PROGRESS:
+            for name, value in changes.items():
+                setattr(record, name, value)
             written = self._written_s.get(record.id, 0.0)
             if time.monotonic() - written >= PROGRESS_WRITE_INTERVAL_S:
                 self._write(record)
+        return None
 
     def complete(self, record: JobRecord, result: GenerationResult) -> None:
         predicted = predicted_action(result.actions[0]) if result.actions else None
@@ -199,6 +257,7 @@ class JobLedger:
         removed = self._delete_files(record.file_names + self._partial_files(record))
         self.store.delete(record.id)
         self._unsaved.pop(record.id, None)
+        self.unfinished.pop(record.id, None)
         self._inserted_s.pop(record.id, None)
         self._written_s.pop(record.id, None)
         return removed
@@ -230,6 +289,8 @@ class JobLedger:
         for record in self.store.expired(now_s()):
             files += self.remove(record)
             removed_ids.append(record.id)
+            self._remember_gone(record.id, f"expired at {record.expires_at} (output_ttl_s="
+                                f"{self.ttl_s:g}); its outputs are deleted")
         # counted after the expired ones are gone
         over = self.store.oldest_terminal_over(self.max_records) if self.max_records > 0 else []
         for record in over:
@@ -259,3 +320,7 @@ class JobLedger:
                 continue
             if report["removed_records"]:
                 log.info("swept %d expired record(s)", report["removed_records"])
+
+
+def _expired(record: JobRecord) -> bool:
+    return record.expires_at is not None and record.expires_at <= now_s()

@@ -52,6 +52,14 @@ class JobRecord(msgspec.Struct, kw_only=True):
     size: str  # WIDTHxHEIGHT, the stage's answer once accepted
     status: JobStatus = JobStatus.QUEUED
     progress: int = 0
+    # Where the engine is (its progress replies): `queue_position` requests ahead while queued
+    # (None once admitted); `phase` (encode, denoise, decode, mux) and denoising `step` of
+    # `total_steps` while in progress; `queue_wait_s` from acceptance to admission.
+    queue_position: int | None = None
+    phase: str | None = None
+    step: int = 0
+    total_steps: int = 0
+    queue_wait_s: float | None = None
     completed_at: int | None = None
     expires_at: int | None = None
     error: JobError | None = None

@@ -19,6 +19,7 @@ from typing import Any, AsyncIterator, Iterator
 import msgspec
 
 from worldserve.api.jobs.enhancer import PromptEnhancer, maybe_enhance
+from worldserve.api.jobs.figures import QueueFigures, queue_wait_histogram
 from worldserve.api.jobs.idempotency import IdempotencyKey, IdempotencyKeys
 from worldserve.api.jobs.inputs import RequestContext
 from worldserve.api.jobs.ledger import JobLedger
@@ -97,6 +98,9 @@ class MediaService:
         # SGLang's /v1/set_lora (routes/sglang.py): adapters for requests that name none
         self.active_lora: list[LoraRef] = []
         self.ledger.recover()
+        registry = runtime.metrics.registry
+        self.queue_wait = queue_wait_histogram(registry)
+        registry.register(QueueFigures(self.ledger))
 
     # ------------------------------------------------------------------ stage facts
 
@@ -194,6 +198,11 @@ class MediaService:
                 ) from None
             yield reply
 
+    def _progress(self, record: JobRecord, update: GenerationProgress) -> None:
+        waited_s = self.ledger.progress(record, update)
+        if waited_s is not None:  # the engine admitted the job just now
+            self.queue_wait.labels(record.kind).observe(waited_s)
+
     async def _enhance(self, request: MediaRequest) -> None:
         if request.enhance_prompt:
             params = request.params
@@ -211,7 +220,7 @@ class MediaService:
     def get_image(self, image_id: str) -> JobRecord:
         record = self.ledger.get(image_id, "image")
         if record is None:
-            raise NotFound("Image not found", param="image_id")
+            raise self.ledger.missing(image_id, "image", "Image not found")
         return record
 
     async def _generate_images(self, request: MediaRequest) -> JobRecord:
@@ -224,7 +233,6 @@ class MediaService:
         record = self.ledger.new(
             "image",
             request,
-            status=JobStatus.IN_PROGRESS,
             num_input_images=len(request.params.condition_images),
             response_format=request.response_format,
         )
@@ -233,7 +241,9 @@ class MediaService:
         try:
             opened, _ = await self._open(self._message(record.id, request))
             async for reply in self._replies(opened):
-                if isinstance(reply, GenerationResult):
+                if isinstance(reply, GenerationProgress):
+                    self._progress(record, reply)
+                elif isinstance(reply, GenerationResult):
                     self.ledger.complete(record, reply)
         except WorldserveError as exc:
             self.ledger.fail(record, exc)
@@ -304,6 +314,7 @@ class MediaService:
         record.stage_request_id = msg.request_id
         record.size = f"{accepted.width}x{accepted.height}"
         record.num_frames = accepted.num_frames
+        record.queue_position = accepted.queue_position
         record.seconds = str(round(accepted.num_frames / max(1, request.fps)))
         try:
             self.ledger.insert(record)
@@ -323,7 +334,7 @@ class MediaService:
                 if self.live.get(record.id) is not record:
                     break  # deleted: nothing is left to update
                 if isinstance(reply, GenerationProgress):
-                    self.ledger.progress(record, reply.progress)
+                    self._progress(record, reply)
                 elif isinstance(reply, GenerationResult):
                     self.ledger.complete(record, reply)
                 elif isinstance(reply, GenerationCancelled):
@@ -345,7 +356,7 @@ class MediaService:
         """The live record of a job being relayed, else the stored one."""
         record = self.live.get(video_id) or self.ledger.get(video_id, "video")
         if record is None:
-            raise NotFound("Video not found", param="video_id")
+            raise self.ledger.missing(video_id, "video", "Video not found")
         return record
 
     def list_videos(

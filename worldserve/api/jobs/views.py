@@ -66,6 +66,7 @@ def job_object(record: JobRecord, paths: list[Path], *, base_url: str,
         "step_cache": record.step_cache,
         "revised_prompt": record.revised_prompt, "action": record.action,
         **_action_data(record, url if completed else None),
+        **progress_fields(record),
     }
 
 
@@ -75,6 +76,18 @@ def _action_data(record: JobRecord, url: str | None) -> dict[str, Any]:
     if record.action is None:
         return {}
     return {"data": [{"url": url, "action": record.action}]}
+
+
+def progress_fields(record: JobRecord) -> dict[str, Any]:
+    """Where a job is, beyond OpenAI's `status` and `progress`: `queue_position` (requests
+    ahead of it in the engine) while queued; `phase` (encode, denoise, decode, mux) and the
+    denoising `step` of `total_steps` once the engine admitted it; `queue_wait_s`, acceptance to
+    admission, once known."""
+    queued = record.status == JobStatus.QUEUED
+    return {"queue_position": record.queue_position if queued else None,
+            "phase": record.phase if record.status == JobStatus.IN_PROGRESS else None,
+            "step": record.step, "total_steps": record.total_steps,
+            "queue_wait_s": record.queue_wait_s}
 
 
 def job_list(records: list[JobRecord], paths_of: Any, has_more: bool, *, base_url: str,
@@ -111,11 +124,13 @@ def image_response(record: JobRecord, paths: list[Path], *, base_url: str,
 
 
 def server_timing(record: JobRecord) -> dict[str, str]:
-    """`Server-Timing` (W3C: milliseconds) of the phases the engine reported for the job
-    (encode, denoise, decode, mux, as far as it ran them) and `total`, its inference time; none
-    before the job has figures."""
+    """`Server-Timing` (W3C: milliseconds) of the job's wait before the engine admitted it
+    (queue) and the phases the engine reported (encode, denoise, decode, mux, as far as it ran
+    them), and `total`, its inference time (the queue not included); none before the job has
+    figures."""
+    waited = {"queue": record.queue_wait_s} if record.queue_wait_s is not None else {}
     phases = [f"{name};dur={seconds * 1000:.1f}" for name, seconds in
-              record.stage_durations.items()]
+              {**waited, **record.stage_durations}.items()]
     if record.inference_time_s is not None:
         phases.append(f"total;dur={record.inference_time_s * 1000:.1f}")
     return {"Server-Timing": ", ".join(phases)} if phases else {}

@@ -52,6 +52,12 @@ from worldserve.engines.generation.outputs import (
     write_error,
     write_output,
 )
+from worldserve.engines.generation.progress import (
+    QUEUE_POSITION,
+    report,
+    report_admitted,
+    report_queue,
+)
 from worldserve.engines.generation.scheduler import Scheduler, denoise_progress
 from worldserve.engines.generation.warmup import WarmupPlan
 from worldserve.enhancer_config import load_enhancer_config
@@ -67,7 +73,6 @@ from worldserve.ipc.messages import (
     GenerateMedia,
     GenerationAccepted,
     GenerationCancelled,
-    GenerationProgress,
     GenerationResult,
     Request,
 )
@@ -177,6 +182,7 @@ class GenerationEngine:
         params.lora = self.admin.resolve(params.lora)
         output_names(msg.output_stem, msg.output_format, len(params.seeds))  # validates
         position = self._enqueue(msg.request_id, params, MediaJob(msg=msg, reply=reply))
+        self.scheduler.requests[msg.request_id].extra[QUEUE_POSITION] = position
         reply(GenerationAccepted(request_id=msg.request_id, num_frames=params.num_frames,
                                  width=params.width, height=params.height, queue_position=position))
 
@@ -190,6 +196,7 @@ class GenerationEngine:
         if request is not None:
             self.num_finished += 1
             request.payload.reply(GenerationCancelled(request_id=request_id))
+            report_queue(self.scheduler.waiting)  # the requests behind it moved up
 
     def has_work(self) -> bool:
         if self.scheduler.paused:
@@ -213,6 +220,8 @@ class GenerationEngine:
         if scheduled is None:
             time.sleep(min(MAX_WAIT_SLEEP_S, self.scheduler.wait_s()))
             return
+        if scheduled.batch is not None and scheduled.phase is Phase.PREPARE:  # admitted now
+            report_admitted(scheduled.batch.requests, self.scheduler.waiting)
         started = time.perf_counter()
         try:
             output = self._execute(scheduled)
@@ -300,7 +309,8 @@ class GenerationEngine:
         msg = request.payload.msg
         if msg is None:
             return []
-        self._report([request], 99, "writing")  # before the (possibly slow) encode
+        steps = batch.state.num_steps if batch.state is not None else 0
+        report([request], 99, "mux", steps, steps)  # before the (possibly slow) encode
         rows = batch.rows_of(request.request_id)
         names = output_names(msg.output_stem, msg.output_format, len(rows))
         written: list[str] = []
@@ -325,7 +335,7 @@ class GenerationEngine:
         batch = scheduled.batch
         assert batch is not None and batch.state is not None
         if scheduled.phase is Phase.PREPARE:
-            self._report(batch.requests, 1, "denoising")
+            report(batch.requests, 1, "denoise", 0, batch.state.num_steps)
         elif scheduled.phase is Phase.DENOISE:
             self._report_steps(batch)
         elif scheduled.phase is Phase.DECODE:
@@ -335,7 +345,8 @@ class GenerationEngine:
             batch.extras[batch.next_row] = output.extras
             batch.next_row += 1
             if batch.next_row == len(batch.state.row_owner):
-                self._report(batch.requests, 95, "decoded")
+                steps = batch.state.num_steps
+                report(batch.requests, 95, "mux", steps, steps)
         else:
             self._finish_one(batch, output.file_names)
 
@@ -347,17 +358,8 @@ class GenerationEngine:
         self.denoise_rows += len(state.row_owner)
         for request in batch.requests:
             request.steps_done = state.step_index
-        self._report(batch.requests, progress, "denoising", state.step_index, state.num_steps)
-
-    def _report(self, requests: list[ScheduledRequest], progress: int, phase: str,
-                done: int = 0, total: int = 0) -> None:
-        for request in requests:
-            if request.payload.msg is None or progress <= request.last_progress:
-                continue
-            request.last_progress = progress
-            request.payload.reply(GenerationProgress(
-                request_id=request.request_id, progress=progress, steps_done=done,
-                steps_total=total, phase=phase))
+        phase = "decode" if state.done_denoising else "denoise"
+        report(batch.requests, progress, phase, state.step_index, state.num_steps)
 
     def _finish_one(self, batch: RunningBatch, names: list[str]) -> None:
         """Send the first request's result (its files are written) and drop it from the batch."""

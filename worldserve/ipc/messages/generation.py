@@ -94,13 +94,17 @@ class GenerationAccepted(Reply):
 
 
 class GenerationProgress(Reply):
-    """`progress` follows the spec's rule: 1..90 while denoising, 95 decoded, 99 writing."""
+    """Where a request is (engines/generation/progress.py). `phase`: `queued` while it waits
+    in the engine (`queue_position` requests ahead of it, sent whenever that changes), `encode`
+    once the engine admits it into a batch (progress 0), then `denoise` (1..90, `steps_done` of
+    `steps_total`), `decode`, and `mux` (95 decoded, 99 writing the files)."""
 
     terminal: ClassVar[bool] = False
     progress: int
     steps_done: int
     steps_total: int
-    phase: str = "denoising"
+    phase: str = "denoise"
+    queue_position: int | None = None  # phase `queued` only
 
 
 class ActionOutput(msgspec.Struct, kw_only=True):

@@ -7,22 +7,29 @@ from pathlib import Path
 
 from worldserve.ipc.capabilities import GenerationDefaults
 from worldserve.models.detect import diffusers_class
+from worldserve.models.dev import DEV_LIMITS
 from worldserve.models.types import ModelFamily
 
 PIPELINE_CLASS = "Cosmos3OmniPipeline"
+
+# The resolution template the Generator NIM serves (api/nim/infer_rules.py RESOLUTIONS,
+# MAX_FRAMES): sides up to 1280, frames up to 1280x720 (960x960, 1104x832), 197 frames at 720p
+# and 397 at 256p; a clip at most as large as 720p x 197 frames.
+LIMITS = dict(max_width=1280, max_height=1280, max_pixels=1280 * 720, max_num_frames=397,
+              max_video_pixels=1280 * 720 * 197)
 
 # Cosmos3OmniPipeline.__call__'s own defaults (so an omitted field is the pipeline's default);
 # images default to b64_json responses (spec §3.1).
 DEFAULTS = GenerationDefaults(width=1280, height=720, num_frames=189, fps=24,
                               num_inference_steps=35, guidance_scale=6.0, max_sequence_length=512,
                               image_width=1280, image_height=720,
-                              image_response_format="b64_json")
+                              image_response_format="b64_json", **LIMITS)
 # The tiny dev Cosmos3 checkpoint: the pipeline's guidance, small sizes and few steps; the
 # NIM's resolution keys at a sixteenth of their size (docs/nim.md: 720_16_9 -> 80x48).
 DEV_DEFAULTS = GenerationDefaults(width=48, height=32, num_frames=9, fps=8, num_inference_steps=4,
                                   guidance_scale=6.0, max_sequence_length=512, image_width=32,
                                   image_height=32, image_response_format="b64_json",
-                                  resolution_divisor=16)
+                                  resolution_divisor=16, **DEV_LIMITS)
 
 
 # Exact (non-quantised) attention only: the int8/fp8 SageAttention kernels break the

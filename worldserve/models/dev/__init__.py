@@ -41,6 +41,12 @@ _TMP_PREFIX = ".tmp-"
 # build takes seconds), so it is safe to delete.
 _STALE_TMP_AGE_S = 600.0
 
+# What a tiny dev checkpoint runs in seconds on a CPU (GenerationDefaults' limits): sides up to
+# 256, and the NIM's longest clip (397 frames) at its largest dev key (80x80); 1280x720 x 189
+# frames is refused with a 400 instead of running for hours.
+DEV_LIMITS: dict[str, int] = dict(max_width=256, max_height=256, max_pixels=256 * 256,
+                                  max_num_frames=397, max_video_pixels=80 * 80 * 397)
+
 
 @dataclass(frozen=True)
 class DevModelBuilder:
