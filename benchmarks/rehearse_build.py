@@ -118,9 +118,9 @@ def count_params(fx: dict[str, Any]) -> dict[str, int]:
 def fake_pipeline(fx: dict[str, Any], mode: Any, dev_dir: Path) -> Any:
     """A Cosmos3OmniPipeline of the published transformer and VAE (fake), with the dev
     checkpoint's tokenizer and scheduler (real: token ids and timesteps are host data)."""
+    from diffusers import UniPCMultistepScheduler
     from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
     from transformers import AutoTokenizer
-    from diffusers import UniPCMultistepScheduler
 
     with mode:
         transformer, vae = build_transformer(fx), build_vae(fx)
@@ -179,6 +179,22 @@ class PeakTracker(TorchDispatchMode):
         return out
 
 
+class DtypeChecks(TorchDispatchMode):
+    """The dtype checks the real kernels make and the fake (meta) ones skip: a matmul or a
+    convolution of two dtypes (a bf16 activation into a float8 weight, issue 31 item 1) raises
+    as on a GPU ("expected m1 and m2 to have the same dtype")."""
+
+    OPS = ("mm", "addmm", "bmm", "baddbmm", "convolution")
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func.overloadpacket.__name__ in self.OPS:
+            dtypes = {t.dtype for t in tree_leaves(args) if isinstance(t, torch.Tensor)}
+            if len(dtypes) > 1:
+                raise RuntimeError(f"{func}: expected m1 and m2 to have the same dtype, but "
+                                   f"got: {' != '.join(sorted(str(d) for d in dtypes))}")
+        return func(*args, **(kwargs or {}))
+
+
 class CollectiveCounter(TorchDispatchMode):
     """Calls and bytes each c10d collective sends from this rank, by op and group size: an
     all-to-all sends (size - 1) / size of its input, an all-gather its input to size - 1
@@ -195,9 +211,10 @@ class CollectiveCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
     def _count(self, name: str, args: Any) -> None:
-        group = next((a for a in args if hasattr(a, "size") and not isinstance(a, torch.Tensor)
-                      and not isinstance(a, (list, tuple))), None)
-        size = int(group.size()) if group is not None else 1
+        from torch.distributed.distributed_c10d import ProcessGroup
+
+        boxed = next((a for a in args if isinstance(a, torch.ScriptObject)), None)
+        size = ProcessGroup.unbox(boxed).size() if boxed is not None else 1
         sent = 0
         if name == "alltoall_base_":
             sent = _nbytes(args[1]) * (size - 1) // max(1, size)
