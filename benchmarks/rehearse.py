@@ -117,7 +117,7 @@ def part_single(name: str, frames: int, height: int, width: int,
                 decode: bool = True) -> dict[str, Any]:
     started = time.perf_counter()
     pipe, runner, state = prepared(name, frames, height, width)
-    weights = build.tensor_bytes(pipe.transformer) + build.tensor_bytes(pipe.vae)
+    weights = build.pipeline_bytes(pipe)
     step = build.PeakTracker()
     step.external(pipe.transformer, pipe.vae)
     with step, build.DtypeChecks():
@@ -164,8 +164,7 @@ def run_rank(pipe: Any, state: Any, layout: Any, rank: int, name: str) -> dict[s
         with peak, sent, build.DtypeChecks():
             runner.denoise_step(state)
         return {"rank": rank, "coords": list(layout.coords(rank)),
-                "weights_gib": gib(build.tensor_bytes(pipe.transformer)
-                                   + build.tensor_bytes(pipe.vae)),
+                "weights_gib": gib(build.pipeline_bytes(pipe)),
                 "step_peak_gib": gib(peak.peak), "sent_gib": gib(sent.bytes_sent),
                 "collectives": {op: {"calls": v["calls"],
                                      "sent_mib": round(v["bytes_sent"] / 2**20, 1)}
@@ -289,9 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         results["single"] = part_single(args.model, *size, decode=not args.no_decode)
         harness.emit(results["single"])
     if "ranks" in parts:
-        results["ranks"] = [part_ranks(args.model, spec, *size, ranks) for spec in layouts]
-        for result in results["ranks"]:
-            harness.emit(result)
+        results["ranks"] = []
+        for spec in layouts:
+            results["ranks"].append(part_ranks(args.model, spec, *size, ranks))
+            harness.emit(results["ranks"][-1])
     if "reasoner" in parts:
         results["reasoner"] = part_reasoner(args.model, args.prefill_tokens)
         harness.emit(results["reasoner"])

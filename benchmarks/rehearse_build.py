@@ -123,14 +123,20 @@ def fake_pipeline(fx: dict[str, Any], mode: Any, dev_dir: Path) -> Any:
     from transformers import AutoTokenizer
 
     with mode:
-        transformer, vae = build_transformer(fx), build_vae(fx)
+        transformer, vae, sound = build_transformer(fx), build_vae(fx), build_sound(fx)
     pipe = Cosmos3OmniPipeline(
         transformer=transformer, vae=vae,
         text_tokenizer=AutoTokenizer.from_pretrained(dev_dir / "text_tokenizer"),
         scheduler=UniPCMultistepScheduler.from_pretrained(dev_dir / "scheduler"),
-        sound_tokenizer=None, safety_checker=None, enable_safety_checker=False)
+        sound_tokenizer=sound, safety_checker=None, enable_safety_checker=False)
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def pipeline_bytes(pipe: Any) -> int:
+    """What a generation stage holds: transformer, VAE and sound tokenizer (when shipped)."""
+    parts = (pipe.transformer, pipe.vae, pipe.sound_tokenizer)
+    return sum(tensor_bytes(part) for part in parts if part is not None)
 
 
 def tensor_bytes(module: nn.Module) -> int:

@@ -114,9 +114,13 @@ def generation_estimate(single: dict[str, Any] | None, ranks: dict[str, Any] | N
 
 
 def reasoner_estimate(reasoner: dict[str, Any], kv_tokens: int) -> int:
+    """Weights + the KV cache at the plan's token count (measured bytes per token of buffer
+    capacity, the plan's factors for doubling and the packed copy: not measured here) + the
+    prefill's transient beyond the cache it wrote."""
     bf16 = reasoner["bf16"]
     kv = bf16["kv_bytes_per_token"] * kv_tokens * (KV_GROWTH_FACTOR + KV_PACKED_FACTOR)
-    return int(bf16["weights_gib"] * GIB + kv + bf16["prefill_peak_gib"] * GIB)
+    transient = max(0.0, bf16["prefill_peak_gib"] - bf16["kv_gib"])
+    return int((bf16["weights_gib"] + transient) * GIB + kv)
 
 
 def part_plan(name: str, layouts: list[str], gpu: str, results: dict[str, Any]) -> dict[str, Any]:
