@@ -98,3 +98,31 @@ def test_cli_parses_the_parallel_layout() -> None:
     assert rehearse.parse_layout("cfg=2,ulysses=4") == {"cfg": 2, "ulysses": 4}
     with pytest.raises(SystemExit):
         rehearse.parse_layout("tensor=2")
+
+
+def test_collective_bytes_sent_per_rank() -> None:
+    """The counter's volumes on a fake 8-rank group: an all-to-all over 4 sends 3/4 of its
+    input, an all-gather over 4 sends its input to 3 peers, a ring hop sends its tensor."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from worldserve.levers.parallel.comm import all_gather, all_to_all, ring_shift
+    from worldserve.levers.parallel.mesh import ParallelLayout, RankMesh
+
+    dist.init_process_group("fake", rank=0, world_size=8, store=FakeStore())
+    try:
+        mesh = RankMesh(ParallelLayout(cfg=2, ulysses=4), 0)
+        mesh.build(60.0)
+        x = torch.zeros(4, 256, dtype=torch.bfloat16)  # 2 KiB
+        counter = build.CollectiveCounter()
+        with counter:
+            all_to_all(x, mesh.ulysses)
+            all_gather(x, mesh.ulysses)
+            ring_shift(x, mesh.sp)
+    finally:
+        dist.destroy_process_group()
+    ops = counter.ops
+    assert ops["alltoall_base_/4"] == {"calls": 1, "bytes_sent": 2048 * 3 // 4}
+    assert ops["allgather_/4"] == {"calls": 1, "bytes_sent": 2048 * 3}
+    assert ops["send/4"] == {"calls": 1, "bytes_sent": 2048}
+    assert counter.bytes_sent == 1536 + 6144 + 2048
