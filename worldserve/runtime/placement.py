@@ -23,7 +23,7 @@ Memory per GPU (all estimates, documented in docs/hardware.md):
               reasoner:   2 x layers x kv_heads x head_dim x b x kv_tokens x 3.5  (KV cache at
                 its worst: own buffers up to 2x their tokens as capacity doubles, plus a packed
                 batch copy at 1.5x)
-                          + 16 x prefill_tokens x hidden x b                  (prefill chunk)
+                          + 20 x prefill_tokens x hidden x b                  (prefill chunk)
               realtime:   16 x tokens x hidden x b + KV of the window (as the reasoner's)
     reserve   1 GiB + 2 % of the GPU (CUDA context, allocator fragmentation)
     fits      sum over the stages on the GPU of max(weights + headroom, load peak)
@@ -42,6 +42,10 @@ from worldserve.config import resolve_dtype_name
 
 GIB = 1 << 30
 ACTIVATION_FACTOR = 16  # live [tokens, hidden] tensors at a forward's peak (est.)
+# A reasoner prefill chunk's transient beyond the K/V it writes, in [tokens, hidden] tensors:
+# the full-size rehearsal measured 13.1 (Nano), 17.5 (Edge) and 19.0 (Super, whose MLP is
+# 5 x hidden) at 2,048 tokens (docs/rehearsal.md; CPU fake tensors, no GPU ran)
+PREFILL_ACTIVATION_FACTOR = 20
 VAE_BYTES_PER_PIXEL_BF16 = 56  # Wan 2.2 VAE decode, 1280x720x189 ~ 9.1 GiB (est.)
 VAE_REFERENCE_WIDTH = 256  # Wan 2.2's decoder_base_dim, which the figure above is for
 RESERVE_BYTES = 1 * GIB
@@ -224,7 +228,7 @@ def headroom_bytes(demand: StageDemand, dtype: str) -> int:
     kv_per_token = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * b
     if demand.stage == "reasoner":
         kv = int(kv_per_token * work.kv_tokens * (KV_GROWTH_FACTOR + KV_PACKED_FACTOR))
-        return kv + ACTIVATION_FACTOR * work.prefill_tokens * arch.hidden_size * b
+        return kv + PREFILL_ACTIVATION_FACTOR * work.prefill_tokens * arch.hidden_size * b
     activations = ACTIVATION_FACTOR * work.activation_tokens * arch.hidden_size * b
     activations //= max(1, demand.seq_split)
     vae = (VAE_BYTES_PER_PIXEL_BF16 * work.output_pixels * b * arch.vae_width
