@@ -42,7 +42,7 @@ def check_ulysses(mesh: Any) -> float:
 
 def check_ring(mesh: Any) -> float:
     """Ring attention over padded, unequal chunks plus a replicated prefix == full attention."""
-    from worldserve.levers.parallel.attention import repeat_kv, ring_attention
+    from worldserve.levers.parallel.attention import ring_attention
 
     size = mesh.world.size
     g = torch.Generator().manual_seed(2)
@@ -55,8 +55,9 @@ def check_ring(mesh: Any) -> float:
     pk, pv = (torch.randn(3, 2, 8, generator=g) for _ in range(2))
     pad = lambda x: torch.cat((x, x.new_zeros((size * chunk - real, *x.shape[1:]))))  # noqa: E731
     mine = slice(mesh.rank * chunk, (mesh.rank + 1) * chunk)
-    out = ring_attention(pad(q)[mine], repeat_kv(pad(k)[mine], 4), repeat_kv(pad(v)[mine], 4),
-                         mesh.world, valid, prefix=(repeat_kv(pk, 4), repeat_kv(pv, 4)))
+    # k/v keep their 2 (GQA) heads round the ring: ring_attention repeats them where it reads
+    out = ring_attention(pad(q)[mine], pad(k)[mine], pad(v)[mine], mesh.world, valid,
+                         prefix=(pk, pv))
     ref = _sdpa(q, torch.cat((pk, k)), torch.cat((pv, v)))
     rows = min(chunk, real - mesh.rank * chunk)
     return float((out[:rows] - ref[mine][:rows]).abs().max())

@@ -92,10 +92,14 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: Gr
                    ) -> torch.Tensor:
     """Queries `q` (this rank's chunk) against the keys of every rank's chunk plus an optional
     replicated `prefix` (k, v). k/v chunks are padded to one size; `valid_keys[i]` rows of
-    ring position i's chunk are real. Heads of q, k, v must match (use `repeat_kv`)."""
+    ring position i's chunk are real. k/v may carry fewer (GQA) heads than q: they travel the
+    ring as they are and are repeated to q's heads only where attention reads them, so a hop
+    moves `kv_heads / heads` of the bytes a repeated tensor would."""
+    heads = q.shape[1]
     out, lse = None, None
     if prefix is not None and prefix[0].shape[0] > 0:
-        out, lse = merge_lse(out, lse, *attention_lse(q, prefix[0], prefix[1]))
+        out, lse = merge_lse(out, lse, *attention_lse(
+            q, repeat_kv(prefix[0], heads), repeat_kv(prefix[1], heads)))
     kv = torch.stack((k, v))  # one exchange per hop carries both
     for hop in range(handle.size):
         owner = (handle.index - hop) % handle.size
@@ -103,6 +107,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: Gr
             kv = ring_shift(kv, handle)
         n = valid_keys[owner]
         if n > 0:
-            out, lse = merge_lse(out, lse, *attention_lse(q, kv[0, :n], kv[1, :n]))
+            out, lse = merge_lse(out, lse, *attention_lse(
+                q, repeat_kv(kv[0, :n], heads), repeat_kv(kv[1, :n], heads)))
     assert out is not None  # the prefix or this rank's own chunk always has keys
     return out.to(q.dtype)

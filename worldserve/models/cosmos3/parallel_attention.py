@@ -128,10 +128,7 @@ class Cosmos3ParallelAttnProcessor:
             out = _full_attention(q, torch.cat((k_und, k[: lengths[0]])),
                                   torch.cat((v_und, v[: lengths[0]])), lengths[0], self)
         else:
-            heads = q.shape[1]
-            out = ring_attention(q, repeat_kv(k, heads), repeat_kv(v, heads), mesh.ring,
-                                 lengths, prefix=(repeat_kv(k_und, heads),
-                                                  repeat_kv(v_und, heads)))
+            out = ring_attention(q, k, v, mesh.ring, lengths, prefix=(k_und, v_und))
         return gather_heads(out, ulysses)
 
 
