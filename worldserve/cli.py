@@ -14,6 +14,7 @@ from typing import Any, Optional
 import typer
 
 from worldserve import envs
+from worldserve.clients.auth import API_KEY_HELP, resolve_api_key
 from worldserve.clients.streaming import stream_command
 from worldserve.config import ConfigError, ServerConfig, load_config
 from worldserve.config.flags import CHECK_FLAGS, SERVE_FLAGS, PanelledCommand, with_config_flags
@@ -239,6 +240,7 @@ def realtime(
     size: Optional[str] = typer.Option(None, help="WxH (default: the model's)."),
     seed: Optional[int] = typer.Option(None, help="Noise seed (default: 42)."),
     fps: Optional[int] = typer.Option(None, min=1, help="Frame rate (default: the model's)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help=API_KEY_HELP),
 ) -> None:
     """Explore a world over the realtime WebSocket; decode every chunk, write an MP4."""
     from worldserve.clients.realtime import RealtimeClientOptions
@@ -260,6 +262,7 @@ def realtime(
         size=size,
         seed=seed,
         fps=fps,
+        api_key=resolve_api_key(api_key),
     )
     raise typer.Exit(code=run_client(opts))
 

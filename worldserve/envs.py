@@ -68,6 +68,21 @@ def nim_url() -> str | None:
     return value or None
 
 
+def tracemalloc_dir() -> Path | None:
+    """WORLDSERVE_TRACEMALLOC_DIR: a folder where the api process writes tracemalloc snapshots
+    and its top allocation growth (api/memtrace.py), to find what grows in a soak. Unset (the
+    default): tracemalloc stays off; it slows every allocation down."""
+    raw = os.environ.get("WORLDSERVE_TRACEMALLOC_DIR", "").strip()
+    return Path(raw).expanduser() if raw else None
+
+
+def tracemalloc_every_s() -> float:
+    """WORLDSERVE_TRACEMALLOC_EVERY_S: seconds between the api's tracemalloc snapshots
+    (default 60)."""
+    raw = os.environ.get("WORLDSERVE_TRACEMALLOC_EVERY_S", "").strip()
+    return float(raw) if raw else 60.0
+
+
 def cuda_visible_devices() -> list[str] | None:
     """CUDA_VISIBLE_DEVICES of this process, as a list (None: unset, every GPU is visible).
     The placement plan's GPU indices count within it; stage processes get a subset."""

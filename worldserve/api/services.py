@@ -14,8 +14,10 @@ from typing import AsyncIterator, TypeVar
 from fastapi import FastAPI
 from starlette.requests import HTTPConnection
 
+from worldserve import envs
 from worldserve.api.jobs.enhancer import PromptEnhancer, load_enhancer_config
 from worldserve.api.jobs.service import MediaService
+from worldserve.api.memtrace import memory_tracing
 from worldserve.api.realtime.service import RealtimeService
 from worldserve.api.runtime import ServerRuntime
 from worldserve.api.sockets import OpenSockets
@@ -45,10 +47,12 @@ class ApiServices:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
-        """Background work that needs the event loop: the media retention sweeper."""
+        """Background work that needs the event loop: the media retention sweeper, and the
+        opt-in allocation tracing of a soak (api/memtrace.py)."""
         if self.media is not None:
             self.media.start_sweeper()
-        yield
+        async with memory_tracing(envs.tracemalloc_dir(), envs.tracemalloc_every_s()):
+            yield
 
 
 def build_services(runtime: ServerRuntime) -> ApiServices:

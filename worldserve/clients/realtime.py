@@ -20,6 +20,7 @@ import msgpack
 import numpy as np
 import websockets
 
+from worldserve.clients.auth import MISSING_KEY_HINT, bearer_headers
 from worldserve.media.framing import FrameDecoder, FramingError, pack
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
@@ -39,6 +40,8 @@ class RealtimeClientOptions:
     size: str | None = None
     seed: int | None = None
     fps: int | None = None
+    # The server's --api-key (clients/auth.py); kept out of the repr, hence of logs
+    api_key: str | None = field(default=None, repr=False)
 
     def init_message(self) -> dict[str, Any]:
         init: dict[str, Any] = {
@@ -163,7 +166,8 @@ async def run_session(
     outcome = SessionOutcome()
     writer = Mp4Writer(opts.out, opts.fps or DEFAULT_FPS) if opts.out else None
     try:
-        async with websockets.connect(websocket_url(opts.url), max_size=None) as ws:
+        async with websockets.connect(websocket_url(opts.url), max_size=None,
+                                      additional_headers=bearer_headers(opts.api_key)) as ws:
             await ws.send(pack(opts.init_message()))
             await receive_session(
                 ws,
@@ -172,7 +176,7 @@ async def run_session(
                 outcome,
             )
     except (OSError, websockets.InvalidHandshake, websockets.InvalidURI) as exc:
-        print_line(f"error: cannot connect to {opts.url}: {exc}")
+        print_line(f"error: cannot connect to {opts.url}: {exc}{_auth_hint(exc, opts)}")
         return outcome
     except FramingError as exc:
         print_line(f"error: undecodable frames: {exc}")
@@ -192,6 +196,13 @@ async def run_session(
         + (f" -> {opts.out}" if opts.out and outcome.num_frames else "")
     )
     return outcome
+
+
+def _auth_hint(exc: Exception, opts: RealtimeClientOptions) -> str:
+    """What to do about a 401 upgrade (the server runs with --api-key)."""
+    if not isinstance(exc, websockets.InvalidStatus) or exc.response.status_code != 401:
+        return ""
+    return " (the server refused the API key)" if opts.api_key else f" ({MISSING_KEY_HINT})"
 
 
 def main(opts: RealtimeClientOptions) -> int:

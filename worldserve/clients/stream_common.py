@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -54,6 +54,8 @@ class StreamOptions:
     max_video_segments: Optional[int] = None
     question: str = DEFAULT_QUESTION
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    # --api-key or WORLDSERVE_API_KEY (clients/auth.py); kept out of the repr, hence of logs
+    api_key: Optional[str] = field(default=None, repr=False)
 
 
 def validate_options(opts: StreamOptions) -> None:

@@ -12,6 +12,7 @@ import httpx
 from websockets.exceptions import ConnectionClosed, WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
+from worldserve.clients.auth import bearer_headers
 from worldserve.clients.stream_common import (
     CLOSE_TIMEOUT_S,
     FRAME_TIMEOUT_S,
@@ -51,15 +52,17 @@ def websocket_url(base_url: str) -> str:
 class WebSocketTransport:
     """One connection owns one session (spec §8)."""
 
-    def __init__(self, base_url: str, frame_format: str) -> None:
+    def __init__(self, base_url: str, frame_format: str, api_key: str | None = None) -> None:
         self.url = websocket_url(base_url)
         self.frame_format = frame_format
+        self.headers = bearer_headers(api_key)
         self.ws: ClientConnection | None = None
         self.frames_answered = 0  # the local count `closed after` falls back on (spec §14.6)
 
     def open(self, body: dict) -> dict:
         try:
-            self.ws = connect(self.url, max_size=None, open_timeout=PREFLIGHT_TIMEOUT_S)
+            self.ws = connect(self.url, max_size=None, open_timeout=PREFLIGHT_TIMEOUT_S,
+                              additional_headers=self.headers)
             self.ws.send(json.dumps({"op": "create", "frame_format": self.frame_format, **body}))
             reply = json.loads(self.ws.recv(timeout=PREFLIGHT_TIMEOUT_S))
         except (OSError, WebSocketException, TimeoutError, ValueError) as exc:
@@ -121,8 +124,9 @@ def _error_message(response: httpx.Response) -> str:
 class RestTransport:
     """Sessions over REST: create, POST one frame at a time, DELETE (spec §4, §5, §7)."""
 
-    def __init__(self, base_url: str, frame_format: str) -> None:
-        self.client = httpx.Client(base_url=base_url, timeout=PREFLIGHT_TIMEOUT_S)
+    def __init__(self, base_url: str, frame_format: str, api_key: str | None = None) -> None:
+        self.client = httpx.Client(base_url=base_url, timeout=PREFLIGHT_TIMEOUT_S,
+                                   headers=bearer_headers(api_key))
         self.frame_format = frame_format
         self.session_id: str | None = None
 
@@ -175,5 +179,5 @@ class RestTransport:
 
 def make_transport(opts: StreamOptions) -> Transport:
     if opts.transport == "rest":
-        return RestTransport(opts.url, opts.frame_format)
-    return WebSocketTransport(opts.url, opts.frame_format)
+        return RestTransport(opts.url, opts.frame_format, opts.api_key)
+    return WebSocketTransport(opts.url, opts.frame_format, opts.api_key)

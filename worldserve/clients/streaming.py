@@ -22,6 +22,7 @@ import httpx
 import typer
 
 from worldserve import envs
+from worldserve.clients.auth import API_KEY_HELP, MISSING_KEY_HINT, bearer_headers, resolve_api_key
 from worldserve.clients.frames import (  # noqa: F401  (re-exported)
     encode_jpeg,
     fit_within_pixels,
@@ -61,6 +62,10 @@ def _get_json(client: httpx.Client, path: str) -> tuple[int, Any]:
         response = client.get(path)
     except httpx.HTTPError as exc:
         raise StreamError(f"cannot reach {client.base_url}{path}: {exc}") from exc
+    if response.status_code == 401:
+        refused = "the server refused the API key" if "authorization" in client.headers \
+            else MISSING_KEY_HINT
+        raise StreamError(f"GET {path} answered 401: {refused}")
     try:
         return response.status_code, response.json()
     except ValueError:
@@ -117,7 +122,8 @@ def _check_dynamo(client: httpx.Client) -> list[str]:
 
 def preflight(opts: StreamOptions, err: TextIO) -> dict:
     """Check that `opts.url` serves streaming reasoning; return its /v1/streaming/config."""
-    with httpx.Client(base_url=opts.url, timeout=PREFLIGHT_TIMEOUT_S) as client:
+    with httpx.Client(base_url=opts.url, timeout=PREFLIGHT_TIMEOUT_S,
+                      headers=bearer_headers(opts.api_key)) as client:
         if opts.backend == "dynamo":
             model_ids = _check_dynamo(client)
             config = _check_streaming_config(client)
@@ -340,6 +346,7 @@ def stream_command(
     ),
     question: str = typer.Option(DEFAULT_QUESTION, "--question", help="Sent with frame 0."),
     system_prompt: str = typer.Option(DEFAULT_SYSTEM_PROMPT, "--system-prompt"),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help=API_KEY_HELP),
 ) -> None:
     """Stream a video to a live reasoning session; print one reply per sampled frame."""
     try:
@@ -378,7 +385,8 @@ def build_options(flags: dict[str, Any]) -> StreamOptions:
     frame_format = flags["frame_format"] or ("binary" if transport == "websocket" else "base64")
     url = (flags["url"] or envs.server_url() or envs.nim_url() or DEFAULT_URL).rstrip("/")
     return StreamOptions(**{**flags, "url": url, "backend": backend, "transport": transport,
-                            "frame_format": frame_format})
+                            "frame_format": frame_format,
+                            "api_key": resolve_api_key(flags["api_key"])})
 
 
 def main() -> None:

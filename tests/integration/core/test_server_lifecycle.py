@@ -119,6 +119,13 @@ def test_admin_key_from_environment(server_factory) -> None:
     assert httpx.get(f"{server.base_url}/health").status_code == 200
 
 
+# The api notices a stage's death by event (the supervisor awaits the process's exit), in about
+# 0.05 s on an idle machine, but a loaded 2-core CI box once took 1.13 s to schedule it. 3 s
+# keeps the test able to fail for what it guards against: an in-flight request left waiting for
+# the echo's 20 s delay or the client's 30 s timeout, or a death found by polling every few s.
+DEATH_TO_503_MAX_S = 3.0
+
+
 def test_killed_reasoner_gives_503_fast_then_restarts(server_factory) -> None:
     server = server_factory()
     pid = server.stage_pids()["reasoner"]
@@ -130,7 +137,7 @@ def test_killed_reasoner_gives_503_fast_then_restarts(server_factory) -> None:
         os.kill(pid, signal.SIGKILL)
         response = in_flight.result()
         elapsed_s = time.monotonic() - killed_at
-    assert response.status_code == 503 and elapsed_s < 1.0
+    assert response.status_code == 503 and elapsed_s < DEATH_TO_503_MAX_S, elapsed_s
     assert "reasoner" in response.json()["error"]["message"]
     assert "SIGKILL" in response.json()["error"]["message"]
     new = httpx.post(echo, json={})

@@ -15,6 +15,8 @@ from worldserve.api.realtime.connection import _TRANSITIONS, RealtimeConnectionS
 from worldserve.api.runtime import ServerRuntime
 from worldserve.config import ServerConfig
 from worldserve.engines.realtime.fake import FakeRealtimeEngine
+from worldserve.errors import InternalError
+from worldserve.ipc.messages import ErrorReply
 from worldserve.runtime.inprocess import InProcessStageClient
 
 
@@ -86,3 +88,29 @@ def test_a_session_streams_chunks_from_the_engine_then_closes_1000(clients):
                 ws.receive_bytes()
     assert sizes == [4, 4] and closed.value.code == 1000
     assert clients[0].engine.stats()["sessions"] == 0  # released on the way out
+
+
+def test_an_engine_error_reaches_the_client_without_server_paths(clients):
+    """A chunk that fails on the server's side (here an OS error quoting the output folder)
+    is reported as `generation_error` with the path cut to its last part, as HTTP errors are;
+    the client never learns the server's layout."""
+    app = app_with({}, clients)
+    engine = clients[0].engine
+    secret = "/srv/private/worldserve-outputs/rt/latents.bin"
+
+    def failing_step() -> None:
+        request, reply, _ = engine._queue.popleft()
+        reply(ErrorReply(request_id=request.request_id, code=InternalError.code,
+                         message=f"decode failed: [Errno 28] No space left on device: '{secret}'"))
+
+    engine.step = failing_step
+    with TestClient(app) as http:
+        with http.websocket_connect("/v1/realtime_video/generate") as ws:
+            ws.send_bytes(msgpack.packb({"type": "init", "prompt": "p", "size": "32x16"}))
+            error = msgpack.unpackb(ws.receive_bytes())
+            with pytest.raises(WebSocketDisconnect) as closed:
+                ws.receive_bytes()
+    assert error["type"] == "error" and error["code"] == "generation_error"
+    assert "/srv/private" not in repr(error) and "worldserve-outputs" not in repr(error)
+    assert ".../latents.bin" in error["detail"] and "No space left" in error["content"]
+    assert closed.value.code == 1011

@@ -24,7 +24,7 @@ from worldserve.clients.streaming import (
 FLAGS = dict(video="clip.mp4", url=None, transport=None, backend="standalone", frame_format=None,
              input_format=None, fps=1.0, max_frames=30, loop=False, realtime=False, quiet=False,
              json_output=False, max_tokens=48, max_video_segments=None, question="q",
-             system_prompt="s")
+             system_prompt="s", api_key=None)
 
 
 def options(**changes) -> StreamOptions:
@@ -46,6 +46,16 @@ def test_url_comes_from_flag_then_environment(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("WORLDSERVE_URL", "https://reasoner.example:9000/base/")
     assert options().url == "https://reasoner.example:9000/base"
     assert options(url="http://127.0.0.1:1234").url == "http://127.0.0.1:1234"
+
+
+def test_api_key_comes_from_flag_then_environment_and_stays_out_of_repr(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WORLDSERVE_API_KEY", raising=False)
+    assert options().api_key is None
+    monkeypatch.setenv("WORLDSERVE_API_KEY", "from-env")
+    assert options().api_key == "from-env"
+    assert options(api_key="from-flag").api_key == "from-flag"
+    assert "from-flag" not in repr(options(api_key="from-flag"))
 
 
 def test_nim_url_is_the_fallback_after_worldserve_url(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import time
 import uuid
 from pathlib import Path
@@ -249,8 +250,15 @@ class JobLedger:
         return removed
 
     def _partial_files(self, record: JobRecord) -> list[str]:
-        return [p.name.removeprefix(".").removesuffix(".partial")
-                for p in self.output_dir.glob(f".{record.id}*.partial")]
+        """The outputs of `record` the stage left half-written (`.<name>.partial`). A scan with
+        string tests, not `glob(f".{id}*.partial")`: a pattern unique to each job made every
+        removal compile one into `re`'s and pathlib's process-wide caches (512 and 128
+        entries), the api's main growth in a soak until they filled (docs/operations.md)."""
+        prefix, suffix = f".{record.id}", ".partial"
+        with contextlib.suppress(FileNotFoundError), os.scandir(self.output_dir) as entries:
+            return [entry.name[1:-len(suffix)] for entry in entries
+                    if entry.name.startswith(prefix) and entry.name.endswith(suffix)]
+        return []
 
     def remove(self, record: JobRecord) -> int:
         """Delete a record and every file it owns (outputs and partial outputs)."""

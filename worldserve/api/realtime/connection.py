@@ -34,7 +34,12 @@ from worldserve.api.realtime.sender import (
 )
 from worldserve.api.realtime.service import RealtimeConnectionSettings, RealtimeService
 from worldserve.api.schemas.realtime import InitRequest
-from worldserve.errors import InvalidRequest, StageUnavailable, WorldserveError
+from worldserve.errors import (
+    InvalidRequest,
+    StageUnavailable,
+    WorldserveError,
+    public_message,
+)
 from worldserve.ipc.capabilities import RealtimeCapabilities
 from worldserve.media.framing import ChunkEncoder, unpack
 from worldserve.media.policy import check_forbidden_fields, check_prompt_lengths
@@ -133,7 +138,8 @@ class RealtimeConnection:
             await self.service.wait_ready()
             facts = self.service.facts()
         except StageUnavailable as exc:
-            await self.writer.send_error("realtime stage unavailable", exc.code, exc.message)
+            await self.writer.send_error("realtime stage unavailable", exc.code,
+                                         public_message(exc))
             return CloseDecision(1011, "realtime stage unavailable")
         if not facts.realtime_supported:
             await self.writer.send_error(
@@ -219,7 +225,7 @@ class RealtimeConnection:
             except InvalidRequest as exc:
                 num_invalid += 1
                 await self.writer.send_error("invalid generate request", "invalid_init",
-                                             exc.message)
+                                             public_message(exc))
         return None
 
     # ------------------------------------------------------------------ streaming
@@ -271,8 +277,11 @@ class RealtimeConnection:
                 await pending
             log.warning("realtime session %s: chunk %d failed: %s", settings.session_id,
                         chunk_index, exc.message)
-            await self.writer.send_error(f"error during generate loop: {_first_line(exc.message)}",
-                                         "generation_error", exc.message)
+            # An engine failure may quote a server path (an OS error): the client reads the
+            # redacted message, as an HTTP client would (api/errors.py); the log keeps it whole.
+            detail = public_message(exc)
+            await self.writer.send_error(f"error during generate loop: {_first_line(detail)}",
+                                         "generation_error", detail)
             return GENERATION_ERROR
         finally:
             if pending is not None and not pending.done():

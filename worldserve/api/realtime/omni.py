@@ -36,7 +36,7 @@ from worldserve.api.realtime.omni_mapping import (
 from worldserve.api.realtime.omni_session import EventLedger
 from worldserve.api.realtime.sender import ClientGone, GeneratedChunk
 from worldserve.api.realtime.service import RealtimeConnectionSettings, RealtimeService
-from worldserve.errors import InvalidRequest, StageUnavailable, WorldserveError
+from worldserve.errors import InvalidRequest, StageUnavailable, WorldserveError, public_message
 from worldserve.ipc.capabilities import RealtimeCapabilities
 from worldserve.media.fmp4 import FragmentedMP4Writer
 
@@ -115,7 +115,7 @@ class OmniRealtimeConnection:
                                    self.service.config.init_timeout_s)
             facts = self.service.facts()
         except (StageUnavailable, asyncio.TimeoutError) as exc:
-            detail = exc.message if isinstance(exc, StageUnavailable) else "not ready"
+            detail = public_message(exc) if isinstance(exc, StageUnavailable) else "not ready"
             await self._send(wire.error(f"realtime stage unavailable: {detail}",
                                         "stage_unavailable"))
             return 1011, "realtime stage unavailable"
@@ -192,7 +192,7 @@ class OmniRealtimeConnection:
             await self._send(wire.error(exc.message, exc.code, param=exc.param))
             return None
         except InvalidRequest as exc:
-            text = omni_message(exc.message, exc.param)
+            text = omni_message(public_message(exc), exc.param)
             await self._send(wire.error(f"Invalid session.start: {text}", "invalid_request",
                                         param=omni_param(exc.param)))
             return None
@@ -283,7 +283,9 @@ class OmniRealtimeConnection:
                 await pending
             log.warning("vLLM-Omni realtime %s: chunk %d failed: %s", self.request_id,
                         chunk_index, exc.message)
-            await self._send(wire.error(f"generation failed: {exc.message}", "generation_error",
+            # the redacted text, as the SGLang socket and HTTP send it (the log keeps it whole)
+            await self._send(wire.error(f"generation failed: {public_message(exc)}",
+                                        "generation_error",
                                         request_id=self.request_id))
             return FAILED
         await self._send(wire.session_done(self.request_id, self.chunks_sent, False))
