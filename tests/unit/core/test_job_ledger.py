@@ -94,7 +94,8 @@ def test_records_of_earlier_versions_load_and_recover(tmp_path: Path) -> None:
                                             "peak_memory_mb": None, "action": None,
                                             "stage_durations": {}, "step_cache": None,
                                             "queue_position": None, "phase": None, "step": 0,
-                                            "total_steps": 0, "queue_wait_s": None}
+                                            "total_steps": 0, "queue_wait_s": None,
+                                            "remixed_from_video_id": None}
     ledger = JobLedger(tmp_path / "out", ttl_s=0, max_records=0)
     ledger.insert(record)
     restarted = JobLedger(tmp_path / "out", ttl_s=0, max_records=0)
