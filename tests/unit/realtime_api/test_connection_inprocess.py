@@ -114,3 +114,28 @@ def test_an_engine_error_reaches_the_client_without_server_paths(clients):
     assert "/srv/private" not in repr(error) and "worldserve-outputs" not in repr(error)
     assert ".../latents.bin" in error["detail"] and "No space left" in error["content"]
     assert closed.value.code == 1011
+
+
+def test_the_vllm_omni_socket_redacts_engine_errors_too(clients):
+    """The same failing chunk on vLLM-Omni's `/v1/realtime/video`: its `error` message carries
+    the redacted text, never the server's folder."""
+    app = app_with({}, clients)
+    engine = clients[0].engine
+    secret = "/srv/private/worldserve-outputs/rt/latents.bin"
+
+    def failing_step() -> None:
+        request, reply, _ = engine._queue.popleft()
+        reply(ErrorReply(request_id=request.request_id, code=InternalError.code,
+                         message=f"decode failed: [Errno 28] No space left on device: '{secret}'"))
+
+    engine.step = failing_step
+    with TestClient(app) as http:
+        with http.websocket_connect("/v1/realtime/video") as ws:
+            ws.send_json({"type": "session.start", "prompt": "p", "size": "32x16"})
+            messages = [ws.receive_json()]
+            while messages[-1]["type"] != "error":
+                messages.append(ws.receive_json())
+    error = messages[-1]
+    assert [m["type"] for m in messages] == ["video.start", "error"]
+    assert error["code"] == "generation_error" and "No space left" in error["message"]
+    assert "/srv/private" not in repr(error) and ".../latents.bin" in error["message"]
