@@ -124,7 +124,8 @@ class RankGroupRunner:
 
     def prepare(self, row_owner: list[str], rows: list[Any], seeds: list[int]) -> GroupBatch:
         """A new batch on every rank. A group found broken meanwhile (a peer that died while
-        idle) costs this batch nothing: it is prepared again on the restarted group."""
+        idle, or while this batch was prepared: prepare has no collective, so no rank is left
+        mid-way) costs this batch nothing: it is prepared again on the restarted group."""
         try:
             return self._prepare(row_owner, rows, seeds)
         except RankGroupError as exc:

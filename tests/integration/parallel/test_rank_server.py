@@ -1,7 +1,8 @@
 """`worldserve serve --generation-parallel cfg=2` (a real server: api process, stage process as
 rank 0, one peer rank): images and video jobs are served; killing the peer mid-job fails that
 job with a message naming the rank (no hang), the group restarts with a new peer and the next
-job completes; model_info shows the group."""
+job completes; killed before the job's first step, the job completes or fails naming the rank
+and the next job completes; model_info shows the group."""
 
 from __future__ import annotations
 
@@ -68,3 +69,33 @@ def test_a_killed_rank_fails_its_job_and_the_group_restarts(server_factory, cosm
         assert len(decode_frames(http.get(job["url"]).content)) == 5
         restarted = ranks(http)
         assert restarted["epoch"] == 1 and restarted["pids"]["1"] != group["pids"]["1"]
+
+
+def test_a_rank_killed_before_the_first_step_leaves_a_working_group(server_factory, cosmos3_dir):
+    """Killed right after the submit: mostly while the job is prepared (it is prepared again on
+    the restarted group and completes), else between steps (it fails naming the rank). A
+    400-step job that completed used to fail at its last step instead (generation_failed:
+    AssertionError, the scheduler one index ahead: tests/unit/models/test_cosmos3.py)."""
+    server = server_factory(config={"stages": {"reasoner": {"enabled": False},
+                                               "realtime": {"enabled": False}}},
+                            args=["--model-path", str(cosmos3_dir),
+                                  "--generation-parallel", "cfg=2"])
+    with httpx.Client(base_url=server.base_url, timeout=120) as http:
+        group = ranks(http)
+        long = http.post("/v1/videos", json={"prompt": "a robot", "size": "48x32",
+                                             "num_frames": 9,
+                                             "num_inference_steps": 400}).json()
+        os.kill(group["pids"]["1"], signal.SIGKILL)
+        long = wait(http, long["id"])
+        if long["status"] == "completed":
+            assert long["step"] == 400, long
+        else:
+            assert long["error"]["code"] == "stage_unavailable", long
+            assert "rank 1" in long["error"]["message"], long
+
+        job = http.post("/v1/videos", json={"prompt": "a robot", "size": "48x32",
+                                            "num_frames": 5}).json()
+        job = wait(http, job["id"])
+        assert job["status"] == "completed", job
+        assert len(decode_frames(http.get(job["url"]).content)) == 5
+        assert ranks(http)["epoch"] == 1

@@ -173,6 +173,20 @@ def test_interleaved_requests_equal_their_solo_runs(runner):
     assert np.array_equal(runner.decode(state_b, 0), solo_b)
 
 
+def test_a_schedule_with_equal_first_timesteps_runs_every_step_once(runner):
+    """From 201 steps the tiny model's flow-shifted timesteps start 999, 999: step i must still
+    be index i (looked up by timestep, the scheduler took the second 999 and every row failed
+    its last step with a bare AssertionError)."""
+    p = params(num_frames=1, width=32, height=32, num_inference_steps=201, guidance_scale=1.0)
+    state = runner.prepare(["a"], [p], p.seeds)
+    row = state.rows[0]
+    assert row.timesteps[0] == row.timesteps[1]
+    while not state.done_denoising:
+        runner.denoise_step(state)
+    assert row.scheduler.step_index == 201
+    assert np.isfinite(runner.decode(state, 0)).all()
+
+
 def test_check_refuses_sound_and_actions_the_checkpoint_lacks(model_dir, tmp_path):
     from worldserve.models.cosmos3.dev import Cosmos3DevConfig
 

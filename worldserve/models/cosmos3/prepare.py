@@ -161,6 +161,11 @@ class Cosmos3Prepare(StepCacheOps):
             scheduler.set_timesteps(num_steps, device=device, sigmas=sigmas)
         else:
             scheduler.set_timesteps(num_steps, device=device)
+        # Step i is timestep i. Left unset, the scheduler finds its first index by looking the
+        # first timestep up, and takes the second of two equal ones: from 201 steps on (the
+        # tiny model's UniPC; the flow shift rounds the first timesteps to 999, 999) every row
+        # then ran one index ahead and failed its last step (`assert self.this_order > 0`).
+        scheduler.set_begin_index(0)
         return scheduler, scheduler.timesteps
 
     def _mixed_precision(self) -> Any:
