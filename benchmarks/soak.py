@@ -166,9 +166,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grace", type=float, default=60.0)
     parser.add_argument("--job-timeout", type=float, default=300.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--plot", default=str(Path(__file__).resolve().parents[1] / "docs"
-                                              / "soak.png"), help="'' for none")
-    return parser.parse_args(argv)
+    parser.add_argument("--plot", default=None,
+                        help="PNG path, '' for none (docs/soak.png, with --faults "
+                             "docs/soak-faults.png)")
+    args = parser.parse_args(argv)
+    if args.plot is None:
+        docs = Path(__file__).resolve().parents[1] / "docs"
+        args.plot = str(docs / ("soak-faults.png" if args.faults else "soak.png"))
+    return args
 
 
 def run_soak(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
