@@ -98,7 +98,7 @@ BOMBS: list[tuple[str, Any, int | None]] = [
     ("msgpack-map32-bomb", raw("/v1/actions/generations", b"\xdf\xff\xff\xff\xff", MSGPACK), 400),
     ("msgpack-bin32-bomb", raw("/v1/actions/generations",
                                b"\x81\xa5input\xc6\xff\xff\xff\xff" + b"x" * 64, MSGPACK), 400),
-    ("json-wide-array", raw("/v1/videos", WIDE_JSON), 400),
+    ("json-wide-array", raw("/v1/videos", WIDE_JSON), 200),  # a seed list: cut to 10
     ("json-many-keys", raw("/v1/streaming/sessions", MANY_KEYS), 400),
     ("png-65535-squared-edit", edit_upload(huge_png()), 400),
     ("png-65535-squared-frame", frame(huge_png(), "image/png"), 413),

@@ -120,8 +120,11 @@ def verdicts(samples: list[Sample]) -> dict[str, Any]:
     names = sorted({n for s in samples for n in s.rss_mb})
     rss, fds = {}, {}
     for name in names:
-        slope, err = slope_per_hour(one_process(half, name, "rss_mb"))
-        rss[name] = {"slope_mb_per_h": round(slope, 1), "stderr_mb_per_h": round(err, 1)}
+        points = one_process(half, name, "rss_mb")
+        slope, err = slope_per_hour(points)
+        rss[name] = {"slope_mb_per_h": round(slope, 1), "stderr_mb_per_h": round(err, 1),
+                     # the longest stretch under one pid: a restart cuts the fit short
+                     "over_s": round(points[-1][0] - points[0][0]) if points else 0}
         points = one_process(half, name, "fds")
         values = [v for _, v in points]
         fds[name] = {"min": min(values, default=0), "max": max(values, default=0),

@@ -45,9 +45,10 @@ RESTART_503 = ("503 stage_unavailable", "503 service_unavailable",
 
 
 def documented(cause: str, window: str) -> bool:
-    """Load shedding (503 capacity_exceeded) at any time; a 503 (or a WebSocket closed 1011)
+    """Load shedding (503 capacity_exceeded; type server_overloaded where a surface's `code` is
+    the status) at any time; a 503 (or a WebSocket closed 1011)
     for a stage while it restarts; 507 storage_full while the disk is full."""
-    if cause == "503 capacity_exceeded":
+    if cause in ("503 capacity_exceeded", "503 server_overloaded"):  # code, or only its type
         return True
     if cause in RESTART_503 or cause == "ws close 1011":
         return window.endswith("restarting")
