@@ -110,6 +110,9 @@ class Injector:
             if kill_stage:
                 _sigkill(pid)
                 rc = await asyncio.to_thread(self.server.wait_exit, 120)
+                if rc is None:  # it should have exited: a violation, and it must go now
+                    self.tally.violations.append(f"the api outlived its {kill_stage} stage")
+                    await asyncio.to_thread(self.server.kill)
             else:
                 await asyncio.to_thread(self.server.kill)
                 rc = -9
