@@ -26,6 +26,7 @@ SESSION = {"system_prompt": "Describe each frame in one short sentence.",
            "sampling": {"max_tokens": 8}}
 FRAMES_PER_SESSION = 3
 THINK_S = 0.2
+DOWN_THINK_S = 1.0
 
 
 def jpeg(seed: int) -> bytes:
@@ -71,7 +72,9 @@ class Load:
             except (httpx.HTTPError, OSError, websockets.WebSocketException,
                     asyncio.TimeoutError) as exc:
                 self.tally.record(kind, type(exc).__name__, None, STAGE_OF.get(kind))
-            await asyncio.sleep(THINK_S * rng.random())
+            # while the api restarts, one try a second per client (as a client honouring
+            # Retry-After would), not a busy loop competing with the stages' start for the CPU
+            await asyncio.sleep(DOWN_THINK_S if self.tally.api_down else THINK_S * rng.random())
 
     def _record(self, kind: str, response: httpx.Response) -> None:
         self.tally.record(kind, response.status_code, response, STAGE_OF.get(kind))
