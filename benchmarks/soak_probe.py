@@ -176,8 +176,8 @@ def plot(samples: list[Sample], kills: list[tuple[float, str]], path: Path) -> s
         ax.legend(fontsize=7, loc="upper left")
         for t_s, stage in kills:
             ax.axvline(t_s / 60, color="red", alpha=0.3)
-    axes[0].text(0.99, 0.02, "red: a stage SIGKILLed", transform=axes[0].transAxes,
-                 ha="right", fontsize=7, color="red")
+    axes[0].text(0.99, 0.02, "red: a fault (a stage or the api SIGKILLed, a full disk)",
+                 transform=axes[0].transAxes, ha="right", fontsize=7, color="red")
     axes[-1].set_xlabel("minutes")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
