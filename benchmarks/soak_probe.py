@@ -120,8 +120,11 @@ def verdicts(samples: list[Sample]) -> dict[str, Any]:
     names = sorted({n for s in samples for n in s.rss_mb})
     rss, fds = {}, {}
     for name in names:
-        slope, err = slope_per_hour(one_process(half, name, "rss_mb"))
-        rss[name] = {"slope_mb_per_h": round(slope, 1), "stderr_mb_per_h": round(err, 1)}
+        points = one_process(half, name, "rss_mb")
+        slope, err = slope_per_hour(points)
+        rss[name] = {"slope_mb_per_h": round(slope, 1), "stderr_mb_per_h": round(err, 1),
+                     # the longest stretch under one pid: a restart cuts the fit short
+                     "over_s": round(points[-1][0] - points[0][0]) if points else 0}
         points = one_process(half, name, "fds")
         values = [v for _, v in points]
         fds[name] = {"min": min(values, default=0), "max": max(values, default=0),
@@ -173,8 +176,8 @@ def plot(samples: list[Sample], kills: list[tuple[float, str]], path: Path) -> s
         ax.legend(fontsize=7, loc="upper left")
         for t_s, stage in kills:
             ax.axvline(t_s / 60, color="red", alpha=0.3)
-    axes[0].text(0.99, 0.02, "red: a stage SIGKILLed", transform=axes[0].transAxes,
-                 ha="right", fontsize=7, color="red")
+    axes[0].text(0.99, 0.02, "red: a fault (a stage or the api SIGKILLed, a full disk)",
+                 transform=axes[0].transAxes, ha="right", fontsize=7, color="red")
     axes[-1].set_xlabel("minutes")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import HTTPConnection
+from starlette.requests import ClientDisconnect, HTTPConnection
 
 from worldserve.api.retry_after import FLOOR_S, header_value
 from worldserve.errors import (
@@ -121,6 +121,14 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     return JSONResponse(status_code=exc.status_code, content=body, headers=exc.headers)
 
 
+async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:
+    """The client closed its connection before sending its whole body: nobody reads an answer,
+    and it is not the server's error (it was a 500 and an ERROR traceback, issue 34's soak)."""
+    log.info("%s %s: the client went away before sending its whole body", request.method,
+             request.url.path)
+    return Response(status_code=400)
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return JSONResponse(status_code=500, content=error_body(InternalError("internal server error")))
@@ -130,6 +138,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(WorldserveError, _worldserve_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(ClientDisconnect, _client_gone)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected)
 
 

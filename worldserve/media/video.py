@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import BinaryIO
 
 import av
 import numpy as np
@@ -24,10 +25,20 @@ def encode_mp4(
 ) -> None:
     """uint8 frames (T, H, W, 3) -> H.264 (yuv420p) MP4 written to `target`; with `audio`
     (channels, samples) float in [-1, 1] at `sample_rate` Hz, also an AAC track."""
+    if isinstance(target, io.BytesIO):
+        _encode_mp4(frames, fps, target, compression, audio, sample_rate)
+        return
+    # A file PyAV opens from a path stays open when a write fails (ENOSPC: one fd, and the
+    # deleted partial file's disk space, per failed video until the stage exits; issue 34's
+    # fault soak): the file is opened, and always closed, here.
+    with open(target, "wb") as out:
+        _encode_mp4(frames, fps, out, compression, audio, sample_rate)
+
+
+def _encode_mp4(frames: np.ndarray, fps: int, out: BinaryIO, compression: int,
+                audio: np.ndarray | None, sample_rate: int | None) -> None:
     height, width = frames.shape[1:3]
-    with av.open(
-        target if isinstance(target, io.BytesIO) else str(target), mode="w", format="mp4"
-    ) as container:
+    with av.open(out, mode="w", format="mp4") as container:
         audio_stream = None
         if audio is not None:
             if not sample_rate:

@@ -16,7 +16,6 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from worldserve.runtime.devices import (
 )
 from worldserve.runtime.placement import PlacementPlan, format_plan
 from worldserve.runtime.restart import RestartPolicy
+from worldserve.runtime.run_dirs import make_run_dir
 
 log = logging.getLogger("worldserve.supervisor")
 
@@ -124,9 +124,7 @@ class Supervisor:
         self.restarts: dict[str, RestartPolicy] = {}
         # stage -> time.monotonic() at which a restarting stage should answer again
         self.back_at: dict[str, float] = {}
-        self.run_dir = Path(
-            tempfile.mkdtemp(prefix=f"worldserve-{config.port}-", dir=envs.run_dir_root())
-        )
+        self.run_dir = make_run_dir(envs.run_dir_root(), config.port)
         self.stages: dict[str, StageProcess] = {}
         self.plan: PlacementPlan | None = None
         self._stopping = False

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +58,7 @@ async def test_each_stage_process_gets_its_gpus(monkeypatch: pytest.MonkeyPatch)
             for task in stage.tasks:
                 task.cancel()
     finally:
-        supervisor.run_dir.joinpath("config.json").unlink()
-        supervisor.run_dir.rmdir()
+        shutil.rmtree(supervisor.run_dir)
     assert envs["generation"]["CUDA_VISIBLE_DEVICES"] == "4"
     assert envs["reasoner"]["CUDA_VISIBLE_DEVICES"] == "6"
 
@@ -69,7 +69,7 @@ async def test_the_stage_config_names_the_planned_device(monkeypatch: pytest.Mon
     try:
         stages = json.loads(await supervisor._place())["stages"]
     finally:
-        supervisor.run_dir.rmdir()
+        shutil.rmtree(supervisor.run_dir)
     for name in ("generation", "reasoner"):
         assert (stages[name]["device"], stages[name]["dtype"]) == ("cuda:0", "bfloat16")
     assert supervisor.plan is not None and supervisor.plan.stages["reasoner"].gpus == (1,)

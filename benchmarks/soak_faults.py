@@ -1,0 +1,220 @@
+"""The faults of `benchmarks/soak.py --faults`: a plan drawn from the seed, the injector that
+carries it out one fault at a time, and the watch over every accepted video job.
+
+Faults: SIGKILL of each stage process (generation: the server exits by design and the soak
+starts it again; reasoner and realtime: the supervisor restarts them), SIGKILL of the api
+process followed by a start on the same port and output directory, and a disk-full episode
+(the output tmpfs filled for `hold_s`, then freed). While a fault lasts, and for `GRACE_S`
+after it, the soak's `Tally` knows it (`restarting`, `api_down`, `disk_full`): that is what
+tells a documented 503 or 507 from a bug.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from benchmarks.soak_server import FILLER_NAME, SoakServer
+
+STAGES = ("generation", "reasoner", "realtime")
+KINDS = (*(f"kill:{s}" for s in STAGES), "kill:api", "disk_full")
+SERVER_RESTARTS = ("kill:api", "kill:generation")  # the server exits: started again
+GRACE_S = 2.0  # answers already in flight when a fault ends
+LIVE = ("queued", "in_progress")
+
+
+def plan(seed: int, duration_s: float, every_s: float,
+         kinds: tuple[str, ...] = KINDS) -> list[tuple[float, str]]:
+    """(t_s, kind), sorted: every kind once per cycle of len(kinds) faults, each cycle in a
+    seeded order, times uniform over the run (its first and last 5 % left clean)."""
+    rng = random.Random(seed)
+    count = max(len(kinds), int(duration_s / every_s))
+    order: list[str] = []
+    while len(order) < count:
+        order += rng.sample(kinds, len(kinds))
+    times = sorted(rng.uniform(0.05, 0.95) * duration_s for _ in range(count))
+    return list(zip(times, order[:count]))
+
+
+@dataclass
+class Injector:
+    server: SoakServer
+    tally: Any  # soak.Tally
+    disk_hold_s: float
+    done: list[dict[str, Any]] = field(default_factory=list)
+
+    async def run(self, faults: list[tuple[float, str]], started_s: float) -> None:
+        """Each fault at its time. Stage kills and disk-full episodes may overlap; a restart of
+        the api waits for every fault in progress and holds back the next ones."""
+        running: set[asyncio.Task] = set()
+        for t_s, kind in faults:
+            await asyncio.sleep(max(0.0, started_s + t_s - time.monotonic()))
+            if kind in SERVER_RESTARTS:
+                await asyncio.gather(*running)
+                await self._timed(kind, started_s)
+            else:
+                running.add(asyncio.create_task(self._timed(kind, started_s)))
+        await asyncio.gather(*running)
+
+    async def _timed(self, kind: str, started_s: float) -> None:
+        began = time.monotonic()
+        detail = await self._one(kind)
+        self.done.append({"t_s": round(began - started_s, 1), "kind": kind,
+                          "recovered_after_s": round(time.monotonic() - began, 1), **detail})
+
+    async def _one(self, kind: str) -> dict[str, Any]:
+        if kind == "disk_full":
+            return await self.disk_full()
+        target = kind.split(":", 1)[1]
+        if target == "api":
+            return await self.restart_api(kill_stage=None)
+        if target == "generation":  # critical: the server exits non-zero, by design
+            return await self.restart_api(kill_stage="generation")
+        return await self.kill_stage(target)
+
+    async def stage_pid(self, stage: str) -> int:
+        async with httpx.AsyncClient(base_url=self.server.base, timeout=10) as http:
+            return (await http.get("/admin/server_info")).json()["stages"][stage]["pid"]
+
+    async def kill_stage(self, stage: str) -> dict[str, Any]:
+        while stage in self.tally.restarting:  # killed a moment ago: not back yet
+            await asyncio.sleep(0.5)
+        pid = await self.stage_pid(stage)
+        self.tally.restarting.add(stage)
+        try:
+            _sigkill(pid)
+            async with httpx.AsyncClient(base_url=self.server.base, timeout=10) as http:
+                while not await _restarted(http, stage, pid):
+                    await asyncio.sleep(0.5)
+            await asyncio.sleep(GRACE_S)
+        finally:
+            self.tally.restarting.discard(stage)
+        return {"pid": pid}
+
+    async def restart_api(self, kill_stage: str | None) -> dict[str, Any]:
+        """SIGKILL the api (or its generation stage, which makes it exit), then start it again
+        on the same port and output dir; the accepted jobs must all be found after."""
+        pid = await self.stage_pid(kill_stage) if kill_stage else self.server.pid
+        jobs_before = len(self.tally.jobs)
+        self.tally.api_down = True
+        self.tally.restarting.update(STAGES)
+        try:
+            if kill_stage:
+                _sigkill(pid)
+                rc = await asyncio.to_thread(self.server.wait_exit, 120)
+                if rc is None:  # it should have exited: a violation, and it must go now
+                    self.tally.violations.append(f"the api outlived its {kill_stage} stage")
+                    await asyncio.to_thread(self.server.kill)
+            else:
+                await asyncio.to_thread(self.server.kill)
+                rc = -9
+            start_s = await asyncio.to_thread(self.server.start)
+            await asyncio.sleep(GRACE_S)
+        finally:
+            self.tally.api_down = False
+            self.tally.restarting.difference_update(STAGES)
+        return {"pid": pid, "api_exit_code": rc, "start_s": round(start_s, 1),
+                "jobs_accepted_before": jobs_before}
+
+    async def disk_full(self) -> dict[str, Any]:
+        """Fill the output tmpfs, hold it full, free it; /health is probed meanwhile."""
+        filler = self.server.output_view / FILLER_NAME
+        self.tally.disk_full = True
+        try:
+            written = await asyncio.to_thread(_fill, filler)
+            await asyncio.sleep(self.disk_hold_s)
+            filler.unlink()
+            await asyncio.sleep(GRACE_S)
+        finally:
+            self.tally.disk_full = False
+            filler.unlink(missing_ok=True)
+        return {"filler_mb": round(written / 2**20, 1)}
+
+
+def _sigkill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+def _fill(path: Any) -> int:
+    written = 0
+    with open(path, "wb") as out:
+        try:
+            while True:
+                out.write(b"\0" * 65536)
+                out.flush()
+                written += 65536
+        except OSError:  # ENOSPC: full
+            pass
+    return written
+
+
+async def _restarted(http: httpx.AsyncClient, stage: str, old_pid: int) -> bool:
+    """The stage runs under a new pid and the server is healthy again."""
+    try:
+        info = (await http.get("/admin/server_info")).json()["stages"][stage]
+        return info["pid"] != old_pid and (await http.get("/health")).status_code == 200
+    except (httpx.HTTPError, KeyError, ValueError):
+        return False
+
+
+@dataclass
+class JobWatch:
+    """Every accepted video job, polled until its state is final. A job whose record is gone
+    (404) is `deleted_by_client` when the soak deleted it, else `lost`."""
+
+    base: str
+    last: dict[str, str] = field(default_factory=dict)
+    deleted: set[str] = field(default_factory=set)
+
+    def accepted(self, job_id: str) -> None:
+        self.last[job_id] = "queued"
+
+    def deleting(self, job_id: str) -> None:
+        self.deleted.add(job_id)
+
+    def live(self) -> list[str]:
+        return [i for i, s in self.last.items() if s in LIVE]
+
+    async def poll(self, http: httpx.AsyncClient) -> None:
+        for job_id in self.live():
+            try:
+                answer = await http.get(f"/v1/videos/{job_id}")
+            except httpx.HTTPError:
+                return  # the api restarting: next round
+            if answer.status_code == 404:
+                self.last[job_id] = "deleted_by_client" if job_id in self.deleted else "lost"
+            elif answer.status_code == 200:
+                self.last[job_id] = _final_name(answer.json())
+
+    async def run(self, keep_going: Any, every_s: float = 2.0) -> None:
+        async with httpx.AsyncClient(base_url=self.base, timeout=30) as http:
+            while keep_going():
+                await self.poll(http)
+                await asyncio.sleep(every_s)
+
+    async def settle(self, timeout_s: float) -> None:
+        """After the load: poll until no job is live, or `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        await self.run(lambda: self.live() and time.monotonic() < deadline, every_s=1.0)
+
+    def by_state(self) -> dict[str, int]:
+        """`completed`, `failed:<reason code>`, `cancelled`, `deleted_by_client`, and what
+        must be 0: `queued` / `in_progress` (stuck), `lost`, `failed:no_reason`."""
+        return dict(sorted(Counter(self.last.values()).items()))
+
+
+def _final_name(record: dict[str, Any]) -> str:
+    status = record["status"]
+    if status != "failed":
+        return status
+    error = record.get("error") or {}
+    return f"failed:{error.get('code') or 'no_reason'}" if error.get("message") \
+        else "failed:no_reason"
