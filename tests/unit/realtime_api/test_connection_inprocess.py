@@ -90,20 +90,26 @@ def test_a_session_streams_chunks_from_the_engine_then_closes_1000(clients):
     assert clients[0].engine.stats()["sessions"] == 0  # released on the way out
 
 
+SERVER_PATH = "/srv/private/worldserve-outputs/rt/latents.bin"
+
+
+def fail_chunks_quoting_a_server_path(engine: FakeRealtimeEngine) -> None:
+    """The engine answers each chunk with an OS error naming a server file, as a full disk would."""
+    def failing_step() -> None:
+        request, reply, _ = engine._queue.popleft()
+        reply(ErrorReply(request_id=request.request_id, code=InternalError.code,
+                         message=f"decode failed: [Errno 28] No space left on device: "
+                                 f"'{SERVER_PATH}'"))
+
+    engine.step = failing_step
+
+
 def test_an_engine_error_reaches_the_client_without_server_paths(clients):
     """A chunk that fails on the server's side (here an OS error quoting the output folder)
     is reported as `generation_error` with the path cut to its last part, as HTTP errors are;
     the client never learns the server's layout."""
     app = app_with({}, clients)
-    engine = clients[0].engine
-    secret = "/srv/private/worldserve-outputs/rt/latents.bin"
-
-    def failing_step() -> None:
-        request, reply, _ = engine._queue.popleft()
-        reply(ErrorReply(request_id=request.request_id, code=InternalError.code,
-                         message=f"decode failed: [Errno 28] No space left on device: '{secret}'"))
-
-    engine.step = failing_step
+    fail_chunks_quoting_a_server_path(clients[0].engine)
     with TestClient(app) as http:
         with http.websocket_connect("/v1/realtime_video/generate") as ws:
             ws.send_bytes(msgpack.packb({"type": "init", "prompt": "p", "size": "32x16"}))
@@ -120,15 +126,7 @@ def test_the_vllm_omni_socket_redacts_engine_errors_too(clients):
     """The same failing chunk on vLLM-Omni's `/v1/realtime/video`: its `error` message carries
     the redacted text, never the server's folder."""
     app = app_with({}, clients)
-    engine = clients[0].engine
-    secret = "/srv/private/worldserve-outputs/rt/latents.bin"
-
-    def failing_step() -> None:
-        request, reply, _ = engine._queue.popleft()
-        reply(ErrorReply(request_id=request.request_id, code=InternalError.code,
-                         message=f"decode failed: [Errno 28] No space left on device: '{secret}'"))
-
-    engine.step = failing_step
+    fail_chunks_quoting_a_server_path(clients[0].engine)
     with TestClient(app) as http:
         with http.websocket_connect("/v1/realtime/video") as ws:
             ws.send_json({"type": "session.start", "prompt": "p", "size": "32x16"})
