@@ -22,6 +22,19 @@ def setup(services: ApiServices) -> bool:
 
 @router.websocket("/v1/realtime_video/generate")
 async def realtime_generate(websocket: WebSocket) -> None:
+    await _serve(websocket, RealtimeConnection)
+
+
+@router.websocket("/v1/realtime/video")
+async def realtime_video(websocket: WebSocket) -> None:
+    """vLLM-Omni's realtime video protocol (api/realtime/omni.py) on the same sessions."""
+    await _serve(websocket, OmniRealtimeConnection)
+
+
+async def _serve(websocket: WebSocket,
+                 connection: type[RealtimeConnection] | type[OmniRealtimeConnection]) -> None:
+    """Either protocol: refuse the upgrade with 503 while the realtime stage is down, else run
+    the protocol's connection on a tracked socket."""
     service = realtime_service(websocket)
     try:
         service.client()  # a crashed realtime stage: refuse the upgrade with 503
@@ -31,19 +44,4 @@ async def realtime_generate(websocket: WebSocket) -> None:
             headers=status_headers(websocket, 503, exc)))
         return
     async with services_of(websocket).sockets.track(websocket):
-        await RealtimeConnection(websocket, service).run()
-
-
-@router.websocket("/v1/realtime/video")
-async def realtime_video(websocket: WebSocket) -> None:
-    """vLLM-Omni's realtime video protocol (api/realtime/omni.py) on the same sessions."""
-    service = realtime_service(websocket)
-    try:
-        service.client()
-    except StageUnavailable as exc:
-        await websocket.send_denial_response(JSONResponse(
-            status_code=503, content=error_body(exc),
-            headers=status_headers(websocket, 503, exc)))
-        return
-    async with services_of(websocket).sockets.track(websocket):
-        await OmniRealtimeConnection(websocket, service).run()
+        await connection(websocket, service).run()
