@@ -31,8 +31,10 @@ from worldserve.api.realtime.sender import (
     GeneratedChunk,
     Pacer,
     SocketWriter,
+    receive_or_gone,
 )
 from worldserve.api.realtime.service import RealtimeConnectionSettings, RealtimeService
+from worldserve.api.realtime.tasks import stop_all
 from worldserve.api.schemas.realtime import InitRequest
 from worldserve.errors import (
     InvalidRequest,
@@ -80,7 +82,6 @@ class CloseDecision:
 
 GENERATION_COMPLETE = CloseDecision(1000, "generation complete")
 IDLE_TIMEOUT = CloseDecision(1000, "session idle timeout")
-STOP_RETRY_S = 0.5
 LIFETIME_REACHED = CloseDecision(1000, "maximum session lifetime reached")
 NO_VALID_INIT = CloseDecision(1008, "no valid init")
 GENERATION_ERROR = CloseDecision(1011, "generation error")
@@ -197,12 +198,7 @@ class RealtimeConnection:
 
     async def _receive(self) -> tuple[str, Any]:
         """('bytes', data) or ('text', str); raises ClientGone on disconnect."""
-        try:
-            message = await self.websocket.receive()
-        except (WebSocketDisconnect, RuntimeError, OSError):
-            raise ClientGone() from None
-        if message["type"] == "websocket.disconnect":
-            raise ClientGone()
+        message = await receive_or_gone(self.websocket)
         if message.get("bytes") is not None:
             return "bytes", message["bytes"]
         return "text", message.get("text") or ""
@@ -247,7 +243,7 @@ class RealtimeConnection:
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            await _stop_all(tasks)
+            await stop_all(tasks)
         ended = [t for t in tasks if t.done() and not t.cancelled()]
         for task in ended[1:]:
             task.exception()  # a loser's ClientGone is expected: mark it retrieved, not logged
@@ -332,15 +328,6 @@ class RealtimeConnection:
             if config.max_lifetime_s:
                 wait = min(wait, started + config.max_lifetime_s - now)
             await asyncio.sleep(max(0.01, min(wait, WATCHDOG_POLL_S)))
-
-
-async def _stop_all(tasks: list[asyncio.Task[Any]]) -> None:
-    """Cancel until every task has ended: a cancellation can be lost when it races with a
-    completing await, so a task still running after a short wait is cancelled again."""
-    while pending := [t for t in tasks if not t.done()]:
-        for task in pending:
-            task.cancel()
-        await asyncio.wait(pending, timeout=STOP_RETRY_S)
 
 
 def _parse_init(kind: str, data: Any) -> InitRequest:

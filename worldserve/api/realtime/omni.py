@@ -24,7 +24,6 @@ from worldserve.api.realtime import omni_messages as wire
 from worldserve.api.realtime.admission import AdmissionRejected, Lease
 from worldserve.api.realtime.cadence import CadenceTracker
 from worldserve.api.realtime.chunks import open_session, request_chunk
-from worldserve.api.realtime.connection import _stop_all
 from worldserve.api.realtime.controls import ScriptUpdate, SessionControls
 from worldserve.api.realtime.omni_mapping import (
     interaction_updates,
@@ -34,8 +33,9 @@ from worldserve.api.realtime.omni_mapping import (
     transition_chunks,
 )
 from worldserve.api.realtime.omni_session import EventLedger
-from worldserve.api.realtime.sender import ClientGone, GeneratedChunk
+from worldserve.api.realtime.sender import ClientGone, GeneratedChunk, receive_or_gone
 from worldserve.api.realtime.service import RealtimeConnectionSettings, RealtimeService
+from worldserve.api.realtime.tasks import stop_all
 from worldserve.errors import InvalidRequest, StageUnavailable, WorldserveError, public_message
 from worldserve.ipc.capabilities import RealtimeCapabilities
 from worldserve.media.fmp4 import FragmentedMP4Writer
@@ -157,12 +157,7 @@ class OmniRealtimeConnection:
 
     async def _receive_json(self, limit_bytes: int) -> Any:
         """A JSON text message; InvalidMessage for a binary, oversized or malformed one."""
-        try:
-            message = await self.websocket.receive()
-        except (WebSocketDisconnect, RuntimeError, OSError):
-            raise ClientGone() from None
-        if message["type"] == "websocket.disconnect":
-            raise ClientGone()
+        message = await receive_or_gone(self.websocket)
         text = message.get("text")
         if text is None:
             raise wire.InvalidMessage("binary messages are invalid; send JSON text messages")
@@ -236,7 +231,7 @@ class OmniRealtimeConnection:
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            await _stop_all(tasks)
+            await stop_all(tasks)
             try:
                 await self._settle_write()
             finally:

@@ -1,4 +1,5 @@
-"""Writing chunks to the socket: encoding, optional pacing (§8), `chunk_stats` (§4.3)."""
+"""The socket's two ends: receiving with a vanished client as `ClientGone`, and writing chunks
+(encoding, optional pacing (§8), `chunk_stats` (§4.3))."""
 
 from __future__ import annotations
 
@@ -19,6 +20,18 @@ def _ms(seconds: float) -> int:
 
 class ClientGone(Exception):
     """The client closed the socket or vanished; the session ends without a close frame."""
+
+
+async def receive_or_gone(websocket: WebSocket) -> dict[str, Any]:
+    """The next ASGI receive message (text or bytes); raises ClientGone when the client has
+    closed the socket or vanished."""
+    try:
+        message = await websocket.receive()
+    except (WebSocketDisconnect, RuntimeError, OSError):
+        raise ClientGone() from None
+    if message["type"] == "websocket.disconnect":
+        raise ClientGone()
+    return message
 
 
 class SocketWriter:

@@ -1,0 +1,18 @@
+"""Ending a realtime session's concurrent tasks (generate, listen, watchdog), shared by both
+realtime protocols."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+STOP_RETRY_S = 0.5
+
+
+async def stop_all(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel until every task has ended: a cancellation can be lost when it races with a
+    completing await, so a task still running after a short wait is cancelled again."""
+    while pending := [t for t in tasks if not t.done()]:
+        for task in pending:
+            task.cancel()
+        await asyncio.wait(pending, timeout=STOP_RETRY_S)
