@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 from tests.support.images import random_png as png
 from worldserve.config import GenerationStageConfig
 from worldserve.ipc.messages import ActionCondition, GenerationParams
+from worldserve.models import registry
 from worldserve.models.types import RowExtras
 
 FRAME_TOLERANCE = 1e-5  # max |difference| of float frames in [0, 1]
@@ -95,6 +97,25 @@ def rank_group(model_dir: Path, parallel: str, **stage: Any) -> Iterator[Any]:
         yield runner
     finally:
         runner.group.close()
+
+
+def group_fixtures(layout: str) -> tuple[Any, Any]:
+    """Module-scoped fixtures over the dev Cosmos3: `group`, a rank group of `layout` with this
+    process as rank 0, and `solo_runner`, the one-process runner it must equal (one torch
+    thread, as each rank has). A test module binds them under those names:
+    `group, solo_runner = group_fixtures(LAYOUT)`."""
+
+    @pytest.fixture(scope="module", name="group")
+    def group(cosmos3_dir: Path) -> Iterator[Any]:
+        with rank_group(cosmos3_dir, layout) as runner:
+            yield runner
+
+    @pytest.fixture(scope="module", name="solo_runner")
+    def solo_runner(cosmos3_dir: Path) -> Any:
+        torch.set_num_threads(1)
+        return registry.load_runner("generation", cosmos3_dir)
+
+    return group, solo_runner
 
 
 def build_lora(model_dir: Path, target: Path) -> Path:

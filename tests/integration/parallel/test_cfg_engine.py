@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from tests.support.images import random_png as png
@@ -25,8 +24,8 @@ from tests.support.rank_groups import (
     assert_extras_close,
     build_lora,
     build_updated,
+    group_fixtures,
     params,
-    rank_group,
     run_to_end,
 )
 from worldserve.config import GenerationStageConfig, ServerConfig
@@ -50,17 +49,7 @@ require_module("peft")
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 LAYOUT = "cfg=2,vae=false,timeout_s=10"  # the last test waits for that timeout
 
-
-@pytest.fixture(scope="module")
-def group(cosmos3_dir):
-    with rank_group(cosmos3_dir, LAYOUT) as runner:
-        yield runner
-
-
-@pytest.fixture(scope="module")
-def solo_runner(cosmos3_dir):
-    torch.set_num_threads(1)
-    return registry.load_runner("generation", cosmos3_dir)
+group, solo_runner = group_fixtures(LAYOUT)
 
 
 @pytest.fixture(scope="module")

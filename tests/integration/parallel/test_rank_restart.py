@@ -11,26 +11,14 @@ import signal
 
 import numpy as np
 import pytest
-import torch
 
-from tests.support.rank_groups import params, rank_group, run_to_end
+from tests.support.rank_groups import group_fixtures, params, run_to_end
 from worldserve.errors import StageUnavailable
-from worldserve.models import registry
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 LAYOUT = "cfg=2,vae=false"
 
-
-@pytest.fixture(scope="module")
-def group(cosmos3_dir):
-    with rank_group(cosmos3_dir, LAYOUT) as runner:
-        yield runner
-
-
-@pytest.fixture(scope="module")
-def solo_runner(cosmos3_dir):
-    torch.set_num_threads(1)
-    return registry.load_runner("generation", cosmos3_dir)
+group, solo_runner = group_fixtures(LAYOUT)
 
 
 def kill_peer(group) -> int:
