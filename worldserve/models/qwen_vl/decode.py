@@ -11,13 +11,16 @@ the filled part (no mask for one sequence and one token; a boolean mask only for
 sequences or several tokens), each residual add inside its projection's `addmm` (no bias).
 Forward hooks of the decoder layers still see every layer's
 output (DFlash reads hidden states through them). Logits equal transformers' to float rounding;
-the tests hold the decoded tokens equal to the eager path's.
+the tests hold the decoded tokens equal to the eager path's. A step reads nothing back from the
+device: its host integers go over in one copy and positions, write index and mask are built
+from them there (tests/unit/reasoner/test_decode_host_syncs.py).
 
 `compile_step` wraps the per-layer function in `torch.compile` (one graph for every layer:
 weights are arguments). Shapes then have to stay fixed, so attention runs over each buffer's
 whole capacity with a mask. Off by default; on CUDA `mode="reduce-overhead"` asks for CUDA
 graphs, which it will not get as written: the layer mutates the K/V buffers it is passed, and
-cudagraph trees refuse mutated non-static inputs (docs/reasoner-engine.md; not run on a GPU).
+cudagraph trees refuse mutated non-static inputs; what graphs need (fixed-capacity buffers,
+one graph over the whole step) is in docs/reasoner-engine.md. Not run on a GPU.
 
 A projection that is not a plain `nn.Linear` (the FP8 reasoner's W8A8 `Fp8Linear`, whose
 `weight` is a float8 buffer, or any quantised linear) is called as a module instead of read as
