@@ -12,8 +12,9 @@ from tests.unit.reasoner.scalar_sampler import ScalarRow, probabilities, process
 from worldserve.engines.reasoner.decoding import ReplyDecoder
 from worldserve.engines.reasoner.sampling import (
     NUCLEUS_PRECUT,
-    draw,
+    exponential_noise,
     process_rows,
+    race,
     sample_rows,
 )
 from worldserve.ipc.messages import ReasonerSampling
@@ -172,7 +173,12 @@ def test_draw_equals_torch_multinomial():
         for _ in range(3):
             expected = [int(torch.multinomial(row, 1, generator=g))
                         for row, g in zip(probs, torch_s)]
-            assert draw(probs, ours).tolist() == expected
+            assert race(probs, exponential_noise(probs, ours)).tolist() == expected
         assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(ours, torch_s))
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_a_row_with_every_token_masked_raises(top_p):
+    engine, _ = _pair(4, 0, temperature=1.0, top_p=top_p)
     with pytest.raises(ValueError, match="every token is masked"):
-        draw(torch.full((1, 4), float("nan")), [torch.Generator()])
+        sample_rows([engine], torch.full((1, 4), float("-inf")))

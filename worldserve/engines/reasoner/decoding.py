@@ -85,7 +85,7 @@ class ReplyDecoder:
         if token in self.stop_ids:
             self.finish_reason = "stop"
         else:
-            self.seen[token] = True
+            self.seen[token].fill_(True)  # not `= True`: a host number copied to the device
             self.counts[token] += 1
             if self.guide is not None and not reasoning:
                 self.guide.consume(token)

@@ -11,13 +11,16 @@ the filled part (no mask for one sequence and one token; a boolean mask only for
 sequences or several tokens), each residual add inside its projection's `addmm` (no bias).
 Forward hooks of the decoder layers still see every layer's
 output (DFlash reads hidden states through them). Logits equal transformers' to float rounding;
-the tests hold the decoded tokens equal to the eager path's.
+the tests hold the decoded tokens equal to the eager path's. A step reads nothing back from the
+device: its host integers go over in one copy and positions, write index and mask are built
+from them there (tests/unit/reasoner/test_decode_host_syncs.py).
 
 `compile_step` wraps the per-layer function in `torch.compile` (one graph for every layer:
 weights are arguments). Shapes then have to stay fixed, so attention runs over each buffer's
 whole capacity with a mask. Off by default; on CUDA `mode="reduce-overhead"` asks for CUDA
 graphs, which it will not get as written: the layer mutates the K/V buffers it is passed, and
-cudagraph trees refuse mutated non-static inputs (docs/reasoner-engine.md; not run on a GPU).
+cudagraph trees refuse mutated non-static inputs; what graphs need (fixed-capacity buffers,
+one graph over the whole step) is in docs/reasoner-engine.md. Not run on a GPU.
 
 A projection that is not a plain `nn.Linear` (the FP8 reasoner's W8A8 `Fp8Linear`, whose
 `weight` is a float8 buffer, or any quantised linear) is called as a module instead of read as
@@ -121,18 +124,18 @@ class StaticDecoder:
     def step(self, runner: StepHost, kvs: list[KVState], fed: list[list[int]],
              packed: PackedBatch | None = None) -> list[torch.Tensor]:
         """Append `fed[i]` to `kvs[i]`; (len(fed[i]), V) float32 logits per sequence. Several
-        sequences must be the members of `packed` (their rows, in any order)."""
+        sequences must be the members of `packed` (their rows, in any order). Reads nothing
+        back from the device; the host's integers go over in one copy (`_upload`)."""
         members = packed.kvs if packed is not None else kvs
         by_row = [fed[kvs.index(kv)] for kv in members] if packed is not None else fed
         width = max(len(f) for f in by_row)
-        lengths = torch.tensor([len(kv) for kv in members])
-        start = torch.tensor([kv.next_pos for kv in members])
         device = runner.device
-        tokens = torch.tensor([f + [f[-1]] * (width - len(f)) for f in by_row], device=device)
-        steps = torch.arange(width)
+        tokens, start, lengths = _upload(members, by_row, width, device)
+        steps = torch.arange(width, device=device)
         x = self.text.embed_tokens(tokens)  # (B, W, H)
-        rotation = self._rotation(x, (start.view(-1, 1) + steps).to(device))
-        views = _Views(self, members, packed, lengths, width, device)
+        rotation = self._rotation(x, start.view(-1, 1) + steps)
+        longest = max(len(kv) for kv in members)
+        views = _Views(self, members, packed, lengths, longest, steps)
         x = x.view(len(members) * width, -1)  # (B * W, H)
         for i, weights in enumerate(self.layers):
             k_buf, v_buf = views.buffers(i)
@@ -145,10 +148,8 @@ class StaticDecoder:
         logits = self.lm_head(self.text.norm(x)).float().view(len(members), width, -1)
         runner.num_forwards += 1
         for b, kv in enumerate(members):
-            n = len(by_row[b])
-            views.advance(b, n)
-            position = start[b] + steps[:n]
-            kv.record(by_row[b], position.expand(3, -1))
+            views.advance(b, len(by_row[b]))
+            kv.record_next(by_row[b])
         rows = {id(kv): b for b, kv in enumerate(members)}
         return [logits[rows[id(kv)], : len(f)] for kv, f in zip(kvs, fed)]
 
@@ -165,27 +166,28 @@ class StaticDecoder:
 
 class _Views:
     """Where one step writes and reads each layer's K/V: a single sequence's own buffers or
-    the packed rows, the write index, the attended length and the mask (None when not needed)."""
+    the packed rows, the write index, the attended length and the mask (None when not needed).
+    Index and mask are built on the device from the uploaded `lengths` (B,); `longest`, the
+    host's own count, sizes them."""
 
     def __init__(self, decoder: StaticDecoder, members: list[KVState], packed: PackedBatch | None,
-                 lengths: torch.Tensor, width: int, device: torch.device) -> None:
+                 lengths: torch.Tensor, longest: int, steps: torch.Tensor) -> None:
         self.members, self.packed = members, packed
-        self.width = width
-        longest = int(lengths.max())
+        width = steps.shape[0]
         if packed is None:
             for layer in members[0].cache.layers:
                 _reserve(layer, longest + width)
         self.capacity = self._k(0).shape[2]
         self.length = self.capacity if decoder.full_buffers else longest + width
-        steps = torch.arange(width)
-        write = (lengths.view(-1, 1) + steps).to(device)  # (B, W)
+        write = lengths.view(-1, 1) + steps  # (B, W)
         shapes = decoder.shapes
         self.index = write.view(len(members), 1, width, 1).expand(
             -1, shapes.num_kv_heads, -1, shapes.head_dim)
         self.mask = None
         if len(members) > 1 or width > 1 or decoder.full_buffers:
-            visible = (lengths.view(-1, 1, 1, 1) + steps.view(1, 1, -1, 1) + 1).to(device)
-            self.mask = torch.arange(self.length, device=device).view(1, 1, 1, -1) < visible
+            visible = lengths.view(-1, 1, 1, 1) + steps.view(1, 1, -1, 1) + 1
+            keys = torch.arange(self.length, device=steps.device)
+            self.mask = keys.view(1, 1, 1, -1) < visible
 
     def _k(self, i: int) -> torch.Tensor:
         if self.packed is not None:
@@ -203,6 +205,22 @@ class _Views:
         """Row b keeps `num_tokens` of the tokens this step wrote."""
         for layer in self.members[b].cache.layers:
             layer.length += num_tokens
+
+
+def _upload(members: list[KVState], by_row: list[list[int]], width: int,
+            device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The step's host integers on the device in one copy: (B, W) fed tokens (a short row
+    padded with its last), (B,) first positions, (B,) cached lengths. A copy from pageable
+    memory waits for the GPU; from pinned memory with `non_blocking` it is queued (CUDA only,
+    not run on a GPU)."""
+    values = [t for f in by_row for t in f + [f[-1]] * (width - len(f))]
+    values += [kv.next_pos for kv in members] + [len(kv) for kv in members]
+    host = torch.tensor(values, dtype=torch.long)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    plan = host.to(device, non_blocking=True)
+    b = len(members)
+    return plan[: b * width].view(b, width), plan[b * width: b * (width + 1)], plan[-b:]
 
 
 def _reserve(layer: GrowableLayer, capacity: int) -> None:

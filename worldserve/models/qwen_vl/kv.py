@@ -125,6 +125,15 @@ class KVState:
         self.positions = torch.cat([self.positions, positions.cpu()], dim=1)
         self.next_pos = max(self.next_pos, int(positions.max()) + 1)
 
+    def record_next(self, ids: list[int]) -> None:
+        """`record` of text tokens a decode step appended at the next positions (the three
+        axes agree), from Python ints: a decode step reads no tensor back."""
+        start = self.next_pos
+        self.ids.extend(ids)
+        positions = torch.arange(start, start + len(ids)).expand(3, -1)
+        self.positions = torch.cat([self.positions, positions], dim=1)
+        self.next_pos = start + len(ids)
+
     @torch.inference_mode()
     def evict(self, start: int, end: int) -> None:
         """Drop cached tokens [start, end) from every layer, the ids and the positions."""
