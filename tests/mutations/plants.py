@@ -46,7 +46,7 @@ RANK_COLLECTIVES = "tests/unit/parallel/test_collectives.py"
 THINKING_BUDGET = ("tests/unit/reasoner/test_chat_thinking.py"
                    "::test_budget_closes_the_block_after_exactly_the_budget")
 WORLD = "tests/integration/world/test_world_semantics.py"
-WORLD_IMAGES = f"{WORLD}::test_images_show_the_colour_and_shape_asked_for"
+WORLD_IMAGES = f"{WORLD}::test_images_show_the_colour_and_background_asked_for"
 WORLD_LIVE = f"{WORLD}::test_a_live_session_names_the_colour_on_screen_now"
 CFG_PARALLEL = ("tests/integration/parallel/test_cfg_engine.py"
                 "::test_policy_actions_with_guidance_equal_one_process")
@@ -280,7 +280,7 @@ PLANTS: tuple[Plant, ...] = (
     # ---------------------------------------------------------------- meaning (trained dev world)
     Plant(
         name="cosmos3-prompt-dropped",
-        claim="a Cosmos3 image shows the colour and shape its prompt asks for",
+        claim="a Cosmos3 image shows the colour and background its prompt asks for",
         path="worldserve/models/cosmos3/prepare.py",
         anchor="            params.prompt, negative, num_frames=num_frames,",
         replacement="            \"\", negative, num_frames=num_frames,",
