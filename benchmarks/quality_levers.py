@@ -56,7 +56,8 @@ def load(model: Path, lever: dict[str, Any]) -> Any:
 
 
 def levers(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {"plain": {}}
+    out: dict[str, dict[str, Any]] = {"plain": {},
+                                      "seacache (default)": {"step_cache": {"method": "seacache"}}}
     for threshold in args.seacache_thresholds:
         out[f"seacache@{threshold:g}"] = {"step_cache": {"method": "seacache",
                                                          "threshold": threshold}}
