@@ -25,8 +25,6 @@ generator and its reasoner). Prints one JSON line.
 from __future__ import annotations
 
 import argparse
-import base64
-import io
 import json
 import subprocess
 import sys
@@ -35,12 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
-from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support import world_client  # noqa: E402
 from worldserve import envs  # noqa: E402
-from worldserve.media.video import decode_audio, decode_frames, encode_mp4  # noqa: E402
 from worldserve.models.dev.world import evaluate  # noqa: E402
 from worldserve.models.dev.world.grammar import (  # noqa: E402
     QUESTIONS,
@@ -52,7 +48,6 @@ from worldserve.models.dev.world.scenes import WorldConfig, make_clip  # noqa: E
 from worldserve.models.dev.world.selfcheck import evaluator_accuracy  # noqa: E402
 
 CFG = WorldConfig()
-SIZE = f"{CFG.width_px}x{CFG.height_px}"
 CHANCE = {"colour": 1 / 4, "shape": 1 / 3, "background": 1 / 2, "direction": 1 / 5,
           "tone": 1 / 4, "caption": 1 / 240}
 REASONER_CAPABILITIES = ("colour", "shape", "direction", "background", "caption")
@@ -61,54 +56,48 @@ REASONER_CAPABILITIES = ("colour", "shape", "direction", "background", "caption"
 def image_arm(client: httpx.Client, prompts: list[str], seed: int) -> dict[str, float]:
     hits: dict[str, list[bool]] = {"colour": [], "shape": [], "background": []}
     for index, prompt in enumerate(prompts):
-        reply = _post(client, "/v1/images/generations", {
-            "prompt": prompt, "size": SIZE, "seed": seed + index, "response_format": "b64_json"})
-        data = base64.b64decode(reply.json()["data"][0]["b64_json"])
-        reading = evaluate.read_frame(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
-        _score(hits, parse_prompt(prompt), reading)
+        _score(hits, parse_prompt(prompt), world_client.draw(client, prompt, seed + index))
     return _rates(hits)
 
 
 def video_arm(client: httpx.Client, prompts: list[str], seed: int) -> dict[str, float]:
     hits: dict[str, list[bool]] = {"colour": [], "shape": [], "direction": [], "tone": []}
     for index, prompt in enumerate(prompts):
-        reply = _post(client, "/v1/videos/sync", {
-            "prompt": prompt, "size": SIZE, "seed": seed + index, "num_frames": CFG.num_frames,
-            "fps": int(CFG.fps), "generate_sound": True})
         labels = parse_prompt(prompt)
-        _score(hits, labels, evaluate.read_clip(np.stack(decode_frames(reply.content))))
-        audio = decode_audio(reply.content)
-        if audio is not None and audio[0].shape[-1] > 0:
-            hits["tone"].append(evaluate.dominant_tone(*audio)[0] == labels.colour)
+        reading, tone = world_client.film(client, prompt, seed + index)
+        _score(hits, labels, reading)
+        if tone is not None:
+            hits["tone"].append(tone == labels.colour)
     return _rates(hits)
 
 
 def reasoner_arm(client: httpx.Client, num_clips: int, seed: int) -> dict[str, float]:
     hits: dict[str, list[bool]] = {c: [] for c in REASONER_CAPABILITIES}
-    models = client.get("/v1/models").json()["data"]
-    model = next(m["id"] for m in models if "reasoner" in m["stages"])
+    model = world_client.reasoner_model(client)
     for index in range(num_clips):
         clip = make_clip(seed + index, "motion", CFG)
-        mp4 = io.BytesIO()
-        encode_mp4(clip.frames, int(clip.fps), mp4, compression=100)
-        url = "data:video/mp4;base64," + base64.b64encode(mp4.getvalue()).decode()
         for capability in REASONER_CAPABILITIES:
-            content = [{"type": "video_url", "video_url": {"url": url}},
-                       {"type": "text", "text": QUESTIONS[capability][0]}]
-            reply = _post(client, "/v1/chat/completions", {
-                "model": model, "messages": [{"role": "user", "content": content}],
-                "max_tokens": 16, "temperature": 0.0,
-                "media_io_kwargs": {"video": {"fps": clip.fps}}})
-            text = reply.json()["choices"][0]["message"]["content"] or ""
+            text = world_client.ask(client, model, clip, QUESTIONS[capability][0])
             hits[capability].append(evaluate.answer_matches(text, answer(clip, capability)))
     return _rates(hits)
 
 
-def _post(client: httpx.Client, path: str, body: dict[str, Any]) -> httpx.Response:
-    reply = client.post(path, json=body)
-    if reply.status_code != 200:
-        raise RuntimeError(f"POST {path}: {reply.status_code} {reply.text[:500]}")
-    return reply
+def stream_arm(client: httpx.Client, num_clips: int, seed: int) -> dict[str, float]:
+    """Live sessions over stream clips (the colour changes every 4 frames): the share of
+    frames whose reply names the colour on screen, and the same allowing the 2 frames after a
+    change to lag (the aim: the current colour within 2 frames of a change)."""
+    exact, settled = [], []
+    for index in range(num_clips):
+        clip = make_clip(seed + index, "stream", CFG)
+        replies = world_client.watch(client, list(clip.frames), QUESTIONS["colour_now"][0])
+        colours = clip.colour_per_frame
+        for frame, (reply, colour) in enumerate(zip(replies, colours)):
+            correct = evaluate.answer_matches(reply, colour)
+            exact.append(correct)
+            changed = any(colours[j] != colours[j - 1] for j in range(max(1, frame - 1), frame + 1))
+            if frame == 0 or not changed:
+                settled.append(correct)
+    return {"colour_now": _rate(exact), "colour_now_settled": _rate(settled)}
 
 
 def _score(hits: dict[str, list[bool]], labels: Any, reading: Any) -> None:
@@ -117,8 +106,12 @@ def _score(hits: dict[str, list[bool]], labels: Any, reading: Any) -> None:
             hits[label].append(getattr(reading, label) == getattr(labels, label))
 
 
+def _rate(found: list[bool]) -> float:
+    return round(sum(found) / len(found), 3)
+
+
 def _rates(hits: dict[str, list[bool]]) -> dict[str, float]:
-    return {name: round(sum(found) / len(found), 3) for name, found in hits.items() if found}
+    return {name: _rate(found) for name, found in hits.items() if found}
 
 
 def serve_dev_models(workdir: Path) -> Any:
@@ -127,7 +120,7 @@ def serve_dev_models(workdir: Path) -> Any:
     root = envs.dev_models_dir()
     subprocess.run([sys.executable, "-m", "worldserve", "dev-models", "build", str(root)],
                    check=True)
-    server = ServerProcess(workdir, args=["--model-path", str(root / "generation")])
+    server = ServerProcess(workdir, args=["--model-path", str(root / "world")])
     server.wait_healthy(timeout_s=600)
     return server
 
@@ -137,7 +130,7 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--base-url", default=None, help="a running server (default: start one)")
-    parser.add_argument("--arms", default="evaluator,image,video,reasoner")
+    parser.add_argument("--arms", default="evaluator,image,video,reasoner,stream")
     args = parser.parse_args()
     arms = args.arms.split(",")
     result: dict[str, Any] = {"num_prompts": args.num_prompts, "chance": CHANCE}
@@ -167,6 +160,8 @@ def _served_arms(client: httpx.Client, arms: list[str], args: argparse.Namespace
         out["video"] = video_arm(client, sample_prompts(args.seed, args.num_prompts), args.seed)
     if "reasoner" in arms:
         out["reasoner"] = reasoner_arm(client, args.num_prompts, args.seed)
+    if "stream" in arms:
+        out["stream"] = stream_arm(client, max(1, args.num_prompts // 4), args.seed)
     return out
 
 

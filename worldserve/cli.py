@@ -32,7 +32,7 @@ DEV_STAGE_DIRS = ("generation", "reasoner", "realtime")
 # Which dev checkpoint a stage without a model path serves: generation and reasoning both come
 # from the one Cosmos3 dev directory (as from a published Cosmos3 checkpoint); the Qwen2.5-VL
 # dev reasoner (`<dev-models>/reasoner`) is served with `--model-path <dev-models>/reasoner`.
-DEV_STAGE_DEFAULTS = {"generation": "generation", "reasoner": "generation", "realtime": "realtime"}
+DEV_STAGE_DEFAULTS = {"generation": "world", "reasoner": "world", "realtime": "realtime"}
 CLUSTER_PANEL = "Scale-out on Ray Serve (docs/scale-out.md)"
 
 

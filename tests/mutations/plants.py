@@ -45,6 +45,9 @@ DFLASH_FITTED = f"{DFLASH_DRAFTERS}::test_a_fitted_drafter_is_accepted_and_repli
 RANK_COLLECTIVES = "tests/unit/parallel/test_collectives.py"
 THINKING_BUDGET = ("tests/unit/reasoner/test_chat_thinking.py"
                    "::test_budget_closes_the_block_after_exactly_the_budget")
+WORLD = "tests/integration/world/test_world_semantics.py"
+WORLD_IMAGES = f"{WORLD}::test_images_show_the_colour_and_background_asked_for"
+WORLD_LIVE = f"{WORLD}::test_a_live_session_names_the_colour_on_screen_now"
 CFG_PARALLEL = ("tests/integration/parallel/test_cfg_engine.py"
                 "::test_policy_actions_with_guidance_equal_one_process")
 
@@ -273,5 +276,31 @@ PLANTS: tuple[Plant, ...] = (
         replacement="    return weight.to(dtype)\n",
         caught_by=("tests/unit/fp8/test_cosmos3_fp8.py"
                    "::test_greedy_session_replies_equal_the_dequantised_checkpoint",),
+    ),
+    # ---------------------------------------------------------------- meaning (trained dev world)
+    Plant(
+        name="cosmos3-prompt-dropped",
+        claim="a Cosmos3 image shows the colour and background its prompt asks for",
+        path="worldserve/models/cosmos3/prepare.py",
+        anchor="            params.prompt, negative, num_frames=num_frames,",
+        replacement="            \"\", negative, num_frames=num_frames,",
+        caught_by=(WORLD_IMAGES,),
+    ),
+    Plant(
+        name="cosmos3-guidance-sign-flipped",
+        claim="classifier-free guidance pushes toward the prompt, not away from it",
+        path="worldserve/models/cosmos3/denoise.py",
+        anchor="    return uncond + guidance * (cond - uncond)\n",
+        replacement="    return uncond - guidance * (cond - uncond)\n",
+        caught_by=(WORLD_IMAGES,),
+    ),
+    Plant(
+        name="live-session-fed-a-stale-frame",
+        claim="a live reasoning session answers about the frame just sent",
+        path="worldserve/engines/reasoner/prompt.py",
+        anchor="        image = self.prompting.read_image(data)\n",
+        replacement=("        image = self.__dict__.setdefault(\"_first\",\n"
+                     "                                         self.prompting.read_image(data))\n"),
+        caught_by=(WORLD_LIVE,),
     ),
 )

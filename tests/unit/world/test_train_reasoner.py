@@ -6,13 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worldserve.models.dev.world.grammar import QUESTIONS
-from worldserve.models.dev.world.scenes import make_clip
-from worldserve.models.dev.world.train_reasoner import (
+from tools.world_training.train_reasoner import (
     IGNORE,
+    STREAM_SYSTEM_PROMPT,
     WorldReasonerData,
+    _png,
     model_inputs,
 )
+from worldserve.models.dev.world.grammar import QUESTIONS
+from worldserve.models.dev.world.scenes import make_clip
 
 torch.set_num_threads(1)
 
@@ -58,3 +60,30 @@ def test_the_loss_covers_the_answer_only(runner):
         assert inputs["attention_mask"][row].sum() == len(example.ids)
     loss = runner.model(**inputs).loss
     assert torch.isfinite(loss) and loss > 0
+
+
+def test_a_live_session_example_is_the_engines_session_with_each_frames_colour(runner):
+    """Turn for turn what the reasoner engine splices for a session (first turn: system prompt,
+    frame and question; later turns: one frame, each after the previous reply's end), and the
+    loss falls on every reply and its end-of-turn token, nothing else."""
+    from worldserve.engines.reasoner.prompt import PromptBuilder
+
+    clip = make_clip(3, "stream")
+    assert len(set(clip.colour_per_frame)) > 1  # the colour changes within the clip
+    data = WorldReasonerData(runner)
+    example = data.stream_example(clip, 6)
+    builder = PromptBuilder(runner.tokenizer, runner.chat_template, runner.prompting)
+    first = builder.frame_chunk(_png(clip.frames[0]), STREAM_SYSTEM_PROMPT,
+                                QUESTIONS["colour_now"][0], None, set())
+    assert example.ids[:len(first.turn_ids)] == first.turn_ids
+    assert len(example.answer_spans) == len(example.media) == 6
+    inputs = model_inputs(runner, [example], with_labels=True)
+    labels = inputs["labels"][0]
+    end = runner.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for (start, stop), colour in zip(example.answer_spans, clip.colour_per_frame):
+        assert runner.tokenizer.decode(example.ids[start:stop - 1]) == colour
+        assert example.ids[stop - 1] == end
+    covered = sum(stop - start for start, stop in example.answer_spans)
+    assert int((labels != IGNORE).sum()) == covered
+    assert inputs["image_grid_thw"].shape[0] == 6 and "pixel_values_videos" not in inputs
+    assert torch.isfinite(runner.model(**inputs).loss)

@@ -10,7 +10,7 @@ same Cosmos3 directory can be added by another builder.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from diffusers import (
@@ -47,6 +47,8 @@ class Cosmos3DevConfig:
     sound: bool = True
     actions: bool = True
     flow_shift: float = 5.0
+    # The tokenizer's training text; None: the default dev corpus (tokenizer.py).
+    tokenizer_corpus: tuple[str, ...] | None = None
 
 
 def build_transformer(cfg: Cosmos3DevConfig) -> Cosmos3OmniTransformer:
@@ -88,7 +90,7 @@ def build_sound_tokenizer(cfg: Cosmos3DevConfig) -> Cosmos3AVAEAudioTokenizer:
 
 def build_pipeline(seed: int, cfg: Cosmos3DevConfig = Cosmos3DevConfig()) -> Cosmos3OmniPipeline:
     """Assemble the tiny pipeline in memory; each component has its own seeded stream."""
-    tokenizer = build_tokenizer(cfg.vocab_size)
+    tokenizer = build_tokenizer(cfg.vocab_size, corpus=cfg.tokenizer_corpus)
     cfg = _with_vocab(cfg, len(tokenizer))
     with seeded(seed, "cosmos3.transformer"):
         transformer = build_transformer(cfg)
@@ -106,8 +108,6 @@ def build_pipeline(seed: int, cfg: Cosmos3DevConfig = Cosmos3DevConfig()) -> Cos
 
 
 def _with_vocab(cfg: Cosmos3DevConfig, vocab_size: int) -> Cosmos3DevConfig:
-    from dataclasses import replace
-
     return replace(cfg, vocab_size=vocab_size)
 
 
@@ -124,3 +124,46 @@ def build_generation(target: Path, seed: int) -> None:
 
     build_cosmos3(target, seed)
     write_reasoner_files(target, seed)
+
+
+# What Cosmos3OmniPipeline writes around a prompt at the dev world's size (its system prompts and
+# resolution / duration templates), so that the world tokenizer learns it as whole words.
+PIPELINE_TEXT = (
+    "You are a helpful assistant who will generate images from a give prompt.",
+    "You are a helpful assistant who will generate videos from a give prompt.",
+    "This image is of 64x64 resolution.", "This image is not of 64x64 resolution.",
+    "This video is of 64x64 resolution.", "This video is not of 64x64 resolution.",
+    "The video is 0.4 seconds long and is of 24 FPS.",
+    "The video is not 0.4 seconds long and is not of 24 FPS.",
+)
+
+
+def world_config() -> Cosmos3DevConfig:
+    """The dev world checkpoint's sizes: wider and deeper than the random dev generator (4
+    query / 2 K/V heads, 4 layers: 0.75 M parameters), and a tokenizer trained on the world's
+    grammar and the pipeline's templates, so each word of a prompt is one token."""
+    from itertools import chain
+
+    from worldserve.models.dev.tokenizer import synthetic_corpus
+    from worldserve.models.dev.world.grammar import corpus
+
+    text = tuple(chain(synthetic_corpus(), *(corpus() for _ in range(4)), PIPELINE_TEXT * 8))
+    return replace(Cosmos3DevConfig(), hidden_size=64, num_attention_heads=4,
+                   num_key_value_heads=2, intermediate_size=192, num_hidden_layers=4,
+                   tokenizer_corpus=text)
+
+
+def build_world(target: Path, seed: int) -> None:
+    """The dev world directory (`dev-models build` -> world/, what `worldserve serve` serves by
+    default): the generation directory's architecture and sizes with the weights trained on the
+    dev world (models/dev/world/trained.py) for the transformer, the VAE and the reasoner's own
+    tensors; the reasoner's LLM is the trained generator's understanding pathway."""
+    from worldserve.models.cosmos3_reasoner.dev import write_reasoner_files
+    from worldserve.models.dev.world import trained
+
+    cfg = world_config()
+    pipe = build_pipeline(seed, cfg)
+    trained.apply_to_pipeline(pipe)
+    pipe.save_pretrained(Path(target))
+    write_reasoner_files(target, seed, tokenizer_corpus=cfg.tokenizer_corpus)
+    trained.apply_to_reasoner_files(target)

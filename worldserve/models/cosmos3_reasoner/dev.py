@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,10 +107,12 @@ class ReasonerDevConfig:
 
 
 def write_reasoner_files(target: Path, seed: int = 0, model_type: str | None = None,
-                         max_position_embeddings: int | None = None) -> None:
+                         max_position_embeddings: int | None = None,
+                         tokenizer_corpus: Iterable[str] | None = None) -> None:
     """Write a tiny seeded Cosmos3 reasoner into `target` (see module doc). `model_type`
     None: Edge beside a squared-ReLU generator, else Omni. `max_position_embeddings` None: the
-    real architecture's context (tests that need a re-prefill soon pass a small one)."""
+    real architecture's context (tests that need a re-prefill soon pass a small one).
+    `tokenizer_corpus`: the generator's (`Cosmos3DevConfig.tokenizer_corpus`), None the default."""
     target = Path(target)
     generator = _read_generator(target)
     if model_type is None:
@@ -118,7 +121,8 @@ def write_reasoner_files(target: Path, seed: int = 0, model_type: str | None = N
     cfg = _dims_from_generator(generator[0], model_type) if generator else ReasonerDevConfig(
         model_type=model_type)
     cfg = dataclasses.replace(cfg, max_position_embeddings=max_position_embeddings)
-    tokenizer = build_tokenizer(cfg.vocab_size, model_max_length=cfg.context_length)
+    tokenizer = build_tokenizer(cfg.vocab_size, model_max_length=cfg.context_length,
+                                corpus=tokenizer_corpus)
     with seeded(seed, f"reasoner-{model_type}"):
         model = _model_class(model_type)(build_config(tokenizer, cfg)).eval()
     if generator:

@@ -33,7 +33,8 @@ logger = logging.getLogger(__name__)
 # 2: the generation checkpoint has an action_head/; 3: generation/ is Cosmos3, Wan moved to wan/
 # 4: the Cosmos3 generation directory holds its reasoner too; 5: Cosmos3 norms are not 1.0
 # 6: the dev reasoners' context is the real models' max_position_embeddings (was 4096)
-DEV_MODELS_VERSION = "6"
+# 7: world/, the Cosmos3 directory trained on the dev world, is the default served model
+DEV_MODELS_VERSION = "7"
 DEV_MODELS_SEED = 0
 MARKER_NAME = "worldserve_dev.json"
 _TMP_PREFIX = ".tmp-"
@@ -48,6 +49,14 @@ DEV_LIMITS: dict[str, int] = dict(max_width=256, max_height=256, max_pixels=256 
                                   max_num_frames=397, max_video_pixels=80 * 80 * 397)
 
 
+# The dev world's sizes (models/dev/world/scenes.py WorldConfig): the trained model draws what
+# it was trained on, 64x64 frames, 9 of them at 24 fps; 12 steps at guidance 3 is what
+# benchmarks/quality.py measured (docs/dev-world.md).
+WORLD_SAMPLING_DEFAULTS: dict[str, Any] = dict(
+    width=64, height=64, image_width=64, image_height=64, num_frames=9, fps=24,
+    num_inference_steps=12, guidance_scale=3.0)
+
+
 @dataclass(frozen=True)
 class DevModelBuilder:
     """One dev model: the id it is served under and `module:function` that writes it.
@@ -58,6 +67,9 @@ class DevModelBuilder:
 
     served_model_name: str
     entry_point: str
+    # Written into the marker: sampling defaults that replace the family's dev ones for this
+    # checkpoint (checkpoint_defaults), e.g. the size its weights were trained at.
+    sampling_defaults: dict[str, Any] | None = None
 
     def __call__(self, target_dir: Path, seed: int) -> None:
         module_name, function_name = self.entry_point.split(":")
@@ -87,6 +99,12 @@ BUILDERS: dict[str, DevModelBuilder] = {
     # generator); served with `--model-path <root>/cosmos3-reasoner`.
     "cosmos3-reasoner": DevModelBuilder(
         "worldserve-dev-cosmos3-reasoner", "worldserve.models.cosmos3_reasoner.dev:build_omni"
+    ),
+    # The default `worldserve serve` model: the Cosmos3 dev directory (generator and reasoner)
+    # with weights trained on the dev world (docs/dev-world.md), at the world's size.
+    "world": DevModelBuilder(
+        "worldserve-dev-cosmos3-world", "worldserve.models.cosmos3.dev:build_world",
+        sampling_defaults=WORLD_SAMPLING_DEFAULTS,
     ),
     # A DFlash drafter for the Cosmos3 dev reasoner: `--streaming-spec-method dflash
     # --streaming-spec-model-path <root>/cosmos3-drafter`.
@@ -181,6 +199,8 @@ def _write_marker(model_dir: Path, name: str, builder: DevModelBuilder) -> None:
         "seed": DEV_MODELS_SEED,
         "builder": builder.entry_point,
     }
+    if builder.sampling_defaults is not None:
+        marker["sampling_defaults"] = builder.sampling_defaults
     (model_dir / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
 
 

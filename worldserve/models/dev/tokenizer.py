@@ -6,7 +6,7 @@ every machine. The byte-level alphabet means any string round-trips through enco
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
@@ -48,8 +48,12 @@ def synthetic_corpus(num_lines: int = 240) -> Iterator[str]:
         yield f'{words} {i} {{"k": {i}, "ok": true}}'
 
 
-def build_tokenizer(vocab_size: int = 512, model_max_length: int = 4096) -> PreTrainedTokenizerFast:
+def build_tokenizer(vocab_size: int = 512, model_max_length: int = 4096,
+                    corpus: Iterable[str] | None = None) -> PreTrainedTokenizerFast:
     """Train the byte-level BPE tokenizer and wrap it for transformers.
+
+    `corpus` None: `synthetic_corpus()`. The dev world's checkpoint passes its own text (its
+    grammar and the pipeline's templates), so that its words are single tokens.
 
     `model_max_length` is what pipelines pad or truncate to (the VLM's context for the reasoner,
     the text encoder's sequence length for diffusers slots). EOS is `<|im_end|>`, PAD is
@@ -65,7 +69,8 @@ def build_tokenizer(vocab_size: int = 512, model_max_length: int = 4096) -> PreT
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    core.train_from_iterator(synthetic_corpus(), trainer=trainer)
+    core.train_from_iterator(corpus if corpus is not None else synthetic_corpus(),
+                             trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=core,
         bos_token=None,

@@ -8,12 +8,13 @@ and `QwenVLPrompting` reads the clip's PNG frames and expands the placeholders e
 request's would be (the server's clip sampling is not involved: all frames are sent at the
 world's fps). The loss is cross-entropy on the answer tokens and the end of turn.
 
-    python -m worldserve.models.dev.world.train_reasoner --steps 1500 --out /tmp/world-reasoner
+    python -m tools.world_training.train_reasoner --steps 1500 --out /tmp/world-reasoner
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import math
@@ -53,7 +54,18 @@ class TrainConfig:
 class Example:
     ids: list[int]
     num_prompt: int  # the first num_prompt ids are the prompt (no loss)
-    media: Any  # the clip's VisionInput
+    media: Any  # the clip's VisionInput, or a list of one per frame (a stream session)
+    # (start, end) spans of ids that carry the loss; None: everything after num_prompt
+    answer_spans: tuple[tuple[int, int], ...] | None = None
+
+    @property
+    def media_list(self) -> list[Any]:
+        return self.media if isinstance(self.media, list) else [self.media]
+
+
+# A live session's instructions while training (any system prompt works at serving time; this
+# one is what the benchmark and the tests send).
+STREAM_SYSTEM_PROMPT = "Answer in one word."
 
 
 class WorldReasonerData:
@@ -63,8 +75,37 @@ class WorldReasonerData:
         self.runner = runner
         self.end_of_turn = runner.tokenizer.convert_tokens_to_ids("<|im_end|>")
 
+    @functools.cached_property
+    def prompt_builder(self) -> Any:
+        from worldserve.engines.reasoner.prompt import PromptBuilder
+
+        return PromptBuilder(self.runner.tokenizer, self.runner.chat_template,
+                             self.runner.prompting)
+
     def read_clip(self, clip: WorldClip) -> Any:
         return self.runner.prompting.read_video([_png(frame) for frame in clip.frames], clip.fps)
+
+    def stream_example(self, clip: WorldClip, num_frames: int) -> Example:
+        """A live reasoning session over the clip's first `num_frames` frames, token for token
+        as the reasoner engine splices it (engines/reasoner/prompt.py `frame_chunk`): the
+        first frame's turn carries the system prompt and the question, each later turn one
+        frame; every reply is the colour shown in its frame, closed by the end-of-turn ids."""
+        builder = self.prompt_builder
+        ids: list[int] = []
+        media, spans = [], []
+        question = QUESTIONS["colour_now"][0]
+        for index in range(num_frames):
+            chunk = builder.frame_chunk(_png(clip.frames[index]),
+                                        STREAM_SYSTEM_PROMPT if index == 0 else None,
+                                        question, None, set())
+            ids += chunk.closing_ids + chunk.turn_ids
+            reply = list(self.runner.tokenizer(clip.colour_per_frame[index],
+                                               add_special_tokens=False)["input_ids"])
+            spans.append((len(ids), len(ids) + len(reply) + 1))  # the reply and its end
+            ids += reply
+            media.append(chunk.image)
+        ids += builder.end_of_turn_ids
+        return Example(ids, spans[0][0], media, tuple(spans))
 
     def example(self, media: Any, question: str, reply: str | None) -> Example:
         messages = [{"role": "user", "content": [{"type": "video"},
@@ -89,12 +130,17 @@ def model_inputs(runner: Any, examples: list[Example], with_labels: bool) -> dic
     for row, example in enumerate(examples):
         ids[row, :len(example.ids)] = torch.tensor(example.ids)
         mask[row, :len(example.ids)] = 1
-        labels[row, example.num_prompt:len(example.ids)] = ids[row, example.num_prompt:len(
-            example.ids)]
+        for start, end in example.answer_spans or ((example.num_prompt, len(example.ids)),):
+            labels[row, start:end] = ids[row, start:end]
     inputs = {"input_ids": ids, "attention_mask": mask,
-              "pixel_values_videos": torch.cat([e.media.payload.pixel_values for e in examples]),
-              "video_grid_thw": torch.cat([e.media.payload.grid_thw for e in examples]),
               "mm_token_type_ids": runner.prompting.token_types(ids)}
+    media = [m for e in examples for m in e.media_list]
+    for kind in ("image", "video"):
+        parts = [m.payload for m in media if m.kind == kind]
+        if parts:
+            inputs[f"pixel_values{'_videos' if kind == 'video' else ''}"] = torch.cat(
+                [p.pixel_values for p in parts])
+            inputs[f"{kind}_grid_thw"] = torch.cat([p.grid_thw for p in parts])
     if with_labels:
         inputs["labels"] = labels
     return inputs

@@ -1,0 +1,89 @@
+"""Asking a live server about the dev world and reading its answers back with the world's
+evaluator (the semantic tests and benchmarks/quality.py share these)."""
+
+from __future__ import annotations
+
+import base64
+import io
+from typing import Any
+
+import httpx
+import numpy as np
+from PIL import Image
+
+from worldserve.media.video import decode_audio, decode_frames, encode_mp4
+from worldserve.models.dev.world import evaluate
+from worldserve.models.dev.world.scenes import WorldClip, WorldConfig
+
+WORLD = WorldConfig()
+SIZE = f"{WORLD.width_px}x{WORLD.height_px}"
+STREAM_SYSTEM_PROMPT = "Answer in one word."  # what the reasoner was trained with
+
+
+def post(client: httpx.Client, path: str, body: dict[str, Any]) -> httpx.Response:
+    reply = client.post(path, json=body)
+    if not reply.is_success:
+        raise RuntimeError(f"POST {path}: {reply.status_code} {reply.text[:500]}")
+    return reply
+
+
+def draw(client: httpx.Client, prompt: str, seed: int, **fields: Any) -> evaluate.FrameReading:
+    """POST /v1/images/generations at the world's size; the evaluator's reading of the image."""
+    reply = post(client, "/v1/images/generations", {
+        "prompt": prompt, "size": SIZE, "seed": seed, "response_format": "b64_json", **fields})
+    data = base64.b64decode(reply.json()["data"][0]["b64_json"])
+    return evaluate.read_frame(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
+
+
+def film(client: httpx.Client, prompt: str, seed: int, sound: bool = True,
+         **fields: Any) -> tuple[evaluate.ClipReading, str | None]:
+    """POST /v1/videos/sync (9 frames at 24 fps): the clip's reading and its sound's tone."""
+    reply = post(client, "/v1/videos/sync", {
+        "prompt": prompt, "size": SIZE, "seed": seed, "num_frames": WORLD.num_frames,
+        "fps": int(WORLD.fps), "generate_sound": sound, **fields})
+    reading = evaluate.read_clip(np.stack(decode_frames(reply.content)))
+    audio = decode_audio(reply.content) if sound else None
+    tone = (evaluate.dominant_tone(*audio)[0]
+            if audio is not None and audio[0].shape[-1] > 0 else None)
+    return reading, tone
+
+
+def reasoner_model(client: httpx.Client) -> str:
+    models = client.get("/v1/models").json()["data"]
+    return next(m["id"] for m in models if "reasoner" in m["stages"])
+
+
+def ask(client: httpx.Client, model: str, clip: WorldClip, question: str) -> str:
+    """POST /v1/chat/completions: the clip as an mp4 `video_url` (every frame: the clip's fps)
+    and one question; the reply's text."""
+    mp4 = io.BytesIO()
+    encode_mp4(clip.frames, int(clip.fps), mp4, compression=100)
+    url = "data:video/mp4;base64," + base64.b64encode(mp4.getvalue()).decode()
+    content = [{"type": "video_url", "video_url": {"url": url}},
+               {"type": "text", "text": question}]
+    reply = post(client, "/v1/chat/completions", {
+        "model": model, "messages": [{"role": "user", "content": content}],
+        "max_tokens": 16, "temperature": 0.0, "media_io_kwargs": {"video": {"fps": clip.fps}}})
+    return reply.json()["choices"][0]["message"]["content"] or ""
+
+
+def watch(client: httpx.Client, frames: list[np.ndarray], question: str) -> list[str]:
+    """A live REST session (POST /v1/streaming/sessions), one PNG frame at a time: each
+    frame's reply text, in order; the session is deleted after."""
+    created = post(client, "/v1/streaming/sessions", {
+        "system_prompt": STREAM_SYSTEM_PROMPT, "question": question,
+        # No repetition penalty: the same colour is the right reply frame after frame.
+        "sampling": {"max_tokens": 8, "temperature": 0.0, "repetition_penalty": 1.0}})
+    session = created.json()["session_id"]
+    try:
+        replies = []
+        for frame in frames:
+            png = io.BytesIO()
+            Image.fromarray(frame).save(png, format="PNG")
+            reply = client.post(f"/v1/streaming/sessions/{session}/frame",
+                                content=png.getvalue(), headers={"content-type": "image/png"})
+            reply.raise_for_status()
+            replies.append(reply.json()["text"])
+        return replies
+    finally:
+        client.delete(f"/v1/streaming/sessions/{session}")
