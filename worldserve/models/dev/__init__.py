@@ -103,7 +103,7 @@ BUILDERS: dict[str, DevModelBuilder] = {
     # The default `worldserve serve` model: the Cosmos3 dev directory (generator and reasoner)
     # with weights trained on the dev world (docs/dev-world.md), at the world's size.
     "world": DevModelBuilder(
-        "worldserve-dev-cosmos3-world", "worldserve.models.cosmos3.dev:build_world",
+        "worldserve-dev-cosmos3", "worldserve.models.cosmos3.dev:build_world",
         sampling_defaults=WORLD_SAMPLING_DEFAULTS,
     ),
     # A DFlash drafter for the Cosmos3 dev reasoner: `--streaming-spec-method dflash
