@@ -12,6 +12,7 @@ tells a documented 503 or 507 from a bug.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import random
 import signal
@@ -144,15 +145,18 @@ def _sigkill(pid: int) -> None:
 
 
 def _fill(path: Any) -> int:
+    """Bytes written until the tmpfs is full; 0 when it is full already (the server's own
+    outputs filled it: then even creating the file fails with ENOSPC)."""
     written = 0
-    with open(path, "wb") as out:
-        try:
+    try:
+        with open(path, "wb") as out:
             while True:
                 out.write(b"\0" * 65536)
                 out.flush()
                 written += 65536
-        except OSError:  # ENOSPC: full
-            pass
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
     return written
 
 

@@ -30,6 +30,7 @@ from websockets.sync.client import connect
 from tests.integration.realtime.helpers import Session
 from tests.support.server import base_env, free_port
 from worldserve.media.video import decode_audio, decode_frames
+from worldserve.models.dev import WORLD_SAMPLING_DEFAULTS
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -133,7 +134,9 @@ def test_seeded_images_are_the_same_bytes_from_either_replica(http: httpx.Client
         assert content.status_code == 200 and content.content[:4] == b"\x89PNG"
         images.append(content.content)
     assert len(set(images)) == 1
-    assert Image.open(io.BytesIO(images[0])).size == (32, 32)  # the dev model's default size
+    # the default dev model's default size (the trained world/ checkpoint's marker)
+    assert Image.open(io.BytesIO(images[0])).size == (WORLD_SAMPLING_DEFAULTS["image_width"],
+                                                      WORLD_SAMPLING_DEFAULTS["image_height"])
 
 
 def test_a_video_with_sound_downloads_from_its_url(http: httpx.Client, cluster: str) -> None:
