@@ -1,11 +1,12 @@
 """Re-make the shipped dev-world weights: `python -m tools.world_training.retrain`.
 
 Two runs, each from the dev build's seeded initial weights: the VAE (train_vae.py, its own
-command, or `--vae FILE` to reuse one it wrote), then the generator and its reasoner together
-on the frozen VAE (train_world.py). `trained.save` then writes
+command; this one takes the file it wrote, `--vae FILE`), then the generator and its reasoner
+together on the frozen VAE (train_world.py). `trained.save` then writes
 `worldserve/models/dev/world/weights/cosmos3_world.safetensors` and its manifest (configs, CPU
-minutes, the accuracies measured on held-out seeds during training). Deterministic for one
-torch version and thread count; the figures in the manifest are what the run measured.
+minutes, the accuracies measured on held-out seeds during training). Every random draw is
+seeded, so a rerun on one torch version and thread count should give the same weights (not
+checked by a second run); the figures in the manifest are what the shipped run measured.
 
     python -m tools.world_training.train_vae --out /tmp/world-vae.safetensors
     python -m tools.world_training.retrain --vae /tmp/world-vae.safetensors
