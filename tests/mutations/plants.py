@@ -303,4 +303,13 @@ PLANTS: tuple[Plant, ...] = (
                      "                                         self.prompting.read_image(data))\n"),
         caught_by=(WORLD_LIVE,),
     ),
+    Plant(
+        name="step-cache-rows-share-a-context",
+        claim="several seeds of one cached request each equal their solo cached run",
+        path="worldserve/levers/step_cache.py",
+        anchor='        context = f"{row.cache.key}/{name}" if row.cache.key else name\n',
+        replacement='        context = f"shared/{name}" if row.cache.key else name\n',
+        caught_by=("tests/unit/models/test_cosmos3_speed.py"
+                   "::test_step_cache_for_several_seeds_of_one_request_equals_each_seeds_solo_run",),
+    ),
 )

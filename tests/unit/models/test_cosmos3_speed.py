@@ -211,3 +211,41 @@ def test_reuse_runs_beside_the_step_cache_for_rows_that_do_not_cache(cosmos3_dir
     while not state.done_denoising:
         both.denoise_step(state)
     assert_same_rows(state.rows[0], denoised(cached_plain, caching))
+
+
+SEEDS = [3, 7, 11]  # one request, several outputs (n > 1): every row against its solo run
+
+
+def test_reuse_for_several_seeds_of_one_request_equals_each_seeds_solo_run(plain, reusing):
+    p = params(seeds=SEEDS, negative_prompt="blurry")
+    state = reusing.prepare(["r"] * len(SEEDS), [p] * len(SEEDS), SEEDS)
+    while not state.done_denoising:
+        reusing.denoise_step(state)
+    solos = [denoised(plain, msgspec.structs.replace(p, seeds=[seed])) for seed in SEEDS]
+    for row, solo in zip(state.rows, solos, strict=True):
+        assert_same_rows(row, solo)
+    assert not torch.equal(solos[0].latents, solos[1].latents)  # the seeds differ
+
+
+@pytest.mark.parametrize("method", ["seacache", "taylorseer"])
+def test_step_cache_for_several_seeds_of_one_request_equals_each_seeds_solo_run(
+        cosmos3_dir, method):
+    """Each row keeps its own cache context: three cached rows stepped together equal three
+    cached solo runs (a shared context would reuse one row's residual for another)."""
+    runner = registry.load_runner("generation", cosmos3_dir)
+    runner.enable_step_cache(StepCacheSettings(method=method, threshold=0.5 if method ==
+                                               "seacache" else None))
+    p = params(seeds=SEEDS, step_cache=True, num_inference_steps=6)
+    state = runner.prepare(["r"] * len(SEEDS), [p] * len(SEEDS), SEEDS)
+    while not state.done_denoising:
+        runner.denoise_step(state)
+    rows = [(row.latents.clone(), runner.step_cache_stats(state, i))
+            for i, row in enumerate(state.rows)]
+    assert any(stats.num_forwards_skipped for _, stats in rows)  # the cache did skip work
+    for seed, (latents, stats) in zip(SEEDS, rows, strict=True):
+        solo = msgspec.structs.replace(p, seeds=[seed])
+        solo_state = runner.prepare(["s"], [solo], [seed])
+        while not solo_state.done_denoising:
+            runner.denoise_step(solo_state)
+        assert torch.equal(latents, solo_state.rows[0].latents), seed
+        assert runner.step_cache_stats(solo_state, 0) == stats
