@@ -24,7 +24,6 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.step_cache import one_run  # noqa: E402
 from worldserve import envs  # noqa: E402
 from worldserve.ipc.messages import GenerationParams  # noqa: E402
 from worldserve.models.dev import WORLD_SAMPLING_DEFAULTS  # noqa: E402
@@ -70,20 +70,13 @@ def levers(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 
 def run(runner: Any, prompt: str, frames: int, seed: int, cached: bool,
-        steps: int) -> tuple[np.ndarray, float, int, int]:
+        steps: int) -> dict[str, Any]:
+    """One request through the serving path (benchmarks/step_cache.py `one_run`)."""
     params = GenerationParams(
         prompt=prompt, width=DEFAULTS["width"], height=DEFAULTS["height"], num_frames=frames,
         num_inference_steps=steps, guidance_scale=DEFAULTS["guidance_scale"], seeds=[seed],
         fps=float(DEFAULTS["fps"]), step_cache=cached)
-    start = time.thread_time()
-    state = runner.prepare(["bench"], [params], [seed])
-    while not state.done_denoising:
-        runner.denoise_step(state)
-    frames_out = runner.decode(state, 0)
-    cpu_s = time.thread_time() - start
-    stats = runner.step_cache_stats(state, 0)
-    return (frames_out, cpu_s, stats.num_forwards if stats else 0,
-            stats.num_forwards_skipped if stats else 0)
+    return one_run(runner, params)
 
 
 def psnr(ours: np.ndarray, reference: np.ndarray) -> float:
@@ -113,10 +106,12 @@ def measure(model: Path, args: argparse.Namespace) -> dict[str, Any]:
         hits: dict[str, list[bool]] = {}
         psnrs, cpu, forwards, skipped = [], 0.0, 0, 0
         for index, (prompt, frames) in enumerate(jobs):
-            out, cpu_s, n, s = run(runner, prompt, frames, args.seed + index,
-                                   "step_cache" in lever, args.steps)
-            cpu += cpu_s
-            forwards, skipped = forwards + n, skipped + s
+            result = run(runner, prompt, frames, args.seed + index, "step_cache" in lever,
+                         args.steps)
+            out = result["frames"]
+            cpu += result["total_cpu_s"]
+            forwards += result["forwards"] or 0
+            skipped += result["skipped"]
             for key, hit in score(out, prompt).items():
                 hits.setdefault(key, []).append(hit)
             if name == "plain":

@@ -190,7 +190,7 @@ def train(runner: Any, cfg: TrainConfig, log: Any = print) -> dict[str, Any]:
     model = runner.model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimiser = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda s: _lr_factor(s, cfg.steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda s: lr_factor(s, cfg.steps))
     rng = np.random.default_rng(cfg.seed)
     history, train_start = [], time.process_time()
     for step in range(1, cfg.steps + 1):
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> None:
         runner.prompting.image_processor.save_pretrained(args.out)
 
 
-def _lr_factor(step: int, num_steps: int) -> float:
+def lr_factor(step: int, num_steps: int) -> float:
     """Linear warm-up over the first 5 % of the steps, then a cosine decay to zero."""
     warmup = max(1, num_steps // 20)
     return min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * step / num_steps))

@@ -34,6 +34,7 @@ from tools.world_training.train_reasoner import (
     WorldReasonerData,
     build_pool,
     exact_accuracy,
+    lr_factor,
     model_inputs,
 )
 from tools.world_training.train_vae import TRAIN_SEED_BASE, to_pixels
@@ -165,7 +166,7 @@ def train_world(generator: Any, reasoner: Any, cfg: WorldTrainConfig,
     num_stream = round(cfg.reasoner_batch_size * cfg.stream_share) if streams else 0
     params = _unique_parameters(generator.pipe.transformer, reasoner.model)
     optimiser = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda s: _lr_factor(s, cfg.steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda s: lr_factor(s, cfg.steps))
     generator.pipe.transformer.train()
     reasoner.model.train()
     history, start = [], time.process_time()
@@ -221,11 +222,6 @@ def _unique_parameters(*modules: Any) -> list[torch.nn.Parameter]:
 
 def _uint8(frame: np.ndarray) -> np.ndarray:
     return (np.clip(frame, 0.0, 1.0) * 255).round().astype(np.uint8)
-
-
-def _lr_factor(step: int, num_steps: int) -> float:
-    warmup = max(1, num_steps // 20)
-    return min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * step / num_steps))
 
 
 def main(argv: list[str] | None = None) -> None:
