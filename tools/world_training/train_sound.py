@@ -43,7 +43,7 @@ class SoundTrainConfig:
     kl_weight: float = 1e-4
     pool_clips: int = 600  # training tracks, a third of each kind
     num_eval: int = 100  # held-out motion clips (one tone each)
-    eval_every: int = 500
+    eval_every: int = 250
     seed: int = 0
 
 
