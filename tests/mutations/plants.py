@@ -48,6 +48,7 @@ THINKING_BUDGET = ("tests/unit/reasoner/test_chat_thinking.py"
 WORLD = "tests/integration/world/test_world_semantics.py"
 WORLD_IMAGES = f"{WORLD}::test_images_show_the_colour_and_background_asked_for"
 WORLD_LIVE = f"{WORLD}::test_a_live_session_names_the_colour_on_screen_now"
+WORLD_SOUND = f"{WORLD}::test_videos_sound_the_tone_of_the_colour_asked_for"
 CFG_PARALLEL = ("tests/integration/parallel/test_cfg_engine.py"
                 "::test_policy_actions_with_guidance_equal_one_process")
 
@@ -293,6 +294,14 @@ PLANTS: tuple[Plant, ...] = (
         anchor="    return uncond + guidance * (cond - uncond)\n",
         replacement="    return uncond - guidance * (cond - uncond)\n",
         caught_by=(WORLD_IMAGES,),
+    ),
+    Plant(
+        name="cosmos3-sound-ignores-the-prompt",
+        claim="a video's sound is denoised under the prompt's conditioning, like its frames",
+        path="worldserve/models/cosmos3/denoise.py",
+        anchor="                velocity[1].unsqueeze(0), t, row.sound_latents.unsqueeze(0),\n",
+        replacement="                uncond[1].unsqueeze(0), t, row.sound_latents.unsqueeze(0),\n",
+        caught_by=(WORLD_SOUND,),
     ),
     Plant(
         name="live-session-fed-a-stale-frame",

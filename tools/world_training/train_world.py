@@ -66,32 +66,39 @@ class WorldTrainConfig:
 
 
 def generation_params(prompt: str, num_frames: int, steps: int, guidance: float,
-                      seed: int = 0) -> Any:
+                      seed: int = 0, sound: bool = False) -> Any:
     from worldserve.ipc.messages.generation import GenerationParams
 
     return GenerationParams(prompt=prompt, width=WORLD.width_px, height=WORLD.height_px,
                             num_frames=num_frames, num_inference_steps=steps,
-                            guidance_scale=guidance, seeds=[seed], fps=WORLD.fps)
+                            guidance_scale=guidance, seeds=[seed], fps=WORLD.fps,
+                            generate_sound=sound)
 
 
 class FlowLoss:
-    """The generator's training loss on one world clip, packed as serving packs its prompt."""
+    """The generator's training loss on one world clip, packed as serving packs its prompt.
 
-    def __init__(self, runner: Any, cfg: WorldTrainConfig) -> None:
+    `sound_latents` (clip -> its clean sound latents, (sound_dim, T)): when given, a call with
+    `sound=True` packs the clip as a video-with-sound request (`generate_sound`) and adds the
+    sound tokens' flow loss at the same sigma, as the sampler steps both at one timestep."""
+
+    def __init__(self, runner: Any, cfg: Any, sound_latents: Any = None) -> None:
         self.runner = runner
         self.cfg = cfg
-        self.rows: dict[tuple[str, int], Any] = {}  # (prompt, frames) -> the packed row
+        self.sound_latents = sound_latents
+        self.rows: dict[tuple[str, int, bool], Any] = {}  # (prompt, frames, sound) -> row
 
-    def row(self, prompt: str, num_frames: int) -> Any:
-        key = (prompt, num_frames)
+    def row(self, prompt: str, num_frames: int, sound: bool = False) -> Any:
+        key = (prompt, num_frames, sound)
         if key not in self.rows:
-            params = generation_params(prompt, num_frames, 2, self.cfg.guidance_scale)
+            params = generation_params(prompt, num_frames, 2, self.cfg.guidance_scale,
+                                       sound=sound)
             self.rows[key] = self.runner._prepare_row(params, 0)
         return self.rows[key]
 
-    def __call__(self, clip: Any, rng: np.random.Generator) -> torch.Tensor:
+    def __call__(self, clip: Any, rng: np.random.Generator, sound: bool = False) -> torch.Tensor:
         pipe = self.runner.pipe
-        row = self.row(describe(clip.scene, clip.kind), len(clip.frames))
+        row = self.row(describe(clip.scene, clip.kind), len(clip.frames), sound)
         packed = row.uncond if rng.random() < self.cfg.uncond_rate else row.cond
         with torch.no_grad():
             clean = pipe._encode_video(to_pixels(clip.frames))[0]
@@ -100,6 +107,8 @@ class FlowLoss:
         noise = torch.randn_like(clean)
         noisy = (1 - sigma) * clean + sigma * noise
         num_tokens = packed["num_noisy_vision_tokens"]
+        sound_kwargs, sound_target = (self._sound_inputs(clip, packed, sigma) if sound
+                                      else ({}, None))
         preds = pipe.transformer(
             input_ids=packed["input_ids"], text_indexes=packed["text_indexes"],
             position_ids=packed["position_ids"], und_len=packed["und_len"],
@@ -108,9 +117,27 @@ class FlowLoss:
             vision_sequence_indexes=packed["vision_sequence_indexes"],
             vision_mse_loss_indexes=packed["vision_mse_loss_indexes"],
             vision_timesteps=torch.full((num_tokens,), sigma * 1000.0),
-            vision_noisy_frame_indexes=packed["vision_noisy_frame_indexes"], return_dict=False)
+            vision_noisy_frame_indexes=packed["vision_noisy_frame_indexes"], return_dict=False,
+            **sound_kwargs)
         velocity = preds[0][0].reshape(clean.shape)
-        return ((velocity - (noise - clean)) ** 2).mean()
+        loss = ((velocity - (noise - clean)) ** 2).mean()
+        if sound_target is not None:
+            loss = loss + ((preds[1][0].reshape(sound_target.shape) - sound_target) ** 2).mean()
+        return loss
+
+    def _sound_inputs(self, clip: Any, packed: dict[str, Any],
+                      sigma: float) -> tuple[dict[str, Any], torch.Tensor]:
+        """The transformer's sound arguments for the clip's noised sound latents, and the
+        velocity they should predict (noise - clean)."""
+        with torch.no_grad():
+            clean = self.sound_latents(clip)
+        noise = torch.randn_like(clean)
+        kwargs = {"sound_tokens": [(1 - sigma) * clean + sigma * noise],
+                  "sound_timesteps": torch.full((packed["sound_len"],), sigma * 1000.0)}
+        kwargs.update({name: packed[name] for name in (
+            "sound_token_shapes", "sound_sequence_indexes", "sound_mse_loss_indexes",
+            "sound_noisy_frame_indexes")})
+        return kwargs, noise - clean
 
 
 @torch.no_grad()

@@ -1,14 +1,16 @@
 """The default dev model means something (issue 30): a real server on `<dev-models>/world` (the
 Cosmos3 directory trained on the dev world, what `worldserve serve` serves by default) draws
-the colour and background a prompt asks for, in images and videos, and its reasoner names the
-colour a clip or a live feed shows. Shape and motion are not asserted: the trained model is at
-chance on them (docs/dev-world.md gives the figures), and a test at chance could not fail.
+the colour and background a prompt asks for, in images and videos, gives a video's sound the
+tone of that colour, and its reasoner names the colour a clip or a live feed shows. Shape and
+motion are not asserted: the trained model is at chance on them (docs/dev-world.md gives the
+figures), and a test at chance could not fail.
 
-The evaluator reads every answer from pixels; nothing here compares two code paths, so a bug
-that both sides of an equivalence would share (a prompt dropped, guidance flipped, the
-reasoner fed a stale frame) fails these. Each test asks a fixed, seeded set of prompts and
-allows a small share of misses: the figures over 100 prompts are benchmarks/quality.py's
-(docs/dev-world.md), and each bar here sits below them, not tuned on these seeds alone.
+The evaluator reads every answer from pixels and samples; nothing here compares two code paths,
+so a bug that both sides of an equivalence would share (a prompt dropped, guidance flipped, the
+sound denoised without the prompt, the reasoner fed a stale frame) fails these. Each test asks a
+fixed, seeded set of prompts and allows a small share of misses: the figures over 100 prompts
+are benchmarks/quality.py's (docs/dev-world.md), and each bar here sits below them, not tuned
+on these seeds alone.
 """
 
 from __future__ import annotations
@@ -70,6 +72,15 @@ def test_videos_show_the_colour_asked_for(world: httpx.Client) -> None:
     # 0.74 over 100 prompts (quality.py); chance is 0.25
     assert share([r.colour == a.colour for r, a in zip(results, asked)]) >= 5 / 10, list(
         zip(VIDEO_PROMPTS, [r.colour for r in results]))
+
+
+def test_videos_sound_the_tone_of_the_colour_asked_for(world: httpx.Client) -> None:
+    tones = [world_client.film(world, prompt, seed=seed)[1]
+             for seed, prompt in enumerate(VIDEO_PROMPTS)]
+    asked = [parse_prompt(prompt).colour for prompt in VIDEO_PROMPTS]
+    # 1.00 over 100 prompts (quality.py); chance is 0.25
+    assert share([t == a for t, a in zip(tones, asked)]) >= 8 / 10, list(
+        zip(VIDEO_PROMPTS, tones))
 
 
 def test_the_reasoner_names_the_colour_of_a_clip(world: httpx.Client) -> None:

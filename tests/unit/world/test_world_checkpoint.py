@@ -1,7 +1,8 @@
 """The dev world checkpoint (`dev-models build` -> world/) is the shipped trained weights in the
-published Cosmos3 layout: the generator's transformer and VAE are the trained tensors, the
-reasoner's LLM is the generator's understanding pathway (so one process can hold one copy), and
-the reasoner's own tensors are the trained ones; a prompt's words are single tokens."""
+published Cosmos3 layout: the generator's transformer, VAE and sound tokenizer are the trained
+tensors, the reasoner's LLM is the generator's understanding pathway (so one process can hold
+one copy), and the reasoner's own tensors are the trained ones; a prompt's words are single
+tokens."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def test_the_generator_is_the_shipped_weights(world_dir: Path) -> None:
     from worldserve.models.cosmos3.runner import load_runner
 
     pipe = load_runner(world_dir).pipe
-    for part, module in ((trained.TRANSFORMER, pipe.transformer), (trained.VAE, pipe.vae)):
+    for part, module in ((trained.TRANSFORMER, pipe.transformer), (trained.VAE, pipe.vae),
+                         (trained.SOUND, pipe.sound_tokenizer)):
         weights = shipped(part)
         state = module.state_dict()
         assert weights.keys() == state.keys()

@@ -34,7 +34,8 @@ logger = logging.getLogger(__name__)
 # 4: the Cosmos3 generation directory holds its reasoner too; 5: Cosmos3 norms are not 1.0
 # 6: the dev reasoners' context is the real models' max_position_embeddings (was 4096)
 # 7: world/, the Cosmos3 directory trained on the dev world, is the default served model
-DEV_MODELS_VERSION = "7"
+# 8: world/'s sound tokenizer and the transformer's sound pathway are trained (tone per colour)
+DEV_MODELS_VERSION = "8"
 DEV_MODELS_SEED = 0
 MARKER_NAME = "worldserve_dev.json"
 _TMP_PREFIX = ".tmp-"
