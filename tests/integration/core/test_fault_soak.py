@@ -8,10 +8,11 @@ across the restarts, none stuck live), no 5xx but the documented ones (a 503 whi
 restarts, a 507 while the disk is full; soak_tally.py), no 500 in the server log, /health
 answered 200 outside a restart, no orphan process and no temp file after the stop.
 
-Each server start costs ≈ 20 s on 2 lightly loaded cores (35 s at load 8): the seed puts the
-stage kills and the disk-full episode first, together, then the two server restarts one after
-the other (soak_faults.plan; a restart waits for every fault in progress), which keeps the run
-near 100 s at low load."""
+Three server starts (the first, then one after each restart) dominate its time: 13–16 s each
+on 2 cores at load average 2, 41–51 s at load 6. The seed puts the stage kills and the
+disk-full episode first, together, then the two restarts one after the other (soak_faults.plan;
+a restart waits for every fault in progress). Measured: 163 s at load 5–6 (without the
+generation kill, one start fewer: 79 s at load 1–3)."""
 
 from __future__ import annotations
 
