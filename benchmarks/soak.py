@@ -19,7 +19,8 @@ from `--seed` (about one fault per `--fault-every` seconds, each kind once per c
 each stage process, SIGKILLs the api and starts it again on the same port and output dir,
 fills the disk for `--disk-hold` seconds; the clients add uploads, SSE streams and WebSockets
 dropped midway, and msgpack / JSON bombs, images declaring huge dimensions and videos declaring
-huge frame counts.
+huge frame counts. With `--generation-parallel cfg=2` (any layout of docs/parallel.md) the
+generation stage is a rank group and a peer rank's SIGKILL (`kill:rank`) is one more kind.
 
 Prints one JSON line: requests by kind and status; every accepted video job's final state
 (none lost, none stuck live); 5xx and unanswered requests by cause, /health by fault window,
@@ -45,7 +46,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import harness, soak_load  # noqa: E402
-from benchmarks.soak_faults import KINDS, Injector, JobWatch, plan  # noqa: E402
+from benchmarks.soak_faults import KINDS, RANK_KILL, Injector, JobWatch, plan  # noqa: E402
 from benchmarks.soak_hostile import FaultLoad  # noqa: E402
 from benchmarks.soak_probe import Probe, plot, verdicts  # noqa: E402
 from benchmarks.soak_server import MountNamespace, SoakServer  # noqa: E402
@@ -156,8 +157,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="stage and api kills, disk full, vanishing clients, bombs")
     parser.add_argument("--fault-every", type=float, default=150.0,
                         help="with --faults: about one fault per this many seconds")
-    parser.add_argument("--kinds", type=lambda text: tuple(text.split(",")), default=KINDS,
-                        help=f"with --faults: which faults, comma-separated ({','.join(KINDS)})")
+    parser.add_argument("--kinds", type=lambda text: tuple(text.split(",")), default=None,
+                        help="with --faults: which faults, comma-separated "
+                             f"({','.join(KINDS)}, and {RANK_KILL} with a rank group)")
+    parser.add_argument("--generation-parallel", default=None,
+                        help="the generation stage as a rank group of this layout (cfg=2)")
     parser.add_argument("--disk-mb", type=int, default=64, help="the output tmpfs (--faults)")
     parser.add_argument("--disk-hold", type=float, default=20.0,
                         help="seconds a disk-full episode keeps the disk full")
@@ -170,6 +174,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="PNG path, '' for none (docs/soak.png, with --faults "
                              "docs/soak-faults.png)")
     args = parser.parse_args(argv)
+    if args.kinds is None:
+        args.kinds = KINDS + ((RANK_KILL,) if args.generation_parallel else ())
+    if RANK_KILL in args.kinds and not args.generation_parallel:
+        parser.error(f"{RANK_KILL} needs --generation-parallel")
     if args.plot is None:
         docs = Path(__file__).resolve().parents[1] / "docs"
         args.plot = str(docs / ("soak-faults.png" if args.faults else "soak.png"))
@@ -179,7 +187,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run_soak(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """The whole soak in `workdir`: start, load (and faults), stop, look for leftovers."""
     namespace = MountNamespace(workdir / "outputs", args.disk_mb) if args.faults else None
-    server = SoakServer(workdir, ["--output-ttl", str(args.output_ttl)], namespace)
+    parallel = ["--generation-parallel", args.generation_parallel] \
+        if args.generation_parallel else []
+    server = SoakServer(workdir, ["--output-ttl", str(args.output_ttl), *parallel], namespace)
     try:
         server.start()
         probe = Probe(server.base, server.pid, server.output_view)

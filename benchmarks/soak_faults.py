@@ -2,9 +2,11 @@
 carries it out one fault at a time, and the watch over every accepted video job.
 
 Faults: SIGKILL of each stage process (generation: the server exits by design and the soak
-starts it again; reasoner and realtime: the supervisor restarts them), SIGKILL of the api
-process followed by a start on the same port and output directory, and a disk-full episode
-(the output tmpfs filled for `hold_s`, then freed). While a fault lasts, and for `GRACE_S`
+starts it again; reasoner and realtime: the supervisor restarts them), SIGKILL of a peer rank
+of the generation stage's rank group when one is configured (`kill:rank`: rank 0 fails the
+request in flight naming the rank and starts a new group), SIGKILL of the api process followed
+by a start on the same port and output directory, and a disk-full episode (the output tmpfs
+filled for `hold_s`, then freed). While a fault lasts, and for `GRACE_S`
 after it, the soak's `Tally` knows it (`restarting`, `api_down`, `disk_full`): that is what
 tells a documented 503 or 507 from a bug.
 """
@@ -27,6 +29,7 @@ from benchmarks.soak_server import FILLER_NAME, SoakServer
 
 STAGES = ("generation", "reasoner", "realtime")
 KINDS = (*(f"kill:{s}" for s in STAGES), "kill:api", "disk_full")
+RANK_KILL = "kill:rank"  # only with a rank group (soak.py --generation-parallel)
 SERVER_RESTARTS = ("kill:api", "kill:generation")  # the server exits: started again
 GRACE_S = 2.0  # answers already in flight when a fault ends
 LIVE = ("queued", "in_progress")
@@ -79,6 +82,8 @@ class Injector:
             return await self.restart_api(kill_stage=None)
         if target == "generation":  # critical: the server exits non-zero, by design
             return await self.restart_api(kill_stage="generation")
+        if target == "rank":
+            return await self.kill_rank()
         return await self.kill_stage(target)
 
     async def stage_pid(self, stage: str) -> int:
@@ -99,6 +104,52 @@ class Injector:
         finally:
             self.tally.restarting.discard(stage)
         return {"pid": pid}
+
+    async def generation_info(self) -> dict[str, Any]:
+        """The generation stage's /admin/model_info entry; `error` in it when the stage did
+        not answer within the route's 5 s (a denoising step on loaded cores can take longer)."""
+        async with httpx.AsyncClient(base_url=self.server.base, timeout=30) as http:
+            return (await http.get("/admin/model_info")).json()["stages"]["generation"]
+
+    async def rank_group(self, timeout_s: float = 120.0) -> dict[str, Any]:
+        """The generation stage's group: `epoch`, `ready` and `pids` by rank (as text)."""
+        deadline = time.monotonic() + timeout_s
+        while "error" in (info := await self.generation_info()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the generation stage's model_info: {info['error']}")
+            await asyncio.sleep(0.5)
+        if not info.get("rank_group"):
+            raise RuntimeError(f"{RANK_KILL} needs a rank group (--generation-parallel)")
+        return info["rank_group"]
+
+    async def kill_rank(self, timeout_s: float = 300.0) -> dict[str, Any]:
+        """SIGKILL the highest peer rank; the generation stage counts as restarting until a
+        new group (next epoch) is ready: over gloo that is at the next batch, which the
+        soak's image and video clients bring."""
+        while "generation" in self.tally.restarting:  # a restart in progress: not now
+            await asyncio.sleep(0.5)
+        group = await self.rank_group()
+        rank = max(group["pids"], key=int)
+        pid = group["pids"][rank]
+        self.tally.restarting.add("generation")
+        try:
+            _sigkill(pid)
+            deadline = time.monotonic() + timeout_s
+            while not await self._regrouped(group["epoch"]):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no new rank group {timeout_s:.0f} s after the kill")
+                await asyncio.sleep(0.5)
+            await asyncio.sleep(GRACE_S)
+        finally:
+            self.tally.restarting.discard("generation")
+        return {"pid": pid, "rank": int(rank)}
+
+    async def _regrouped(self, old_epoch: int) -> bool:
+        try:
+            group = (await self.generation_info()).get("rank_group") or {}
+        except (httpx.HTTPError, KeyError, ValueError):
+            return False
+        return group.get("epoch", old_epoch) > old_epoch and bool(group.get("ready"))
 
     async def restart_api(self, kill_stage: str | None) -> dict[str, Any]:
         """SIGKILL the api (or its generation stage, which makes it exit), then start it again

@@ -99,23 +99,30 @@ def rank_group(model_dir: Path, parallel: str, **stage: Any) -> Iterator[Any]:
         runner.group.close()
 
 
-def group_fixtures(layout: str) -> tuple[Any, Any]:
-    """Module-scoped fixtures over the dev Cosmos3: `group`, a rank group of `layout` with this
-    process as rank 0, and `solo_runner`, the one-process runner it must equal (one torch
-    thread, as each rank has). A test module binds them under those names:
-    `group, solo_runner = group_fixtures(LAYOUT)`."""
-
-    @pytest.fixture(scope="module", name="group")
-    def group(cosmos3_dir: Path) -> Iterator[Any]:
-        with rank_group(cosmos3_dir, layout) as runner:
-            yield runner
+def solo_fixture() -> Any:
+    """A module-scoped fixture over the dev Cosmos3: `solo_runner`, the one-process runner a
+    rank group must equal (one torch thread, as each rank has). A test module without a
+    group fixture binds it under that name: `solo_runner = solo_fixture()`."""
 
     @pytest.fixture(scope="module", name="solo_runner")
     def solo_runner(cosmos3_dir: Path) -> Any:
         torch.set_num_threads(1)
         return registry.load_runner("generation", cosmos3_dir)
 
-    return group, solo_runner
+    return solo_runner
+
+
+def group_fixtures(layout: str) -> tuple[Any, Any]:
+    """Module-scoped fixtures over the dev Cosmos3: `group`, a rank group of `layout` with this
+    process as rank 0, and `solo_runner` (solo_fixture). A test module binds them under those
+    names: `group, solo_runner = group_fixtures(LAYOUT)`."""
+
+    @pytest.fixture(scope="module", name="group")
+    def group(cosmos3_dir: Path) -> Iterator[Any]:
+        with rank_group(cosmos3_dir, layout) as runner:
+            yield runner
+
+    return group, solo_fixture()
 
 
 def build_lora(model_dir: Path, target: Path) -> Path:

@@ -204,6 +204,9 @@ class Supervisor:
         env = dict(os.environ)
         package_root = str(Path(worldserve.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        # what a stage makes under its run root (a rank group's folder) lies in the server's
+        # run folder and goes with it: at stop, and at the next start after a SIGKILL
+        env["WORLDSERVE_RUN_DIR"] = str(self.run_dir)
         if self.plan is not None:
             env.update(stage_environment(self.plan, stage.name, envs.cuda_visible_devices()))
         stage.proc = await asyncio.create_subprocess_exec(

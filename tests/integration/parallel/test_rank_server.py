@@ -7,8 +7,11 @@ and the next job completes; model_info shows the group."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -99,3 +102,24 @@ def test_a_rank_killed_before_the_first_step_leaves_a_working_group(server_facto
         assert job["status"] == "completed", job
         assert len(decode_frames(http.get(job["url"]).content)) == 5
         assert ranks(http)["epoch"] == 1
+
+
+def test_a_killed_rank_0_leaves_no_rank_folder(server_factory, cosmos3_dir):
+    """The generation stage (rank 0) SIGKILLed cannot remove its group's folder: the folder
+    lies in the server's run folder, which the server removes as it exits (by design, its
+    generation stage gone). Found by the fault soak with --generation-parallel."""
+    run_root = Path(tempfile.mkdtemp(prefix="ranks-"))  # ipc paths stay under 108 bytes
+    try:
+        server = server_factory(config={"stages": {"reasoner": {"enabled": False},
+                                                   "realtime": {"enabled": False}}},
+                                args=["--model-path", str(cosmos3_dir),
+                                      "--generation-parallel", "cfg=2"],
+                                env={"WORLDSERVE_RUN_DIR": str(run_root)})
+        pid = httpx.get(server.base_url + "/admin/server_info",
+                        timeout=30).json()["stages"]["generation"]["pid"]
+        assert len(list(run_root.glob("worldserve-*/worldserve-ranks-*"))) == 1
+        os.kill(pid, signal.SIGKILL)
+        assert server.proc.wait(120) not in (0, None)
+        assert list(run_root.iterdir()) == []
+    finally:
+        shutil.rmtree(run_root, ignore_errors=True)

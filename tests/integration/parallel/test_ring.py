@@ -5,7 +5,6 @@ a video with sound and a policy action run with guidance."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tests.support.rank_groups import (
     FRAME_TOLERANCE,
@@ -13,31 +12,21 @@ from tests.support.rank_groups import (
     action_params,
     assert_extras_close,
     assert_frames_close,
+    group_fixtures,
     params,
-    rank_group,
     run_to_end,
 )
-from worldserve.models import registry
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 
-@pytest.fixture(scope="module")
-def group(cosmos3_dir):
-    with rank_group(cosmos3_dir, "ring=2") as runner:
-        yield runner
-
-
-@pytest.fixture(scope="module")
-def solo(cosmos3_dir):
-    torch.set_num_threads(1)
-    return registry.load_runner("generation", cosmos3_dir)
+group, solo_runner = group_fixtures("ring=2")
 
 
 @pytest.mark.parametrize("p", [params(generate_sound=True, num_inference_steps=3),
                                action_params("policy")], ids=["t2v-sound", "policy"])
-def test_ring_attention_equals_one_process_within_the_bound(group, solo, p):
+def test_ring_attention_equals_one_process_within_the_bound(group, solo_runner, p):
     frames, extras = run_to_end(group, p)
-    ref_frames, ref_extras = run_to_end(solo, p)
+    ref_frames, ref_extras = run_to_end(solo_runner, p)
     assert_frames_close(frames, ref_frames, FRAME_TOLERANCE)
     assert_extras_close(extras, ref_extras, RING_TOLERANCE)

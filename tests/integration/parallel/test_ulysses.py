@@ -14,43 +14,33 @@ from tests.support.rank_groups import (
     action_params,
     assert_extras_close,
     assert_frames_close,
+    group_fixtures,
     params,
-    rank_group,
     run_to_end,
 )
-from worldserve.models import registry
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 
-@pytest.fixture(scope="module")
-def group(cosmos3_dir):
-    with rank_group(cosmos3_dir, "ulysses=2") as runner:
-        yield runner
+group, solo_runner = group_fixtures("ulysses=2")
 
 
-@pytest.fixture(scope="module")
-def solo(cosmos3_dir):
-    torch.set_num_threads(1)
-    return registry.load_runner("generation", cosmos3_dir)
-
-
-def test_video_with_sound_equals_the_pipeline_call(group, solo):
+def test_video_with_sound_equals_the_pipeline_call(group, solo_runner):
     p = params(generate_sound=True, negative_prompt="blurry")
     frames, extras = run_to_end(group, p)
-    out = solo.pipe(prompt=p.prompt, negative_prompt=p.negative_prompt, fps=p.fps,
-                    num_inference_steps=p.num_inference_steps, guidance_scale=p.guidance_scale,
-                    generator=torch.Generator("cpu").manual_seed(p.seeds[0]),
-                    output_type="np", num_frames=p.num_frames, height=p.height, width=p.width,
-                    enable_sound=True)
+    out = solo_runner.pipe(
+        prompt=p.prompt, negative_prompt=p.negative_prompt, fps=p.fps,
+        num_inference_steps=p.num_inference_steps, guidance_scale=p.guidance_scale,
+        generator=torch.Generator("cpu").manual_seed(p.seeds[0]), output_type="np",
+        num_frames=p.num_frames, height=p.height, width=p.width, enable_sound=True)
     assert_frames_close(frames, out.video, FRAME_TOLERANCE)
     assert extras is not None and np.array_equal(extras.audio, out.sound.float().numpy())
 
 
-def test_image_and_forward_dynamics_equal_one_process(group, solo):
+def test_image_and_forward_dynamics_equal_one_process(group, solo_runner):
     for p in (params(num_frames=1, width=32, height=32), action_params("forward_dynamics")):
         frames, extras = run_to_end(group, p)
-        ref_frames, ref_extras = run_to_end(solo, p)
+        ref_frames, ref_extras = run_to_end(solo_runner, p)
         assert_frames_close(frames, ref_frames, FRAME_TOLERANCE)
         assert_extras_close(extras, ref_extras, 0.0)
 
