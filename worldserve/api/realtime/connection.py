@@ -244,9 +244,7 @@ class RealtimeConnection:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
             await stop_all(tasks)
-        ended = [t for t in tasks if t.done() and not t.cancelled()]
-        for task in ended[1:]:
-            task.exception()  # a loser's ClientGone is expected: mark it retrieved, not logged
+        ended = [t for t in tasks if not t.cancelled()]  # stop_all ended every task
         return ended[0].result()
 
     async def _generate_loop(self, settings: RealtimeConnectionSettings,

@@ -236,9 +236,7 @@ class OmniRealtimeConnection:
                 await self._settle_write()
             finally:
                 writer.close()  # only once no write can still use it
-        ended = [t for t in tasks if t.done() and not t.cancelled()]
-        for task in ended[1:]:
-            task.exception()  # a loser's ClientGone is expected: retrieved, not logged
+        ended = [t for t in tasks if not t.cancelled()]  # stop_all ended every task
         close = ended[0].result()
         if close in (STOPPED, LIFETIME_REACHED):  # after the last chunk's pair, never between
             await self._send(wire.session_done(self.request_id, self.chunks_sent, True))

@@ -11,8 +11,14 @@ STOP_RETRY_S = 0.5
 
 async def stop_all(tasks: list[asyncio.Task[Any]]) -> None:
     """Cancel until every task has ended: a cancellation can be lost when it races with a
-    completing await, so a task still running after a short wait is cancelled again."""
+    completing await, so a task still running after a short wait is cancelled again. Every
+    task's exception is then marked retrieved (a loser's ClientGone is expected, and the
+    caller re-raises the winner's through its result()): without that, a session whose own
+    wait was cancelled logged "Task exception was never retrieved" for its ended listener."""
     while pending := [t for t in tasks if not t.done()]:
         for task in pending:
             task.cancel()
         await asyncio.wait(pending, timeout=STOP_RETRY_S)
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()
