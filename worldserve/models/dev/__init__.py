@@ -34,7 +34,8 @@ logger = logging.getLogger(__name__)
 # 4: the Cosmos3 generation directory holds its reasoner too; 5: Cosmos3 norms are not 1.0
 # 6: the dev reasoners' context is the real models' max_position_embeddings (was 4096)
 # 7: world/, the Cosmos3 directory trained on the dev world, is the default served model
-DEV_MODELS_VERSION = "7"
+# 8: world-drafter/, the DFlash drafter trained against world/'s reasoner
+DEV_MODELS_VERSION = "8"
 DEV_MODELS_SEED = 0
 MARKER_NAME = "worldserve_dev.json"
 _TMP_PREFIX = ".tmp-"
@@ -110,6 +111,11 @@ BUILDERS: dict[str, DevModelBuilder] = {
     # --streaming-spec-model-path <root>/cosmos3-drafter`.
     "cosmos3-drafter": DevModelBuilder(
         "worldserve-dev-cosmos3-drafter", "worldserve.models.dflash.dev:build_drafter"
+    ),
+    # The DFlash drafter trained against world/'s reasoner (shipped weights): serve world/ with
+    # `--streaming-spec-method dflash --streaming-spec-model-path <root>/world-drafter`.
+    "world-drafter": DevModelBuilder(
+        "worldserve-dev-world-drafter", "worldserve.models.dflash.world:build_world_drafter"
     ),
 }
 
