@@ -32,16 +32,19 @@ def save(drafter: Any, out_dir: Path, figures: dict[str, Any]) -> None:
 
 
 def build_world_drafter(target: Path, seed: int, weights_dir: Path = WEIGHTS_DIR) -> None:
-    """The dev builder: the trained drafter as a MuseGlimmerAssistantModel directory (the
-    weights are trained, so `seed` is unused)."""
+    """The dev builder: the trained drafter as a MuseGlimmerAssistantModel directory (every
+    tensor is the trained one; `seed` only seeds the initialisation they replace, so the
+    caller's RNG is left alone)."""
     from safetensors.torch import load_file
-    from transformers import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
+    from transformers import MuseGlimmerAssistantConfig
+
+    from worldserve.models.dflash.dev import new_drafter
 
     weights, manifest = Path(weights_dir) / WEIGHTS_NAME, Path(weights_dir) / MANIFEST_NAME
     if not weights.is_file() or not manifest.is_file():
         raise MissingWeights(f"the trained world drafter is missing: {weights} "
                              "(run `python -m tools.world_training.train_drafter` to make it)")
     config = json.loads(manifest.read_text(encoding="utf-8"))["drafter_config"]
-    model = MuseGlimmerAssistantModel(MuseGlimmerAssistantConfig.from_dict(config))
+    model = new_drafter(MuseGlimmerAssistantConfig.from_dict(config), seed)
     model.load_state_dict(load_file(str(weights)), strict=True)
     model.save_pretrained(target)
