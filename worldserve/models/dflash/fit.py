@@ -58,16 +58,17 @@ def fit(drafter: Any, target: Any, data: list[DraftExample], steps: int = 150,
     `batch_size` examples drawn with the seed (a cosine-decayed learning rate then)."""
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    batch = _batch(drafter.config, target, data)
+    whole = None if batch_size else _batch(drafter.config, target, data)
     head = target.get_output_embeddings().weight.detach().float()
     drafter.float().train()
     optimizer = torch.optim.Adam(drafter.parameters(), lr=lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps) if batch_size else None
     loss = torch.tensor(0.0)
     for _ in range(steps):
-        rows = (torch.randint(len(data), (batch_size,), generator=generator) if batch_size
-                else slice(None))
-        loss = _loss(drafter, head, {k: v[rows] for k, v in batch.items()})
+        # a drawn batch is padded to its own longest context only
+        batch = whole or _batch(drafter.config, target, [
+            data[int(i)] for i in torch.randint(len(data), (batch_size,), generator=generator)])
+        loss = _loss(drafter, head, batch)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
