@@ -10,8 +10,8 @@ against the plain path. A lever that loses accuracy is not a default (docs/dev-w
 Levers measured: step caching (SeaCache at each threshold, TaylorSeer at each interval),
 understanding K/V reuse, VAE tiling. Not here: FP8 (its CPU path is W8A16 emulation; the FP8
 benchmark is benchmarks/fp8.py), compile, rank groups and colocation (processes; their
-equivalence tests assert identical outputs), DFlash (no drafter trained against the world
-reasoner yet).
+equivalence tests assert identical outputs), DFlash (a reasoner lever: benchmarks/dflash_world.py
+measures the drafter trained against the world reasoner).
 
     .venv/bin/python benchmarks/quality_levers.py [--num-prompts 40] [--threads 1]
 

@@ -35,7 +35,8 @@ logger = logging.getLogger(__name__)
 # 6: the dev reasoners' context is the real models' max_position_embeddings (was 4096)
 # 7: world/, the Cosmos3 directory trained on the dev world, is the default served model
 # 8: world/'s sound tokenizer and the transformer's sound pathway are trained (tone per colour)
-DEV_MODELS_VERSION = "8"
+# 9: world-drafter/, the DFlash drafter trained against world/'s reasoner
+DEV_MODELS_VERSION = "9"
 DEV_MODELS_SEED = 0
 MARKER_NAME = "worldserve_dev.json"
 _TMP_PREFIX = ".tmp-"
@@ -111,6 +112,11 @@ BUILDERS: dict[str, DevModelBuilder] = {
     # --streaming-spec-model-path <root>/cosmos3-drafter`.
     "cosmos3-drafter": DevModelBuilder(
         "worldserve-dev-cosmos3-drafter", "worldserve.models.dflash.dev:build_drafter"
+    ),
+    # The DFlash drafter trained against world/'s reasoner (shipped weights): serve world/ with
+    # `--streaming-spec-method dflash --streaming-spec-model-path <root>/world-drafter`.
+    "world-drafter": DevModelBuilder(
+        "worldserve-dev-world-drafter", "worldserve.models.dflash.world:build_world_drafter"
     ),
 }
 

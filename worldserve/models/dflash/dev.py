@@ -21,21 +21,33 @@ from worldserve.models.dev.seeding import seeded
 BLOCK_SIZE = 4  # the anchor + 3 masked positions: up to 3 drafts per step
 
 
+def drafter_config(hidden_size: int, num_target_layers: int, vocab_size: int,
+                   block_size: int = BLOCK_SIZE, num_layers: int = 1,
+                   target_layer_ids: list[int] | None = None) -> MuseGlimmerAssistantConfig:
+    """A drafter of `num_layers` layers reading `target_layer_ids` (default: the first and the
+    last target layer)."""
+    heads = 2
+    return MuseGlimmerAssistantConfig(
+        hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
+        num_attention_heads=heads, num_key_value_heads=1, head_dim=hidden_size // heads,
+        layer_types=["full_attention"] * num_layers, max_position_embeddings=32768,
+        block_size=block_size, mask_token_id=vocab_size - 1,
+        target_layer_ids=sorted(target_layer_ids or {0, num_target_layers - 1}),
+        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    )
+
+
+def new_drafter(config: MuseGlimmerAssistantConfig, seed: int) -> MuseGlimmerAssistantModel:
+    """The drafter's seeded initial (random) weights."""
+    with seeded(seed, "dflash-drafter"):
+        return MuseGlimmerAssistantModel(config)
+
+
 def write_drafter(target: Path, seed: int, hidden_size: int, num_target_layers: int,
                   vocab_size: int, block_size: int = BLOCK_SIZE) -> None:
     """Write a one-layer drafter reading the first and the last target layer."""
-    heads = 2
-    config = MuseGlimmerAssistantConfig(
-        hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=1,
-        num_attention_heads=heads, num_key_value_heads=1, head_dim=hidden_size // heads,
-        layer_types=["full_attention"], max_position_embeddings=32768,
-        block_size=block_size, mask_token_id=vocab_size - 1,
-        target_layer_ids=sorted({0, num_target_layers - 1}),
-        bos_token_id=None, eos_token_id=None, pad_token_id=None,
-    )
-    with seeded(seed, "dflash-drafter"):
-        model = MuseGlimmerAssistantModel(config)
-    model.save_pretrained(target)
+    config = drafter_config(hidden_size, num_target_layers, vocab_size, block_size)
+    new_drafter(config, seed).save_pretrained(target)
 
 
 def write_drafter_for(target: Path, seed: int, reasoner_dir: Path,
