@@ -32,10 +32,10 @@ import torch
 
 from tools.world_training.train_reasoner import lr_factor
 from tools.world_training.train_sound import encode, padded_track
-from tools.world_training.train_vae import TRAIN_SEED_BASE
 from tools.world_training.train_world import (
     WORLD,
     FlowLoss,
+    flow_step,
     generation_params,
     generator_accuracy,
 )
@@ -107,7 +107,9 @@ def train_sound_stage(generator: Any, reasoner: Any, autoencoder: Any, cfg: Soun
     history, start = [], time.process_time()
     for step in range(1, cfg.steps + 1):
         optimiser.zero_grad(set_to_none=True)
-        loss = _stage_step(flow, rng, cfg)
+        # motion clips with their sound, then images
+        loss = flow_step(flow, rng, [("motion", True)] * cfg.sound_batch_size
+                         + [("image", False)] * cfg.image_batch_size)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimiser.step()
         schedule.step()
@@ -125,18 +127,6 @@ def train_sound_stage(generator: Any, reasoner: Any, autoencoder: Any, cfg: Soun
     _assert_unchanged(before, reasoner.model.state_dict())
     return {"config": asdict(cfg), "cpu_min": cpu_min, "history": history,
             "frozen": "every transformer parameter the reasoner ties (bit-identical after)"}
-
-
-def _stage_step(flow: FlowLoss, rng: np.random.Generator, cfg: SoundStageConfig) -> float:
-    """Back-propagate one batch: motion clips with their sound, then images."""
-    batch = [("motion", True)] * cfg.sound_batch_size + [("image", False)] * cfg.image_batch_size
-    total = 0.0
-    for kind, sound in batch:
-        clip = make_clip(int(rng.integers(TRAIN_SEED_BASE, 2 * TRAIN_SEED_BASE)), kind)
-        loss = flow(clip, rng, sound=sound) / len(batch)
-        loss.backward()
-        total += float(loss.detach())
-    return total
 
 
 def _assert_unchanged(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> None:

@@ -199,7 +199,8 @@ def train_world(generator: Any, reasoner: Any, cfg: WorldTrainConfig,
     history, start = [], time.process_time()
     for step in range(1, cfg.steps + 1):
         optimiser.zero_grad(set_to_none=True)
-        flow_loss = _flow_step(flow, rng, cfg)
+        flow_loss = flow_step(flow, rng, [("image", False)] * cfg.image_batch_size
+                              + [("motion", False)] * cfg.video_batch_size)
         batch = ([pool[int(i)] for i in rng.integers(len(pool),
                                                      size=cfg.reasoner_batch_size - num_stream)]
                  + [streams[int(i)] for i in rng.integers(len(streams), size=num_stream)])
@@ -224,13 +225,13 @@ def train_world(generator: Any, reasoner: Any, cfg: WorldTrainConfig,
     return {"config": asdict(cfg), "history": history}
 
 
-def _flow_step(flow: FlowLoss, rng: np.random.Generator, cfg: WorldTrainConfig) -> float:
-    """Back-propagate the flow loss of one batch of images and clips; returns its value."""
-    kinds = ["image"] * cfg.image_batch_size + ["motion"] * cfg.video_batch_size
+def flow_step(flow: FlowLoss, rng: np.random.Generator, batch: list[tuple[str, bool]]) -> float:
+    """Back-propagate the flow loss of one batch, (clip kind, with sound) per sample, each on
+    a fresh training clip drawn in order; returns the batch's loss."""
     total = 0.0
-    for kind in kinds:
+    for kind, sound in batch:
         clip = make_clip(int(rng.integers(TRAIN_SEED_BASE, 2 * TRAIN_SEED_BASE)), kind)
-        loss = flow(clip, rng) / len(kinds)
+        loss = flow(clip, rng, sound=sound) / len(batch)
         loss.backward()
         total += float(loss.detach())
     return total
