@@ -1,7 +1,8 @@
 """FP8 Cosmos3 checkpoints through the real stage loaders and runners (CPU, W8A16): a tiny
 generator + reasoner directory quantised in each ModelOpt layout serves exactly what the same
 directory with the dequantised weights written as plain float32 serves (t2i frames, greedy
-session replies); missing scales and unknown formats stop the load; W8A8 wiring on the reasoner."""
+session replies), several seeds of one request each as their solo run does; missing scales and
+unknown formats stop the load; W8A8 wiring on the reasoner."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from tests.support.fp8_dirs import LAYOUTS, fp8_pair
 from tests.support.machine import require_module
+from tests.support.seeds import SEEDS, assert_pairwise_different, run_rows, solo_rows
 from tests.unit.reasoner.conftest import GREEDY, Driver
 from tests.unit.reasoner.drive import concurrent_replies, windowed_greedy_replies
 from worldserve.config import ReasonerStageConfig, ServerConfig, StreamingConfig
@@ -102,6 +104,17 @@ def test_greedy_session_replies_equal_the_dequantised_checkpoint(pair, base):
     assert_fp8_rounded(load.load_reasoner_model(quantised, "float32", "cpu").state_dict(),
                        plain.state_dict())
     assert greedy(quantised) == greedy(reference)
+
+
+def test_several_seeds_of_one_request_equal_each_seeds_solo_run(pair):
+    quantised, _ = pair
+    runner = registry.load_runner("generation", quantised)
+    p = GenerationParams(prompt="a red cup", width=32, height=32, num_frames=1,
+                         num_inference_steps=2, guidance_scale=4.0, seeds=SEEDS, fps=24.0)
+    rows = [frames for frames, _ in run_rows(runner, p)]
+    for seed, frames, (solo, _) in zip(SEEDS, rows, solo_rows(runner, p), strict=True):
+        assert np.array_equal(frames, solo), seed  # one runner, one set of weights: bit-equal
+    assert_pairwise_different(rows)
 
 
 def drop_one_scale(folder: Path, suffix: str) -> str:

@@ -1,7 +1,8 @@
 """VAE decode options of the generation stage: a Wan VAE decode spread over calls (its causal
 feature cache kept in between) equals one `vae.decode`, tiled or not; the engine decodes a long
 video a few latent frames per step and another job's denoising steps run between the chunks;
-tiling reaches the VAE and /admin/model_info; settings a runner cannot honour fail startup."""
+several seeds of one request, decoded that way, each equal their solo request; tiling reaches
+the VAE and /admin/model_info; settings a runner cannot honour fail startup."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.unit.generation.test_cosmos3_engine import Replies, engine_for, media
+from tests.support.seeds import SEEDS, assert_pairwise_different
+from tests.unit.generation.test_cosmos3_engine import Replies, drain, engine_for, media
 from worldserve.config import GenerationStageConfig
 from worldserve.engines.generation.levers import configure_vae
 from worldserve.ipc.messages import GenerationResult
@@ -83,22 +85,33 @@ def record_calls(engine) -> list[tuple[str, str]]:
     return calls
 
 
-@pytest.mark.parametrize("tiled", [False, True], ids=["untiled", "tiled"])
-def test_long_decode_lets_another_job_step_between_its_chunks(cosmos3_dir, tmp_path, tiled):
-    tiling = dict(vae_tiling=True, vae_tile_size=32, vae_tile_stride=32) if tiled else {}
-    engine = engine_for(cosmos3_dir, tmp_path / "out", max_running_requests=2,
-                        vae_decode_chunk_frames=1, warmup_resolutions=["48x32"], **tiling)
-    calls = record_calls(engine)
-    frames: dict[str, np.ndarray] = {}
+def record_decoded(engine) -> dict[tuple[str, int], np.ndarray]:
+    """(request id, row) -> the frames the engine decoded for that row, once it finished."""
+    frames: dict[tuple[str, int], np.ndarray] = {}
     original = engine._decode
 
     def keep(state, row):
         out = original(state, row)
         if out is not None:
-            frames[state.row_owner[row]] = out
+            frames[state.row_owner[row], row] = out
         return out
 
     engine._decode = keep
+    return frames
+
+
+def tiling_settings(tiled: bool) -> dict:
+    """32-pixel tiles at stride 32: a 48x32 video is 1 row x 2 columns of tiles."""
+    return dict(vae_tiling=True, vae_tile_size=32, vae_tile_stride=32) if tiled else {}
+
+
+@pytest.mark.parametrize("tiled", [False, True], ids=["untiled", "tiled"])
+def test_long_decode_lets_another_job_step_between_its_chunks(cosmos3_dir, tmp_path, tiled):
+    engine = engine_for(cosmos3_dir, tmp_path / "out", max_running_requests=2,
+                        vae_decode_chunk_frames=1, warmup_resolutions=["48x32"],
+                        **tiling_settings(tiled))
+    calls = record_calls(engine)
+    frames = record_decoded(engine)
     long_video = media("long", num_frames=13, num_inference_steps=2)  # 4 latent frames
     replies = {"long": Replies(), "other": Replies()}
     engine.submit(long_video, replies["long"])
@@ -115,12 +128,32 @@ def test_long_decode_lets_another_job_step_between_its_chunks(cosmos3_dir, tmp_p
     assert ("denoise", "other") in between, calls
     # the chunked decode equals the plain one (same VAE settings), frame for frame
     solo = engine.runner.run_to_end(long_video.params, 5)[0]
-    assert np.array_equal(frames["long"], solo)
+    assert np.array_equal(frames["long", 0], solo)
     described = engine.admin.model_info()["vae"]
     assert described["decode_chunk_frames"] == 1 and described["tiling"] is tiled
     if tiled:
         assert (described["tile_size"], described["tile_stride"]) == (32, 32)
         assert engine.runner.pipe.vae.use_tiling
+
+
+@pytest.mark.parametrize("tiled", [False, True], ids=["untiled", "tiled"])
+def test_several_seeds_of_one_request_decoded_in_chunks_equal_each_seeds_solo_request(
+        cosmos3_dir, tmp_path, tiled):
+    """Each row keeps its own decode job (the causal feature cache between chunks)."""
+    engine = engine_for(cosmos3_dir, tmp_path / "out", vae_decode_chunk_frames=1,
+                        warmup_resolutions=["48x32"], **tiling_settings(tiled))
+    frames = record_decoded(engine)
+    for msg in [media("n", num_frames=9, num_inference_steps=2, seeds=SEEDS),
+                *(media(f"solo-{seed}", num_frames=9, num_inference_steps=2, seeds=[seed])
+                  for seed in SEEDS)]:
+        replies = Replies()
+        engine.submit(msg, replies)
+        drain(engine)
+        assert isinstance(replies.last, GenerationResult), replies.last
+    rows = [frames["n", row] for row in range(len(SEEDS))]
+    for seed, row in zip(SEEDS, rows, strict=True):
+        assert np.array_equal(row, frames[f"solo-{seed}", 0]), seed
+    assert_pairwise_different(rows)
 
 
 def test_tile_settings_are_checked():

@@ -1,7 +1,8 @@
 """`compile: true` on the tiny Cosmos3 generator: off by default, compiled blocks (with the
 understanding K/V reuse, as the engine configures them) equal eager within a documented
 tolerance, the compile time is measured on the first forward, and the
-warmup that pays it blocks requests.
+warmup that pays it blocks requests; several seeds of one compiled request each equal their
+solo compiled run.
 
 torch.compile's inductor backend compiles C++ on a CPU (minutes on this shared machine), so the
 equivalence runs with `backend="aot_eager"` (the runner's test-only `compile_backend` knob):
@@ -10,9 +11,11 @@ Inductor itself is measured by `benchmarks/generation.py --model cosmos3 --compi
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
+from tests.support.seeds import SEEDS, assert_pairwise_different, run_rows, solo_rows
 from worldserve.config import GenerationStageConfig
 from worldserve.engines.generation.warmup import WarmupPlan
 from worldserve.ipc.messages import GenerationParams
@@ -71,3 +74,16 @@ def test_compiled_blocks_equal_eager_and_the_warmup_pays_the_compilation(cosmos3
     assert plan.blocking  # requests queue behind the warmup that compiles
     assert not WarmupPlan.create(GenerationStageConfig(), runner.features.defaults,
                                  runner).blocking
+
+
+def test_several_seeds_of_one_compiled_request_equal_each_seeds_solo_run(cosmos3_dir):
+    torch.set_num_threads(1)
+    runner = registry.load_runner("generation", cosmos3_dir)
+    runner.configure_speed(compile=True, understanding_kv_reuse=True,
+                           compile_backend="aot_eager")
+    p = GenerationParams(prompt="a robot arm", width=48, height=32, num_frames=5,
+                         num_inference_steps=2, guidance_scale=4.0, seeds=SEEDS, fps=24.0)
+    rows = [frames for frames, _ in run_rows(runner, p)]
+    for seed, frames, (solo, _) in zip(SEEDS, rows, solo_rows(runner, p), strict=True):
+        assert np.array_equal(frames, solo), seed  # the same compiled graphs: bit-equal
+    assert_pairwise_different(rows)

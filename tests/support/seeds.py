@@ -1,0 +1,44 @@
+"""One request with several seeds (`n > 1`) through a speed lever, and the checks each lever's
+equivalence tests make on it: every seed's output equals that seed's solo request through the
+same lever, and the seeds' outputs differ pairwise (else a bug that gives every row one noise,
+or hands one row's result to another, would pass)."""
+
+from __future__ import annotations
+
+from itertools import combinations
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from worldserve.ipc.messages import GenerationParams
+from worldserve.models.types import RowExtras
+
+SEEDS = [3, 7, 11]  # one request, three outputs
+
+
+def solo(p: GenerationParams, seed: int) -> GenerationParams:
+    """The request `p` asking for `seed` alone."""
+    return msgspec.structs.replace(p, seeds=[seed])
+
+
+def run_rows(runner: Any, p: GenerationParams) -> list[tuple[np.ndarray, RowExtras | None]]:
+    """(frames, extras) of each seed of `p`, one batch as the engine runs a request: one row
+    per seed, every row owned by the request, stepped together, decoded row by row."""
+    num_rows = len(p.seeds)
+    state = runner.prepare(["r"] * num_rows, [p] * num_rows, p.seeds)
+    while not state.done_denoising:
+        runner.denoise_step(state)
+    return [(runner.decode(state, row), runner.extras(state, row)) for row in range(num_rows)]
+
+
+def solo_rows(runner: Any, p: GenerationParams) -> list[tuple[np.ndarray, RowExtras | None]]:
+    """(frames, extras) of each seed of `p` run as its own request."""
+    return [run_rows(runner, solo(p, seed))[0] for seed in p.seeds]
+
+
+def assert_pairwise_different(outputs: list[Any]) -> None:
+    """No two seeds gave the same array."""
+    assert len(outputs) > 1
+    for i, j in combinations(range(len(outputs)), 2):
+        assert not np.array_equal(np.asarray(outputs[i]), np.asarray(outputs[j])), (i, j)
