@@ -5,7 +5,8 @@ tied to the generator's weights as the stage process loads it.
 With `colocation_yield: blocks` the generation forward pauses before each transformer block and
 the reasoner runs there: a reply sent with a video job finishes inside the job's first denoising
 step. With `steps` it waits for whole generation steps. Either way the video's frames and the
-reply equal those of each job run alone, and the block hooks are gone when the loop ends."""
+reply equal those of each job run alone (several seeds of one job: each seed's frames those of
+its solo job), and the block hooks are gone when the loop ends."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.support.seeds import SEEDS, assert_pairwise_different
 from tests.unit.generation.test_cosmos3_engine import media
 from worldserve.config import GenerationStageConfig, ReasonerStageConfig, ServerConfig
 from worldserve.engines.generation.engine import GenerationEngine
@@ -89,13 +91,14 @@ def chat() -> ChatCompletion:
         messages=[ChatMessage(role="user", parts=[ChatPart(type="text", text="Say hello.")])])
 
 
-def capture_frames(engine: GenerationEngine) -> dict[str, np.ndarray]:
-    frames: dict[str, np.ndarray] = {}
+def capture_frames(engine: GenerationEngine) -> dict[tuple[str, int], np.ndarray]:
+    """(request id, row) -> the frames the engine decoded for that row."""
+    frames: dict[tuple[str, int], np.ndarray] = {}
     decode = type(engine.runner).decode
 
     def recording(state: Any, row: int) -> np.ndarray:
         out = decode(engine.runner, state, row)
-        frames[state.row_owner[row]] = out
+        frames[state.row_owner[row], row] = out
         return out
 
     engine.runner.decode = recording
@@ -115,19 +118,11 @@ def block_hooks(engine: GenerationEngine) -> int:
     return sum(len(m._forward_pre_hooks) for m in engine.pipe.transformer.modules())
 
 
-@pytest.mark.parametrize("mode", ["blocks", "steps"])
-def test_colocated_results_equal_alone_and_blocks_mode_answers_inside_a_step(stages, mode):
-    host, guest = stages
+def run_colocated(host: StageLoop, guest: StageLoop, video: Message,
+                  mode: str) -> tuple[ChatResult, int]:
+    """`video` on the host and a chat on the guest in one colocated loop until both finish:
+    the chat's reply, and how many of the job's denoising steps had run when it came."""
     gen: GenerationEngine = host.engine
-    frames = capture_frames(gen)
-    video = media("v", num_inference_steps=6)
-    alone_result = run_alone(host, video)
-    alone_frames = frames.pop("v")
-    alone_reply = run_alone(guest, chat())
-    assert isinstance(alone_result, GenerationResult) and isinstance(alone_reply, ChatResult)
-    assert alone_reply.completion_tokens > 4
-
-    hooks_before = block_hooks(gen)
     steps_at_reply: list[int] = []
     done: set[str] = set()
 
@@ -150,17 +145,49 @@ def test_colocated_results_equal_alone_and_blocks_mode_answers_inside_a_step(sta
     finally:
         host.running = guest.running = True
         host.server.on_reply = guest.server.on_reply = None
-    assert np.array_equal(frames["v"], alone_frames)
     reply = guest.server.replies[-1]
     assert isinstance(reply, ChatResult)
+    return reply, steps_at_reply[0] - steps_before
+
+
+@pytest.mark.parametrize("mode", ["blocks", "steps"])
+def test_colocated_results_equal_alone_and_blocks_mode_answers_inside_a_step(stages, mode):
+    host, guest = stages
+    gen: GenerationEngine = host.engine
+    frames = capture_frames(gen)
+    video = media("v", num_inference_steps=6)
+    alone_result = run_alone(host, video)
+    alone_frames = frames.pop(("v", 0))
+    alone_reply = run_alone(guest, chat())
+    assert isinstance(alone_result, GenerationResult) and isinstance(alone_reply, ChatResult)
+    assert alone_reply.completion_tokens > 4
+
+    hooks_before = block_hooks(gen)
+    reply, steps_into_job = run_colocated(host, guest, video, mode)
+    assert np.array_equal(frames["v", 0], alone_frames)
     assert (reply.text, reply.completion_tokens) == (alone_reply.text,
                                                      alone_reply.completion_tokens)
-    steps_into_job = steps_at_reply[0] - steps_before
     if mode == "blocks":  # the whole reply ran inside the first denoising step's forward
         assert steps_into_job == 0
     else:  # one reasoner step per generation step: the reply outlasts the 6-step job
         assert steps_into_job == 6
     assert block_hooks(gen) == hooks_before  # the yield hooks are off again
+
+
+@pytest.mark.parametrize("mode", ["blocks", "steps"])
+def test_several_seeds_of_one_colocated_request_equal_each_seeds_solo_run(stages, mode):
+    host, guest = stages
+    frames = capture_frames(host.engine)
+    for seed in SEEDS:
+        solo = media(f"solo-{seed}", num_inference_steps=4, seeds=[seed])
+        assert isinstance(run_alone(host, solo), GenerationResult)
+    alone_reply = run_alone(guest, chat())
+    reply, _ = run_colocated(host, guest, media("n", num_inference_steps=4, seeds=SEEDS), mode)
+    rows = [frames["n", row] for row in range(len(SEEDS))]
+    for seed, row in zip(SEEDS, rows, strict=True):
+        assert np.array_equal(row, frames[f"solo-{seed}", 0]), seed
+    assert_pairwise_different(rows)
+    assert reply.text == alone_reply.text
 
 
 def test_yield_hooks_sit_on_every_block_and_come_off(stages):
