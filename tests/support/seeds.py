@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from tests.support.rank_groups import assert_extras_close
 from worldserve.ipc.messages import GenerationParams
 from worldserve.models.types import RowExtras
 
@@ -32,9 +33,16 @@ def run_rows(runner: Any, p: GenerationParams) -> list[tuple[np.ndarray, RowExtr
     return [(runner.decode(state, row), runner.extras(state, row)) for row in range(num_rows)]
 
 
-def solo_rows(runner: Any, p: GenerationParams) -> list[tuple[np.ndarray, RowExtras | None]]:
-    """(frames, extras) of each seed of `p` run as its own request."""
-    return [run_rows(runner, solo(p, seed))[0] for seed in p.seeds]
+def assert_each_seed_equals_its_solo_run(runner: Any, p: GenerationParams) -> None:
+    """`p`'s seeds as one batch on `runner`, then each seed as its own request on it: frames,
+    sound and actions bit-equal row by row (one runner runs the same arithmetic for a row
+    whatever else is in its batch), frames pairwise different."""
+    rows = run_rows(runner, p)
+    for seed, (frames, extras) in zip(p.seeds, rows, strict=True):
+        solo_frames, solo_extras = run_rows(runner, solo(p, seed))[0]
+        assert np.array_equal(frames, solo_frames), seed
+        assert_extras_close(extras, solo_extras, 0.0)
+    assert_pairwise_different([frames for frames, _ in rows])
 
 
 def assert_pairwise_different(outputs: list[Any]) -> None:

@@ -1,9 +1,10 @@
 """The generation engine over a CFG-parallel group of two ranks (cond on rank 0, uncond on
 rank 1, `vae=false`: rank 0 decodes alone) gives byte-identical outputs to the one-process
 engine: interleaved image, video with sound and image-to-video requests; a cancel at a step
-boundary; per-request LoRA after an admin load; a policy action run. A hung peer fails the
-step after `parallel.timeout_s` (no hang) and the group comes back; a weights update and a
-memory release/resume reach every rank, and a restarted group replays the update."""
+boundary; per-request LoRA after an admin load; a policy action run, and one with several seeds
+whose every seed equals its solo run on the group. A hung peer fails the step after
+`parallel.timeout_s` (no hang) and the group comes back; a weights update and a memory
+release/resume reach every rank, and a restarted group replays the update."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from tests.support.rank_groups import (
     params,
     run_to_end,
 )
+from tests.support.seeds import SEEDS, assert_each_seed_equals_its_solo_run
 from worldserve.config import GenerationStageConfig, ServerConfig
 from worldserve.engines.generation.engine import GenerationEngine
 from worldserve.errors import StageUnavailable
@@ -159,6 +161,11 @@ def test_policy_actions_with_guidance_equal_one_process(group, solo_runner):
     assert np.array_equal(frames, ref_frames)
     assert extras is not None and extras.action.shape == (4, 29)
     assert_extras_close(extras, ref_extras, 0.0)
+
+
+def test_several_seeds_of_one_policy_request_equal_each_seeds_solo_request(group):
+    group.activate_lora(())  # the base model (an earlier test left an adapter active)
+    assert_each_seed_equals_its_solo_run(group, action_params("policy", seeds=SEEDS))
 
 
 def test_a_hung_rank_fails_the_step_after_the_timeout_and_the_group_comes_back(group,

@@ -1,6 +1,7 @@
 """Ring-2 (the sequence split in two; each rank's queries meet the other chunk's keys after one
 exchange, merged by log-sum-exp): equal to one process within the documented float bound, on
-a video with sound and a policy action run with guidance."""
+a video with sound and a policy action run with guidance; several seeds of one request each
+equal that seed's solo request."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tests.support.rank_groups import (
     params,
     run_to_end,
 )
+from tests.support.seeds import SEEDS, assert_each_seed_equals_its_solo_run
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -30,3 +32,7 @@ def test_ring_attention_equals_one_process_within_the_bound(group, solo_runner, 
     ref_frames, ref_extras = run_to_end(solo_runner, p)
     assert_frames_close(frames, ref_frames, FRAME_TOLERANCE)
     assert_extras_close(extras, ref_extras, RING_TOLERANCE)
+
+
+def test_several_seeds_of_one_request_equal_each_seeds_solo_request(group):
+    assert_each_seed_equals_its_solo_run(group, params(generate_sound=True, seeds=SEEDS))

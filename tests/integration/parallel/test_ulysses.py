@@ -1,7 +1,7 @@
 """Ulysses-2 (all-to-all over heads): the transformer's arithmetic is that of one process (the
 sound track is bit-identical); frames go through the strip-parallel VAE decode (within
 FRAME_TOLERANCE, one uint8 level). References: the pipeline's own `__call__` and the
-one-process runner."""
+one-process runner; several seeds of one request each equal that seed's solo request."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from tests.support.rank_groups import (
     params,
     run_to_end,
 )
+from tests.support.seeds import SEEDS, assert_each_seed_equals_its_solo_run
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -57,3 +58,7 @@ def test_interleaved_requests_equal_their_solo_runs(group):
     assert np.array_equal(group.decode(state_a, 0), solo_a[0])
     assert np.array_equal(group.extras(state_a, 0).audio, solo_a[1].audio)
     assert np.array_equal(group.decode(state_b, 0), solo_b[0])
+
+
+def test_several_seeds_of_one_request_equal_each_seeds_solo_request(group):
+    assert_each_seed_equals_its_solo_run(group, params(generate_sound=True, seeds=SEEDS))

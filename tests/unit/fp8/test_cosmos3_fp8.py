@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from tests.support.fp8_dirs import LAYOUTS, fp8_pair
 from tests.support.machine import require_module
-from tests.support.seeds import SEEDS, assert_pairwise_different, run_rows, solo_rows
+from tests.support.seeds import SEEDS, assert_each_seed_equals_its_solo_run
 from tests.unit.reasoner.conftest import GREEDY, Driver
 from tests.unit.reasoner.drive import concurrent_replies, windowed_greedy_replies
 from worldserve.config import ReasonerStageConfig, ServerConfig, StreamingConfig
@@ -111,10 +111,7 @@ def test_several_seeds_of_one_request_equal_each_seeds_solo_run(pair):
     runner = registry.load_runner("generation", quantised)
     p = GenerationParams(prompt="a red cup", width=32, height=32, num_frames=1,
                          num_inference_steps=2, guidance_scale=4.0, seeds=SEEDS, fps=24.0)
-    rows = [frames for frames, _ in run_rows(runner, p)]
-    for seed, frames, (solo, _) in zip(SEEDS, rows, solo_rows(runner, p), strict=True):
-        assert np.array_equal(frames, solo), seed  # one runner, one set of weights: bit-equal
-    assert_pairwise_different(rows)
+    assert_each_seed_equals_its_solo_run(runner, p)
 
 
 def drop_one_scale(folder: Path, suffix: str) -> str:

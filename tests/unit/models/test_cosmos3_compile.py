@@ -11,11 +11,10 @@ Inductor itself is measured by `benchmarks/generation.py --model cosmos3 --compi
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
-from tests.support.seeds import SEEDS, assert_pairwise_different, run_rows, solo_rows
+from tests.support.seeds import SEEDS, assert_each_seed_equals_its_solo_run
 from worldserve.config import GenerationStageConfig
 from worldserve.engines.generation.warmup import WarmupPlan
 from worldserve.ipc.messages import GenerationParams
@@ -83,7 +82,4 @@ def test_several_seeds_of_one_compiled_request_equal_each_seeds_solo_run(cosmos3
                            compile_backend="aot_eager")
     p = GenerationParams(prompt="a robot arm", width=48, height=32, num_frames=5,
                          num_inference_steps=2, guidance_scale=4.0, seeds=SEEDS, fps=24.0)
-    rows = [frames for frames, _ in run_rows(runner, p)]
-    for seed, frames, (solo, _) in zip(SEEDS, rows, solo_rows(runner, p), strict=True):
-        assert np.array_equal(frames, solo), seed  # the same compiled graphs: bit-equal
-    assert_pairwise_different(rows)
+    assert_each_seed_equals_its_solo_run(runner, p)
