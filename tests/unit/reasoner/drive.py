@@ -34,6 +34,25 @@ def concurrent_replies(drv: Any, sampling: dict, num_sessions: int = 3, num_fram
     return out
 
 
+def seeded_replies(drv: Any, sampling: dict, seeds: list[int],
+                   num_frames: int = 3) -> dict[int, list]:
+    """One session per seed, otherwise alike, each sent frame i before the engine runs: every
+    reply's tokens per seed (a chat completion answers n = 1 only: sessions that differ by their
+    seed are the reasoner's several seeds of one request)."""
+    for seed in seeds:
+        drv.create(f"seed-{seed}", sampling={**sampling, "seed": seed},
+                   retention={"max_video_segments": 1})
+    out: dict[int, list] = {seed: [] for seed in seeds}
+    for i in range(num_frames):
+        for seed in seeds:
+            drv.submit(SessionFrame(request_id=f"seed-{seed}-{i}", session_id=f"seed-{seed}",
+                                    image=frame_bytes(i), received_at=time.time()))
+        drv.run()
+        for seed in seeds:
+            out[seed].append(reply_tokens(drv.engine.sessions[f"seed-{seed}"]))
+    return out
+
+
 def windowed_greedy_replies(drv: Any, num_frames: int = 4) -> list[list[int]]:
     """One session keeping 2 video segments, 16 greedy tokens per frame: its replies."""
     drv.create(retention={"max_video_segments": 2}, sampling={"max_tokens": 16, **GREEDY})

@@ -1,17 +1,20 @@
 """DFlash speculation: replies equal non-speculative decoding token for token (greedy, seeded
-sampling, guided, batched, through evictions and re-prefill); the drafter cache follows the
-session cache; configuration and loading errors name what is wrong."""
+sampling, guided, batched, through evictions and re-prefill; sessions that differ by their seed
+alone, batched, each as it is alone); the drafter cache follows the session cache; configuration
+and loading errors name what is wrong."""
 
 from __future__ import annotations
 
 import time
+from itertools import combinations
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.support.seeds import SEEDS
 from tests.unit.reasoner.conftest import GREEDY
-from tests.unit.reasoner.drive import concurrent_replies, windowed_greedy_replies
+from tests.unit.reasoner.drive import concurrent_replies, seeded_replies, windowed_greedy_replies
 from tests.unit.reasoner.reference import reply_tokens
 from tests.unit.reasoner.tiny_vlm import frame_bytes
 from worldserve.config import ConfigError, ReasonerStageConfig, ServerConfig, StreamingConfig
@@ -142,6 +145,23 @@ def test_batched_decode_with_drafts_equals_sequential_plain(make_engine, repeati
     assert extra["spec_drafted"] > 0
     if sampling["temperature"] == 0:
         assert extra["spec_accepted"] > 0
+
+
+def test_sessions_differing_by_seed_batched_with_drafts_each_equal_their_solo_session(
+        make_engine, repeating_drafter_dir):
+    # low enough a temperature that some drafts are kept (7 of ~285 measured), high enough that
+    # the seeds' replies differ
+    sampling = {"max_tokens": 16, "temperature": 0.2, "repetition_penalty": 1.0}
+    spec = dict(max_sessions=len(SEEDS), spec_method="dflash",
+                spec_model_path=repeating_drafter_dir)
+    batched = make_engine(**spec)
+    together = seeded_replies(batched, sampling, SEEDS)
+    assert batched.engine.stats()["extra"]["spec_accepted"] > 0  # drafts were kept
+    for alone in (make_engine(**spec), make_engine(max_sessions=len(SEEDS))):  # and plain
+        for seed in SEEDS:
+            assert seeded_replies(alone, sampling, [seed]) == {seed: together[seed]}, seed
+    for a, b in combinations(SEEDS, 2):
+        assert together[a] != together[b], (a, b)
 
 
 def test_cosmos3_dev_drafter_is_lossless(make_engine, cosmos3_dir, tmp_path):
