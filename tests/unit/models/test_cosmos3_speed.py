@@ -10,6 +10,7 @@ import pydantic
 import pytest
 import torch
 
+from tests.support.seeds import SEEDS, assert_pairwise_different
 from tests.unit.models.test_cosmos3 import params as cosmos3_params
 from tests.unit.models.test_cosmos3 import png
 from worldserve.config import GenerationStageConfig, ServerConfig
@@ -213,9 +214,6 @@ def test_reuse_runs_beside_the_step_cache_for_rows_that_do_not_cache(cosmos3_dir
     assert_same_rows(state.rows[0], denoised(cached_plain, caching))
 
 
-SEEDS = [3, 7, 11]  # one request, several outputs (n > 1): every row against its solo run
-
-
 def test_reuse_for_several_seeds_of_one_request_equals_each_seeds_solo_run(plain, reusing):
     p = params(seeds=SEEDS, negative_prompt="blurry")
     state = reusing.prepare(["r"] * len(SEEDS), [p] * len(SEEDS), SEEDS)
@@ -224,7 +222,7 @@ def test_reuse_for_several_seeds_of_one_request_equals_each_seeds_solo_run(plain
     solos = [denoised(plain, msgspec.structs.replace(p, seeds=[seed])) for seed in SEEDS]
     for row, solo in zip(state.rows, solos, strict=True):
         assert_same_rows(row, solo)
-    assert not torch.equal(solos[0].latents, solos[1].latents)  # the seeds differ
+    assert_pairwise_different([solo.latents for solo in solos])
 
 
 @pytest.mark.parametrize("method", ["seacache", "taylorseer"])
@@ -242,6 +240,7 @@ def test_step_cache_for_several_seeds_of_one_request_equals_each_seeds_solo_run(
     rows = [(row.latents.clone(), runner.step_cache_stats(state, i))
             for i, row in enumerate(state.rows)]
     assert any(stats.num_forwards_skipped for _, stats in rows)  # the cache did skip work
+    assert_pairwise_different([latents for latents, _ in rows])
     for seed, (latents, stats) in zip(SEEDS, rows, strict=True):
         solo = msgspec.structs.replace(p, seeds=[seed])
         solo_state = runner.prepare(["s"], [solo], [seed])
