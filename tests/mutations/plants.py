@@ -321,4 +321,23 @@ PLANTS: tuple[Plant, ...] = (
         caught_by=("tests/unit/models/test_cosmos3_speed.py"
                    "::test_step_cache_for_several_seeds_of_one_request_equals_each_seeds_solo_run",),
     ),
+    Plant(
+        name="rank-peers-draw-every-row-from-the-first-seed",
+        claim="several seeds of one request on a rank group each equal their solo run",
+        path="worldserve/ranks/worker.py",
+        anchor="self.runner.prepare(c.row_owner, c.rows, c.seeds)",
+        replacement="self.runner.prepare(c.row_owner, c.rows, [c.seeds[0]] * len(c.seeds))",
+        caught_by=("tests/integration/parallel/test_ulysses.py"
+                   "::test_several_seeds_of_one_request_equal_each_seeds_solo_request",),
+    ),
+    Plant(
+        name="chunked-decode-rows-share-the-first-rows-job",
+        claim="several seeds of one request decoded in chunks each equal their solo request",
+        path="worldserve/models/cosmos3/decode.py",
+        anchor="        r = state.rows[row]\n        if r.decode_job is None:",
+        replacement="        r = state.rows[0]\n        if r.decode_job is None:",
+        caught_by=("tests/unit/generation/test_vae_decode.py"
+                   "::test_several_seeds_of_one_request_decoded_in_chunks_equal_each_seeds_solo_"
+                   "request",),
+    ),
 )
