@@ -340,4 +340,13 @@ PLANTS: tuple[Plant, ...] = (
                    "::test_several_seeds_of_one_request_decoded_in_chunks_equal_each_seeds_solo_"
                    "request",),
     ),
+    Plant(
+        name="wan-guidance-takes-the-first-rows-uncond",
+        claim="each seed of a batched Wan request (one forward, B = seeds) equals its solo run",
+        path="worldserve/models/wan/runner.py",
+        anchor="noise_pred = uncond + guidance * (noise_pred - uncond)",
+        replacement="noise_pred = uncond[:1] + guidance * (noise_pred - uncond[:1])",
+        caught_by=("tests/unit/generation/test_wan_speed.py"
+                   "::test_compiled_blocks_give_each_seed_of_a_batch_its_solo_run",),
+    ),
 )

@@ -17,7 +17,7 @@ from worldserve.config import GenerationStageConfig, ServerConfig
 from worldserve.engines.generation.engine import GenerationEngine
 from worldserve.ipc.messages import ActionCondition, GenerationParams, ModelInfoRequest
 from worldserve.levers.speed import check_attention_backend
-from worldserve.levers.step_cache import StepCacheSettings
+from worldserve.levers.step_cache import METHODS, StepCacheSettings
 from worldserve.models import registry
 from worldserve.models.types import ModelLoadError
 
@@ -225,7 +225,7 @@ def test_reuse_for_several_seeds_of_one_request_equals_each_seeds_solo_run(plain
     assert_pairwise_different([solo.latents for solo in solos])
 
 
-@pytest.mark.parametrize("method", ["seacache", "taylorseer"])
+@pytest.mark.parametrize("method", METHODS)
 def test_step_cache_for_several_seeds_of_one_request_equals_each_seeds_solo_run(
         cosmos3_dir, method):
     """Each row keeps its own cache context: three cached rows stepped together equal three
