@@ -349,4 +349,14 @@ PLANTS: tuple[Plant, ...] = (
         caught_by=("tests/unit/generation/test_wan_speed.py"
                    "::test_compiled_blocks_give_each_seed_of_a_batch_its_solo_run",),
     ),
+    Plant(
+        name="w8a8-input-scale-taken-from-the-batch",
+        claim="W8A8 sessions decoded in one batch each equal their solo session",
+        path="worldserve/levers/fp8/linear.py",
+        anchor="scale = self.input_scale if self.static_input else _dynamic_scale(x2)",
+        replacement="scale = _dynamic_scale(x2)",
+        caught_by=("tests/unit/fp8/test_cosmos3_fp8.py"
+                   "::test_reasoner_w8a8_sessions_differing_by_seed_batched_each_equal_their_solo_"
+                   "session",),
+    ),
 )

@@ -2,13 +2,14 @@
 generator + reasoner directory quantised in each ModelOpt layout serves exactly what the same
 directory with the dequantised weights written as plain float32 serves (t2i frames, greedy
 session replies), several seeds of one request each as their solo run does; missing scales and
-unknown formats stop the load; W8A8 wiring on the reasoner."""
+unknown formats stop the load; W8A8 wiring on the reasoner, its batched sessions each as alone."""
 
 from __future__ import annotations
 
 import json
 import logging
 import shutil
+from itertools import combinations
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from tests.support.fp8_dirs import LAYOUTS, fp8_pair
 from tests.support.machine import require_module
 from tests.support.seeds import SEEDS, assert_each_seed_equals_its_solo_run
 from tests.unit.reasoner.conftest import GREEDY, Driver
-from tests.unit.reasoner.drive import concurrent_replies, windowed_greedy_replies
+from tests.unit.reasoner.drive import concurrent_replies, seeded_replies, windowed_greedy_replies
 from worldserve.config import ReasonerStageConfig, ServerConfig, StreamingConfig
 from worldserve.engines.reasoner.engine import ReasonerEngine
 from worldserve.ipc.messages import GenerationParams
@@ -224,6 +225,33 @@ def test_reasoner_w8a8_decodes_through_the_engine_static_and_batched(pair, monke
     assert all(len(reply) == 6 for replies in ours.values() for reply in replies)
     # the compiled step takes plain linears only: it stands aside rather than recompile per layer
     assert static.engine.steps.runner.configure_decode(True, compile_step=True) == "eager"
+
+
+def test_reasoner_w8a8_sessions_differing_by_seed_batched_each_equal_their_solo_session(
+        pair, monkeypatch):
+    """The reasoner's several seeds (a chat answers n = 1 only): W8A8 forced on the CPU, sessions
+    alike but for their seed decoded in one batch each give their solo session's replies (an
+    input scale taken from the whole batch would tie each reply to the others)."""
+    quantised, _ = pair
+    monkeypatch.setattr(load, "_w8a8_missing", lambda *args: None)
+
+    def engine() -> Driver:
+        config = ReasonerStageConfig(model_path=quantised,
+                                     streaming=StreamingConfig(max_sessions=len(SEEDS)))
+        return Driver(ReasonerEngine(config, ServerConfig()))
+
+    # long, unfiltered sampling: an input scale taken from the whole batch (the plant
+    # w8a8-input-scale-taken-from-the-batch) moves the logits slightly, which 6 tokens at
+    # temperature 0.8 did not show
+    sampling = {"max_tokens": 24, "temperature": 1.0, "top_p": 1.0, "repetition_penalty": 1.0}
+    batched = engine()
+    assert any(isinstance(m, Fp8Linear) for m in batched.engine.steps.runner.model.modules())
+    together = seeded_replies(batched, sampling, SEEDS)
+    alone = engine()
+    for seed in SEEDS:
+        assert seeded_replies(alone, sampling, [seed]) == {seed: together[seed]}, seed
+    for a, b in combinations(SEEDS, 2):
+        assert together[a] != together[b], (a, b)
 
 
 @pytest.fixture
