@@ -8,7 +8,9 @@ request in flight naming the rank and starts a new group), SIGKILL of the api pr
 by a start on the same port and output directory, and a disk-full episode (the output tmpfs
 filled for `hold_s`, then freed). While a fault lasts, and for `GRACE_S`
 after it, the soak's `Tally` knows it (`restarting`, `api_down`, `disk_full`): that is what
-tells a documented 503 or 507 from a bug.
+tells a documented 503 or 507 from a bug. The grace lingers in the background: a restart of
+the api that comes next takes over at once (its window excuses everything a grace would), so
+back-to-back faults do not wait for each other's grace.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import signal
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 
@@ -54,10 +56,12 @@ class Injector:
     tally: Any  # soak.Tally
     disk_hold_s: float
     done: list[dict[str, Any]] = field(default_factory=list)
+    graces: dict[asyncio.Task, Callable[[], None]] = field(default_factory=dict)
 
     async def run(self, faults: list[tuple[float, str]], started_s: float) -> None:
         """Each fault at its time. Stage kills and disk-full episodes may overlap; a restart of
-        the api waits for every fault in progress and holds back the next ones."""
+        the api waits until every fault in progress has recovered, and holds back the next
+        ones. Returns when the last grace is over."""
         running: set[asyncio.Task] = set()
         for t_s, kind in faults:
             await asyncio.sleep(max(0.0, started_s + t_s - time.monotonic()))
@@ -67,6 +71,25 @@ class Injector:
             else:
                 running.add(asyncio.create_task(self._timed(kind, started_s)))
         await asyncio.gather(*running)
+        await asyncio.gather(*self.graces)
+
+    def _grace(self, end_fault: Callable[[], None]) -> None:
+        """`end_fault` (clearing the Tally's flags) `GRACE_S` from now, or when a restart
+        takes over (`_end_graces`), whichever comes first."""
+
+        async def linger() -> None:
+            await asyncio.sleep(GRACE_S)
+            self.graces.pop(task)()
+
+        task = asyncio.create_task(linger())
+        self.graces[task] = end_fault
+
+    def _end_graces(self) -> None:
+        """Every grace over now; synchronous, so that the restart's own flags follow with no
+        moment between in which an answer would find none."""
+        for task in list(self.graces):
+            task.cancel()
+            self.graces.pop(task)()
 
     async def _timed(self, kind: str, started_s: float) -> None:
         began = time.monotonic()
@@ -100,9 +123,10 @@ class Injector:
             async with httpx.AsyncClient(base_url=self.server.base, timeout=10) as http:
                 while not await _restarted(http, stage, pid):
                     await asyncio.sleep(0.5)
-            await asyncio.sleep(GRACE_S)
-        finally:
+        except BaseException:
             self.tally.restarting.discard(stage)
+            raise
+        self._grace(lambda: self.tally.restarting.discard(stage))
         return {"pid": pid}
 
     async def generation_info(self) -> dict[str, Any]:
@@ -139,9 +163,10 @@ class Injector:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"no new rank group {timeout_s:.0f} s after the kill")
                 await asyncio.sleep(0.5)
-            await asyncio.sleep(GRACE_S)
-        finally:
+        except BaseException:
             self.tally.restarting.discard("generation")
+            raise
+        self._grace(lambda: self.tally.restarting.discard("generation"))
         return {"pid": pid, "rank": int(rank)}
 
     async def _regrouped(self, old_epoch: int) -> bool:
@@ -156,6 +181,7 @@ class Injector:
         on the same port and output dir; the accepted jobs must all be found after."""
         pid = await self.stage_pid(kill_stage) if kill_stage else self.server.pid
         jobs_before = len(self.tally.jobs)
+        self._end_graces()  # the restart's window, set next, covers theirs
         self.tally.api_down = True
         self.tally.restarting.update(STAGES)
         try:
@@ -169,12 +195,16 @@ class Injector:
                 await asyncio.to_thread(self.server.kill)
                 rc = -9
             start_s = await asyncio.to_thread(self.server.start)
-            await asyncio.sleep(GRACE_S)
-        finally:
-            self.tally.api_down = False
-            self.tally.restarting.difference_update(STAGES)
+        except BaseException:
+            self._api_back()
+            raise
+        self._grace(self._api_back)
         return {"pid": pid, "api_exit_code": rc, "start_s": round(start_s, 1),
                 "jobs_accepted_before": jobs_before}
+
+    def _api_back(self) -> None:
+        self.tally.api_down = False
+        self.tally.restarting.difference_update(STAGES)
 
     async def disk_full(self) -> dict[str, Any]:
         """Fill the output tmpfs, hold it full, free it; /health is probed meanwhile."""
@@ -183,11 +213,12 @@ class Injector:
         try:
             written = await asyncio.to_thread(_fill, filler)
             await asyncio.sleep(self.disk_hold_s)
-            filler.unlink()
-            await asyncio.sleep(GRACE_S)
-        finally:
+        except BaseException:
             self.tally.disk_full = False
+            raise
+        finally:
             filler.unlink(missing_ok=True)
+        self._grace(lambda: setattr(self.tally, "disk_full", False))
         return {"filler_mb": round(written / 2**20, 1)}
 
 

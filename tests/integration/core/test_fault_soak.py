@@ -8,11 +8,16 @@ across the restarts, none stuck live), no 5xx but the documented ones (a 503 whi
 restarts, a 507 while the disk is full; soak_tally.py), no 500 in the server log, /health
 answered 200 outside a restart, no orphan process and no temp file after the stop.
 
-Three server starts (the first, then one after each restart) dominate its time: 13–16 s each
-on 2 cores at load average 2, 41–51 s at load 6. The seed puts the stage kills and the
-disk-full episode first, together, then the two restarts one after the other (soak_faults.plan;
-a restart waits for every fault in progress). Measured: 163 s at load 5–6 (without the
-generation kill, one start fewer: 79 s at load 1–3)."""
+Its time is process starts: three server starts and two stage restarts, eleven stage
+processes of about 5 CPU-s each, nearly all of it importing torch, diffusers and transformers
+(the dev models load and warm up in well under a second); with the api's starts that is about
+55 of the run's 75-80 CPU-s, the load the rest. On 2 cores shared with other work the test
+gets about one core or less, so its wall time follows the machine's load: 91 s at load 5-6,
+124 s at load 7 (135 s before at load 6-7, measured back to back; 163 s at load 5-6 before).
+The seed puts the disk-full episode and both stage kills within 0.15 s of each other at 1 s
+(the run's first second is clean: /health answers there with no fault), then the two
+restarts one after the other (soak_faults.plan; a restart waits until every fault in progress
+has recovered and takes over from its grace)."""
 
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from tests.support.machine import missing
 KINDS = "kill:reasoner,kill:realtime,disk_full,kill:api,kill:generation"
 ARGS = ["--faults", "--kinds", KINDS, "--duration", "12", "--fault-every", "3",
         "--clients", "3", "--disk-mb", "32", "--disk-hold", "3", "--sample-every", "2",
-        "--grace", "10", "--job-timeout", "60", "--seed", "71", "--plot", ""]
+        "--grace", "10", "--job-timeout", "60", "--seed", "3997", "--plot", ""]
 
 
 def test_faults_lose_no_job_and_leave_nothing_behind(tmp_path: Path,

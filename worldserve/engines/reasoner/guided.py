@@ -1,7 +1,9 @@
 """Guided decoding with llguidance: grammar compile at creation, a fresh matcher per reply.
 
 The bitmask is unpacked with plain torch: llguidance's own torch helper is wrapped in
-`torch.compile`, which costs seconds per graph on CPU (cpu-stack.md 12.1).
+`torch.compile`, which costs seconds per graph on CPU (cpu-stack.md 12.1). Its module is not
+even imported: the decorator alone costs about 1 CPU-s at every start of the reasoner stage,
+so the mask is filled through llguidance's numpy helpers into an array torch shares.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 import llguidance
 import llguidance.hf
-import llguidance.torch
+import llguidance.numpy
 import torch
 
 from worldserve.errors import InvalidRequest
@@ -80,11 +82,12 @@ class Guide:
     def __init__(self, matcher: Any, vocab_size: int) -> None:
         self.matcher = matcher
         self.vocab_size = vocab_size
-        self._bitmask = llguidance.torch.allocate_token_bitmask(1, vocab_size)
+        self._words = llguidance.numpy.allocate_token_bitmask(1, vocab_size)  # (1, ⌈V/32⌉)
+        self._bitmask = torch.from_numpy(self._words)  # the same memory
 
     def allowed(self) -> torch.Tensor:
         """(V,) bool: tokens the grammar allows next (EOS handled by the caller)."""
-        llguidance.torch.fill_next_token_bitmask(self.matcher, self._bitmask, 0)
+        llguidance.numpy.fill_next_token_bitmask(self.matcher, self._words, 0)
         bits = (self._bitmask[0].unsqueeze(-1) >> _SHIFTS) & 1
         return bits.flatten()[: self.vocab_size].bool()
 
