@@ -11,7 +11,13 @@ a figure worth reporting); every reply is scored by pixel / sample statistics or
   reasoner    POST /v1/chat/completions, a world clip as a `video_url` (all its frames:
               `media_io_kwargs.video.fps` = the clip's fps) and one question per capability:
               exact answers.
-Not yet measured here: the action modes and realtime sessions (WebSocket), streaming reasoning.
+  stream      live REST sessions over stream clips: the colour on screen now;
+  action      Cosmos3's action modes on agent clips (camera_pose deltas, tier 256, 12 steps,
+              guidance 3): forward dynamics (POST /v1/videos/sync with the first frame and
+              the keys) scored by the evaluator's action response, inverse dynamics (POST
+              /v1/actions/generations with the clip) by each predicted delta read back as a
+              screen step against the held keys.
+Not yet measured here: realtime sessions (WebSocket).
 Each figure sits beside its chance level. On today's random-weight dev models every figure is
 chance level (or below: an empty or noisy frame reads as no shape); the figures mean something
 once the dev models are trained on the world (issue 30 item 2).
@@ -38,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.support import world_client  # noqa: E402
 from worldserve import envs  # noqa: E402
 from worldserve.models.dev.world import evaluate  # noqa: E402
+from worldserve.models.dev.world.agent import screen_step, screen_step_of_pose  # noqa: E402
 from worldserve.models.dev.world.grammar import (  # noqa: E402
     QUESTIONS,
     answer,
@@ -100,6 +107,20 @@ def stream_arm(client: httpx.Client, num_clips: int, seed: int) -> dict[str, flo
     return {"colour_now": _rate(exact), "colour_now_settled": _rate(settled)}
 
 
+def action_arm(client: httpx.Client, num_clips: int, seed: int) -> dict[str, float]:
+    """Held-out agent clips (seeds `seed`..): the share of forward-dynamics videos whose agent
+    moves as the keys command, and of inverse-dynamics steps whose delta is the keys' step."""
+    response, steps_hit = [], []
+    for index in range(num_clips):
+        clip = make_clip(seed + index, "agent", CFG)
+        frames = world_client.roll(client, clip, seed + index)
+        response.append(evaluate.action_response(frames, clip.keys_per_step, CFG.step_px))
+        poses = world_client.invert(client, clip, seed + index)
+        steps_hit += [screen_step_of_pose(pose) == screen_step(keys)
+                      for pose, keys in zip(poses, clip.keys_per_step)]
+    return {"forward_response": _rate(response), "inverse_step_keys": _rate(steps_hit)}
+
+
 def _score(hits: dict[str, list[bool]], labels: Any, reading: Any) -> None:
     for label in ("colour", "shape", "background", "direction"):
         if label in hits and getattr(labels, label) is not None:
@@ -130,7 +151,7 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--base-url", default=None, help="a running server (default: start one)")
-    parser.add_argument("--arms", default="evaluator,image,video,reasoner,stream")
+    parser.add_argument("--arms", default="evaluator,image,video,reasoner,stream,action")
     args = parser.parse_args()
     arms = args.arms.split(",")
     result: dict[str, Any] = {"num_prompts": args.num_prompts, "chance": CHANCE}
@@ -162,6 +183,8 @@ def _served_arms(client: httpx.Client, arms: list[str], args: argparse.Namespace
         out["reasoner"] = reasoner_arm(client, args.num_prompts, args.seed)
     if "stream" in arms:
         out["stream"] = stream_arm(client, max(1, args.num_prompts // 4), args.seed)
+    if "action" in arms:
+        out["action"] = action_arm(client, args.num_prompts, args.seed)
     return out
 
 

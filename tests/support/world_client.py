@@ -13,11 +13,18 @@ from PIL import Image
 
 from worldserve.media.video import decode_audio, decode_frames, encode_mp4
 from worldserve.models.dev.world import evaluate
+from worldserve.models.dev.world.grammar import describe
 from worldserve.models.dev.world.scenes import WorldClip, WorldConfig
 
 WORLD = WorldConfig()
 SIZE = f"{WORLD.width_px}x{WORLD.height_px}"
 STREAM_SYSTEM_PROMPT = "Answer in one word."  # what the reasoner was trained with
+# Action runs as tools/world_training/action_stage.py trains and evaluates them: the smallest
+# action canvas (a 64x64 frame is padded, never scaled), the world's sampling (the actions
+# route's own defaults are 1.0 guidance at 5 fps; /v1/videos already takes the world's).
+ACTION_TIER = 256
+ACTION_GUIDANCE = 3.0
+ACTION_STEPS = 12
 
 
 def post(client: httpx.Client, path: str, body: dict[str, Any]) -> httpx.Response:
@@ -87,3 +94,40 @@ def watch(client: httpx.Client, frames: list[np.ndarray], question: str) -> list
         return replies
     finally:
         client.delete(f"/v1/streaming/sessions/{session}")
+
+
+def roll(client: httpx.Client, clip: WorldClip, seed: int) -> np.ndarray:
+    """Forward dynamics, POST /v1/videos/sync: the clip's first frame and its keys as Cosmos3
+    camera_pose deltas (the realtime world's `pose_deltas`); the generated frames."""
+    from worldserve.models.cosmos3.world import DOMAIN, pose_deltas
+
+    steps = len(clip.frames) - 1
+    reply = post(client, "/v1/videos/sync", {
+        "prompt": describe(clip.scene, "agent"), "seed": seed, "fps": int(clip.fps),
+        "action_mode": "forward_dynamics", "domain_name": DOMAIN,
+        "action": pose_deltas(clip.keys_per_step, steps).tolist(),
+        "input_reference": _png_data_url(clip.frames[0]), "resolution_tier": ACTION_TIER})
+    return np.stack(decode_frames(reply.content))
+
+
+def invert(client: httpx.Client, clip: WorldClip, seed: int) -> np.ndarray:
+    """Inverse dynamics, POST /v1/actions/generations with the clip as an MP4: the predicted
+    camera_pose deltas, (steps, 9)."""
+    from worldserve.models.cosmos3.world import DOMAIN
+
+    mp4 = io.BytesIO()
+    encode_mp4(clip.frames, int(clip.fps), mp4)
+    reply = post(client, "/v1/actions/generations", {
+        "input": {"task": describe(clip.scene, "agent"),
+                  "video": "data:video/mp4;base64," + base64.b64encode(mp4.getvalue()).decode()},
+        "parameters": {"action_mode": "inverse_dynamics", "domain_name": DOMAIN,
+                       "action_horizon": len(clip.frames) - 1, "resolution_tier": ACTION_TIER,
+                       "seed": seed, "fps": clip.fps, "guidance_scale": ACTION_GUIDANCE,
+                       "num_inference_steps": ACTION_STEPS}})
+    return np.asarray(reply.json()["data"][0]["action"]["values"], dtype=np.float32)
+
+
+def _png_data_url(frame: np.ndarray) -> str:
+    png = io.BytesIO()
+    Image.fromarray(frame).save(png, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
