@@ -113,9 +113,12 @@ async def soak(args: argparse.Namespace, server: SoakServer, probe: Probe) -> di
     await asyncio.gather(*workers, *watchers, return_exceptions=True)
     await load.close()
     await watch.settle(args.job_timeout)
-    await asyncio.sleep(2.0)  # the last closes reach the stages
+    await asyncio.sleep(2.0)  # the last closes reach the stages (and the last grace ends)
     with httpx.Client(timeout=10) as http:
         await asyncio.to_thread(probe.sample, http)
+        # One probe after every fault is over, whatever the load left for the first second.
+        answer = await asyncio.to_thread(http.get, f"{server.base}/health")
+        tally.health_answer(answer.status_code)
     kills = [(f["t_s"], f["kind"].split(":")[-1]) for f in injector.done]
     return {"tally": tally, "watch": watch, "faults": injector.done, "kills": kills}
 

@@ -44,15 +44,16 @@ RESTART_503 = ("503 stage_unavailable", "503 service_unavailable",
                "503 service_unavailable_error")
 
 
-def documented(cause: str, window: str) -> bool:
+def documented(cause: str, window: str, disk_full: bool = False) -> bool:
     """Load shedding (503 capacity_exceeded; type server_overloaded where a surface's `code` is
     the status) at any time; a 503 (or a WebSocket closed 1011)
-    for a stage while it restarts; 507 storage_full while the disk is full."""
+    for a stage while it restarts; 507 storage_full while the disk is full, also when a
+    restart overlaps it (`window` names only the first fault in progress; `disk_full`)."""
     if cause in ("503 capacity_exceeded", "503 server_overloaded"):  # code, or only its type
         return True
     if cause in RESTART_503 or cause == "ws close 1011":
         return window.endswith("restarting")
-    return cause.startswith("507 ") and window == "disk full"
+    return cause.startswith("507 ") and (window == "disk full" or disk_full)
 
 
 class Tally:
@@ -132,7 +133,7 @@ class Tally:
 
     def _count(self, where: str, cause: str, window: str, detail: str) -> None:
         self.fivexx[f"{cause} ({window})"] += 1
-        if not documented(cause, window):
+        if not documented(cause, window, self.disk_full):
             self.violations.append(f"{where}: {cause} during '{window}': {detail[:200]}")
 
     def server_log(self, text: str) -> None:

@@ -15,7 +15,8 @@ processes of about 5 CPU-s each, nearly all of it importing torch, diffusers and
 gets about one core or less, so its wall time follows the machine's load: 91 s at load 5-6,
 124 s at load 7 (135 s before at load 6-7, measured back to back; 163 s at load 5-6 before).
 The seed puts the disk-full episode and both stage kills within 0.15 s of each other at 1 s
-(the run's first second is clean: /health answers there with no fault), then the two
+(the run's first second is clean, and /health is probed once more after every fault is
+over: both answer with no fault), then the two
 restarts one after the other (soak_faults.plan; a restart waits until every fault in progress
 has recovered and takes over from its grace)."""
 
