@@ -41,7 +41,7 @@ from PIL import Image
 from tools.world_training.sound_stage import _assert_unchanged, freeze_reasoner_pathway
 from tools.world_training.train_reasoner import lr_factor
 from tools.world_training.train_vae import TRAIN_SEED_BASE
-from tools.world_training.train_world import WORLD, _uint8
+from tools.world_training.train_world import WORLD, _uint8, vision_inputs
 from worldserve.models.cosmos3.world import DOMAIN, pose_deltas
 from worldserve.models.dev.world.agent import screen_step, screen_step_of_pose
 from worldserve.models.dev.world.evaluate import action_response
@@ -127,14 +127,7 @@ class ActionFlowLoss:
         noisy_actions = _noised(actions, action_noise, action_keep, sigma)
         noisy_actions[:, row.raw_action_dim:] = 0  # as the sampler keeps the padding
         preds = self.runner.pipe.transformer(
-            input_ids=packed["input_ids"], text_indexes=packed["text_indexes"],
-            position_ids=packed["position_ids"], und_len=packed["und_len"],
-            sequence_length=packed["sequence_length"], vision_tokens=[noisy_vision],
-            vision_token_shapes=packed["vision_token_shapes"],
-            vision_sequence_indexes=packed["vision_sequence_indexes"],
-            vision_mse_loss_indexes=packed["vision_mse_loss_indexes"],
-            vision_timesteps=torch.full((packed["num_noisy_vision_tokens"],), sigma * 1000.0),
-            vision_noisy_frame_indexes=packed["vision_noisy_frame_indexes"],
+            **vision_inputs(packed, noisy_vision, sigma),
             action_tokens=[noisy_actions], action_token_shapes=packed["action_token_shapes"],
             action_sequence_indexes=packed["action_sequence_indexes"],
             action_mse_loss_indexes=packed["action_mse_loss_indexes"],

@@ -106,19 +106,10 @@ class FlowLoss:
         sigma = self.cfg.sigma_shift * u / (1 + (self.cfg.sigma_shift - 1) * u)
         noise = torch.randn_like(clean)
         noisy = (1 - sigma) * clean + sigma * noise
-        num_tokens = packed["num_noisy_vision_tokens"]
         sound_kwargs, sound_target = (self._sound_inputs(clip, packed, sigma) if sound
                                       else ({}, None))
-        preds = pipe.transformer(
-            input_ids=packed["input_ids"], text_indexes=packed["text_indexes"],
-            position_ids=packed["position_ids"], und_len=packed["und_len"],
-            sequence_length=packed["sequence_length"], vision_tokens=[noisy],
-            vision_token_shapes=packed["vision_token_shapes"],
-            vision_sequence_indexes=packed["vision_sequence_indexes"],
-            vision_mse_loss_indexes=packed["vision_mse_loss_indexes"],
-            vision_timesteps=torch.full((num_tokens,), sigma * 1000.0),
-            vision_noisy_frame_indexes=packed["vision_noisy_frame_indexes"], return_dict=False,
-            **sound_kwargs)
+        preds = pipe.transformer(**vision_inputs(packed, noisy, sigma), return_dict=False,
+                                 **sound_kwargs)
         velocity = preds[0][0].reshape(clean.shape)
         loss = ((velocity - (noise - clean)) ** 2).mean()
         if sound_target is not None:
@@ -138,6 +129,16 @@ class FlowLoss:
             "sound_token_shapes", "sound_sequence_indexes", "sound_mse_loss_indexes",
             "sound_noisy_frame_indexes")})
         return kwargs, noise - clean
+
+
+def vision_inputs(packed: dict[str, Any], noisy: torch.Tensor, sigma: float) -> dict[str, Any]:
+    """The transformer's text and vision arguments for a packed row whose noisy vision latents
+    are `noisy`, every noisy token at timestep 1000 sigma (shared by the training stages)."""
+    names = ("input_ids", "text_indexes", "position_ids", "und_len", "sequence_length",
+             "vision_token_shapes", "vision_sequence_indexes", "vision_mse_loss_indexes",
+             "vision_noisy_frame_indexes")
+    return {**{name: packed[name] for name in names}, "vision_tokens": [noisy],
+            "vision_timesteps": torch.full((packed["num_noisy_vision_tokens"],), sigma * 1000.0)}
 
 
 @torch.no_grad()
