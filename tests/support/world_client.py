@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import base64
 import io
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import numpy as np
 from PIL import Image
+from websockets.exceptions import ConnectionClosedOK
+from websockets.sync.client import connect
 
+from worldserve.media.framing import FrameDecoder, pack, unpack
 from worldserve.media.video import decode_audio, decode_frames, encode_mp4
 from worldserve.models.dev.world import evaluate
 from worldserve.models.dev.world.grammar import describe
@@ -25,6 +30,7 @@ STREAM_SYSTEM_PROMPT = "Answer in one word."  # what the reasoner was trained wi
 ACTION_TIER = 256
 ACTION_GUIDANCE = 3.0
 ACTION_STEPS = 12
+REALTIME_ENDPOINT = "/v1/realtime_video/generate"
 
 
 def post(client: httpx.Client, path: str, body: dict[str, Any]) -> httpx.Response:
@@ -85,10 +91,8 @@ def watch(client: httpx.Client, frames: list[np.ndarray], question: str) -> list
     try:
         replies = []
         for frame in frames:
-            png = io.BytesIO()
-            Image.fromarray(frame).save(png, format="PNG")
             reply = client.post(f"/v1/streaming/sessions/{session}/frame",
-                                content=png.getvalue(), headers={"content-type": "image/png"})
+                                content=png_bytes(frame), headers={"content-type": "image/png"})
             reply.raise_for_status()
             replies.append(reply.json()["text"])
         return replies
@@ -127,7 +131,56 @@ def invert(client: httpx.Client, clip: WorldClip, seed: int) -> np.ndarray:
     return np.asarray(reply.json()["data"][0]["action"]["values"], dtype=np.float32)
 
 
-def _png_data_url(frame: np.ndarray) -> str:
+@dataclass(frozen=True)
+class RealtimeRun:
+    """What one realtime session sent: each chunk's frames, (N, H, W, 3) uint8, and when its
+    chunk_stats arrived (seconds after the valid init was sent)."""
+
+    chunks: list[np.ndarray]
+    arrived_s: list[float]
+    from_first_frame: bool  # the session started from the init's first_frame
+
+
+def explore(base_url: str, init: dict[str, Any], *, drop_refused_first_frame: bool = False,
+            timeout_s: float = 600.0) -> RealtimeRun:
+    """One session of WS /v1/realtime_video/generate (raw frames) until the server closes it
+    (give the init `max_chunks`). With `drop_refused_first_frame`, an init refused for its
+    `first_frame` (a text-to-video model) is sent again without it on the same socket."""
+    url = "ws" + base_url.removeprefix("http").rstrip("/") + REALTIME_ENDPOINT
+    chunks, arrived_s, batches = [], [], []
+    decoder = FrameDecoder()
+    with connect(url, max_size=None, close_timeout=2) as ws:
+        ws.send(pack(init))
+        sent_at = time.monotonic()
+        while True:
+            try:
+                header = unpack(ws.recv(timeout_s))
+            except ConnectionClosedOK:  # 1000: max_chunks reached
+                return RealtimeRun(chunks, arrived_s, "first_frame" in init)
+            kind = header.get("type")
+            if kind == "error":
+                if (drop_refused_first_frame and "first_frame" in init
+                        and header.get("code") == "invalid_init"
+                        and str(header.get("detail", "")).startswith("first_frame")):
+                    init = {k: v for k, v in init.items() if k != "first_frame"}
+                    ws.send(pack(init))
+                    sent_at = time.monotonic()
+                    continue
+                raise RuntimeError(f"realtime session: {header}")
+            if kind == "chunk_stats":
+                chunks.append(np.concatenate(batches))
+                arrived_s.append(time.monotonic() - sent_at)
+                batches = []
+            elif kind in ("frame_batch", "frame_batch_header"):
+                payload = header.pop("payload") if kind == "frame_batch" else ws.recv(timeout_s)
+                batches.append(decoder.decode(header, payload))
+
+
+def png_bytes(frame: np.ndarray) -> bytes:
     png = io.BytesIO()
     Image.fromarray(frame).save(png, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    return png.getvalue()
+
+
+def _png_data_url(frame: np.ndarray) -> str:
+    return "data:image/png;base64," + base64.b64encode(png_bytes(frame)).decode()
