@@ -57,15 +57,16 @@ def build_realtime(target: Path, seed: int) -> None:
     write_realtime(build_realtime_model(seed), target)
 
 
-def trained_realtime_model(seed: int) -> RealtimeModel:
+def trained_realtime_model(seed: int, weights: Path | None = None) -> RealtimeModel:
     """The dev causal model with the DiT and VAE trained on the dev world's agent clips
     (`tools/world_training/train_realtime.py`, docs/dev-world.md "The realtime model"): a
     session from an agent frame (`first_frame`, so `image_conditioning`) moves the agent the
-    way the held keys command. The text encoder and tokenizer stay the seeded ones."""
+    way the held keys command. The text encoder and tokenizer stay the seeded ones. `weights`:
+    another file in the shipped layout (train_realtime's --out)."""
     from worldserve.models.dev.world import trained
 
     model = build_realtime_model(seed, pipeline_config=WORLD_PIPELINE_CONFIG)
-    tensors, metadata = trained.read(trained.WEIGHTS_DIR / REALTIME_WEIGHTS_NAME)
+    tensors, metadata = trained.read(weights or trained.WEIGHTS_DIR / REALTIME_WEIGHTS_NAME)
     model.dit.load_state_dict(trained.part(tensors, trained.TRANSFORMER), strict=True)
     model.vae.load_state_dict(trained.part(tensors, trained.VAE), strict=True)
     model.vae.register_to_config(latents_mean=json.loads(metadata["latents_mean"]),
