@@ -38,6 +38,8 @@ NGRAM_LOSSLESS = "tests/unit/reasoner/test_decoding.py::test_ngram_speculation_i
 SEEDED = ("tests/unit/reasoner/test_decoding.py"
           "::test_seeded_sampling_is_reproducible_and_seed_dependent")
 SAMPLING = "tests/unit/reasoner/test_sampling.py"
+REALTIME_STEERS = ("tests/unit/world/test_realtime_world.py"
+                   "::test_a_held_key_moves_the_agent_its_way_within_the_first_chunk")
 SAMPLER_REFERENCE = f"{SAMPLING}::test_batched_device_sampler_equals_the_scalar_reference"
 DECODE_PATHS = "tests/unit/reasoner/test_decode_paths.py"
 DFLASH_DRAFTERS = "tests/unit/reasoner/test_dflash_drafters.py"
@@ -348,6 +350,23 @@ PLANTS: tuple[Plant, ...] = (
         replacement="noise_pred = uncond[:1] + guidance * (noise_pred - uncond[:1])",
         caught_by=("tests/unit/generation/test_wan_speed.py"
                    "::test_compiled_blocks_give_each_seed_of_a_batch_its_solo_run",),
+    ),
+    Plant(
+        name="realtime-camera-keys-ignored",
+        claim="a realtime session's held keys steer the trained causal model (d moves right)",
+        path="worldserve/models/causal_dit/runner.py",
+        anchor="cam = camera_vectors(camera, counts, max_entries)[None]",
+        replacement="cam = camera_vectors(None, counts, max_entries)[None]",
+        caught_by=(REALTIME_STEERS,),
+    ),
+    Plant(
+        name="realtime-keys-mirrored",
+        claim="each camera key lands on its own column of the camera vectors (d is not a)",
+        path="worldserve/models/causal_dit/camera.py",
+        anchor="                vectors[latent, KEY_INDEX[key]] += 1.0 / count",
+        replacement="                vectors[latent, KEY_INDEX[{'a': 'd', 'd': 'a'}.get(key, key)]]"
+                    " += 1.0 / count",
+        caught_by=(REALTIME_STEERS,),
     ),
     Plant(
         name="w8a8-input-scale-taken-from-the-batch",

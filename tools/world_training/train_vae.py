@@ -13,6 +13,9 @@ scene" is a measured figure. The latents' per-channel mean and std over world fr
 VAE's `latents_mean` / `latents_std`, which the pipeline uses to normalise them.
 
     python -m tools.world_training.train_vae --out /tmp/world-vae.safetensors
+
+`--model realtime` trains the causal realtime model's Wan VAE (8x spatial, 4x temporal; the
+realtime dev build's sizes) the same way, for `train_realtime`.
 """
 
 from __future__ import annotations
@@ -164,11 +167,24 @@ def latent_statistics(vae: Any, num_clips: int = 256) -> tuple[list[float], list
     return stacked.mean(1).tolist(), stacked.std(1).clamp_min(1e-3).tolist()
 
 
+def seeded_vae(model: str) -> Any:
+    """The dev build's seeded VAE of `model` ("cosmos3" or "realtime"), the training's start."""
+    from worldserve.models.dev.seeding import seeded
+
+    if model == "realtime":
+        from worldserve.models.causal_dit.dev import WAN_CONFIG
+        from worldserve.models.wan.dev import build_vae as build_wan_vae
+
+        with seeded(0, "realtime.vae"):
+            return build_wan_vae(WAN_CONFIG)
+    from worldserve.models.cosmos3.dev import Cosmos3DevConfig, build_vae
+
+    with seeded(0, "cosmos3.vae"):
+        return build_vae(Cosmos3DevConfig())
+
+
 def main(argv: list[str] | None = None) -> None:
     from safetensors.torch import save_file
-
-    from worldserve.models.cosmos3.dev import Cosmos3DevConfig, build_vae
-    from worldserve.models.dev.seeding import seeded
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--blur-steps", type=int, default=VaeTrainConfig.blur_steps)
@@ -176,11 +192,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--video-from-step", type=int, default=VaeTrainConfig.video_from_step)
     parser.add_argument("--eval-every", type=int, default=VaeTrainConfig.eval_every)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--model", choices=("cosmos3", "realtime"), default="cosmos3")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    with seeded(0, "cosmos3.vae"):
-        vae = build_vae(Cosmos3DevConfig())
+    vae = seeded_vae(args.model)
     log = lambda entry: print(json.dumps(entry), flush=True)  # noqa: E731
     cfg = VaeTrainConfig(blur_steps=args.blur_steps, sharp_steps=args.sharp_steps,
                          video_from_step=args.video_from_step, eval_every=args.eval_every)
@@ -188,7 +204,8 @@ def main(argv: list[str] | None = None) -> None:
     history = train_vae(vae, cfg, log)["history"]
     mean, std = latent_statistics(vae)
     log({"latents_mean": mean, "latents_std": std})
-    record = {"config": asdict(cfg), "threads": args.threads, "history": history,
+    record = {"config": asdict(cfg), "model": args.model, "threads": args.threads,
+              "history": history,
               "cpu_min": round((time.process_time() - start) / 60, 1)}
     save_file({k: v.contiguous() for k, v in vae.state_dict().items()}, args.out,
               metadata={"latents_mean": json.dumps(mean), "latents_std": json.dumps(std),

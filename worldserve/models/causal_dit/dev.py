@@ -9,6 +9,7 @@ upstream key layout (`upstream_wan_state`, `lingbot_world_state`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -30,6 +31,10 @@ DIT_CONFIG = CausalDiTConfig(dim=64, num_heads=2, num_layers=2, ffn_dim=128, tex
                              freq_dim=64, max_rope_frames=1024)
 PIPELINE_CONFIG = RealtimePipelineConfig()
 WAN_CONFIG = WanDevConfig(max_text_tokens=PIPELINE_CONFIG.max_text_tokens, vae_base_dim=4)
+# The trained model starts sessions from a first frame (forward dynamics of the agent).
+WORLD_PIPELINE_CONFIG = dataclasses.replace(PIPELINE_CONFIG, image_conditioning=True)
+# Shipped beside the Cosmos3 world's weights (models/dev/world/weights/).
+REALTIME_WEIGHTS_NAME = "realtime_world.safetensors"
 
 
 def build_realtime_model(
@@ -49,7 +54,33 @@ def build_realtime_model(
 
 def build_realtime(target: Path, seed: int) -> None:
     """Write the tiny causal realtime model into `target`."""
-    model = build_realtime_model(seed)
+    write_realtime(build_realtime_model(seed), target)
+
+
+def trained_realtime_model(seed: int, weights: Path | None = None) -> RealtimeModel:
+    """The dev causal model with the DiT and VAE trained on the dev world's agent clips
+    (`tools/world_training/train_realtime.py`, docs/dev-world.md "The realtime model"): a
+    session from an agent frame (`first_frame`, so `image_conditioning`) moves the agent the
+    way the held keys command. The text encoder and tokenizer stay the seeded ones. `weights`:
+    another file in the shipped layout (train_realtime's --out)."""
+    from worldserve.models.dev.world import trained
+
+    model = build_realtime_model(seed, pipeline_config=WORLD_PIPELINE_CONFIG)
+    tensors, metadata = trained.read(weights or trained.WEIGHTS_DIR / REALTIME_WEIGHTS_NAME)
+    model.dit.load_state_dict(trained.part(tensors, trained.TRANSFORMER), strict=True)
+    model.vae.load_state_dict(trained.part(tensors, trained.VAE), strict=True)
+    model.vae.register_to_config(latents_mean=json.loads(metadata["latents_mean"]),
+                                 latents_std=json.loads(metadata["latents_std"]))
+    return model
+
+
+def build_realtime_world(target: Path, seed: int) -> None:
+    """Write the trained causal realtime model (`dev-models build` -> realtime/)."""
+    write_realtime(trained_realtime_model(seed), target)
+
+
+def write_realtime(model: RealtimeModel, target: Path) -> None:
+    """Save every component of `model` in the realtime checkpoint layout (loader.py)."""
     model.config.save(target)
     (target / "transformer").mkdir()
     model.dit.cfg.save(target / "transformer")

@@ -109,6 +109,11 @@ class RealtimeModel:
         return ((z - mean) / std).to(self.dtype)
 
     @torch.inference_mode()
+    def encode_video(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Pixels (B, 3, T, H, W) in [-1, 1] -> model-space latents (training's targets)."""
+        return self._encode(pixels.to(self.device, self.vae.dtype))
+
+    @torch.inference_mode()
     def encode_image(self, image: Any, width: int, height: int) -> torch.Tensor:
         """An RGB PIL image -> its model-space first latent frame (1, C, 1, h, w)."""
         return self._encode(self._pixels(image, width, height))
@@ -128,8 +133,8 @@ class RealtimeModel:
         return torch.cat([mask, z], dim=1)
 
     @torch.inference_mode()
-    def encode_prompt(self, prompt: str) -> list[KV]:
-        """Prompt -> per-layer cross-attention K/V (the session's cross-attention cache)."""
+    def prompt_states(self, prompt: str) -> torch.Tensor:
+        """Prompt -> the text encoder's hidden states (1, L, text_dim) the DiT reads."""
         ids = self.tokenizer(prompt, max_length=self.config.max_text_tokens, truncation=True,
                              return_tensors="pt")
         input_ids = ids["input_ids"][:, : self.config.max_text_tokens]
@@ -139,7 +144,12 @@ class RealtimeModel:
         pad = self.config.pad_text_tokens - hidden.shape[1]
         if pad > 0:
             hidden = torch.cat([hidden, hidden.new_zeros(hidden.shape[0], pad, hidden.shape[2])], 1)
-        return self.dit.text_kv(hidden.to(self.dtype))
+        return hidden.to(self.dtype)
+
+    @torch.inference_mode()
+    def encode_prompt(self, prompt: str) -> list[KV]:
+        """Prompt -> per-layer cross-attention K/V (the session's cross-attention cache)."""
+        return self.dit.text_kv(self.prompt_states(prompt))
 
 
 def _refuse_foreign_layouts(path: Path) -> None:

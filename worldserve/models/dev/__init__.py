@@ -36,7 +36,8 @@ logger = logging.getLogger(__name__)
 # 7: world/, the Cosmos3 directory trained on the dev world, is the default served model
 # 8: world/'s sound tokenizer and the transformer's sound pathway are trained (tone per colour)
 # 9: world-drafter/, the DFlash drafter trained against world/'s reasoner
-DEV_MODELS_VERSION = "9"
+# 10: realtime/ is the causal model trained on the dev world's agent (keys steer it)
+DEV_MODELS_VERSION = "10"
 DEV_MODELS_SEED = 0
 MARKER_NAME = "worldserve_dev.json"
 _TMP_PREFIX = ".tmp-"
@@ -94,8 +95,10 @@ BUILDERS: dict[str, DevModelBuilder] = {
     "wan": DevModelBuilder(
         "worldserve-dev-wan", "worldserve.models.wan.dev:build_generation"
     ),
+    # The causal realtime model trained on the dev world's agent (shipped weights): a session
+    # from an agent frame moves it the way the held keys command (docs/dev-world.md).
     "realtime": DevModelBuilder(
-        "worldserve-dev-causal-wan", "worldserve.models.causal_dit.dev:build_realtime"
+        "worldserve-dev-causal-wan", "worldserve.models.causal_dit.dev:build_realtime_world"
     ),
     # A standalone Cosmos3 Omni reasoner (the Cosmos3 dev directory holds one beside its
     # generator); served with `--model-path <root>/cosmos3-reasoner`.

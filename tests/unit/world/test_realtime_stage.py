@@ -1,0 +1,68 @@
+"""The realtime model's training (tools/world_training/train_realtime.py) packs what a session
+feeds the DiT: frame 0's latent as the runner pins it, camera vectors as the runner builds them
+from the same keys, and the runner's few-step sigmas with the image frame clean."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from tools.world_training.train_realtime import (
+    Pool,
+    RealtimeTrainConfig,
+    chunk_camera,
+    clip_latents,
+    noisy_batch,
+    png_bytes,
+    row_keys,
+    session_settings,
+)
+from worldserve.models.causal_dit.dev import build_realtime_model
+from worldserve.models.causal_dit.model import CAMERA_KEYS
+from worldserve.models.causal_dit.runner import CausalRunner, dmd_sigmas
+from worldserve.models.dev.world.scenes import make_clip
+
+
+@pytest.fixture(scope="module")
+def model():
+    model = build_realtime_model(0)
+    model.config = dataclasses.replace(model.config, image_conditioning=True)
+    return model
+
+
+def test_frame_zero_and_keys_are_what_a_session_from_the_clips_first_frame_feeds(model) -> None:
+    runner = CausalRunner(model)
+    for seed in (3, 4):
+        clip = make_clip(seed, "agent")
+        session = runner.new_session("s", session_settings(model, 0, png_bytes(clip.frames[0])),
+                                     "p")
+        assert torch.equal(clip_latents(model, clip.frames)[None, :, :1], session.image_latent)
+        served = runner._camera_input(session, clip.keys_per_step, first=True)
+        assert torch.equal(chunk_camera(model, clip.keys_per_step)[None], served)
+
+
+def test_held_d_lands_in_every_latent_frame_of_the_first_chunk(model) -> None:
+    """Entry j of the keys produced frame j + 1: 8 entries for a 9-frame chunk; padded to the
+    chunk's 12 (a client holding the key), the last latent frame holds it fully."""
+    d = CAMERA_KEYS.index("d")
+    eight = chunk_camera(model, [["d"]] * 8)
+    assert eight[:, d].tolist() == [1.0, 1.0, 0.75]
+    full = chunk_camera(model, row_keys([["d"]] * 8, True, 12))
+    assert full[:, d].tolist() == [1.0, 1.0, 1.0]
+    assert float(full.sum()) == 3.0  # no other key
+
+
+def test_a_batch_noises_later_frames_at_the_runners_sigmas_with_frame_zero_clean(model) -> None:
+    clips = [make_clip(seed, "agent") for seed in range(4)]
+    pool = Pool(torch.stack([clip_latents(model, c.frames) for c in clips]),
+                [c.keys_per_step for c in clips], ["p"] * 4)
+    cfg = RealtimeTrainConfig(batch_size=64, free_first_frame=0.0)
+    batch = noisy_batch(model, pool, np.random.default_rng(0), cfg)
+    sigmas = dmd_sigmas(model.config.default_num_inference_steps, model.config.timestep_shift)
+    served = {torch.full((1,), s * 1000.0).item() for s in sigmas}  # the runner's float32 t
+    assert set(batch["t"][:, 1:].flatten().tolist()) == served
+    assert bool((batch["t"][:, 0] == 0).all()) and bool((batch["weight"][:, :, 0] == 0).all())
+    assert torch.equal(batch["x"][:, :, 0], pool.latents[batch["index"]][:, :, 0])

@@ -1,0 +1,294 @@
+"""Train the causal realtime dev model's DiT on the dev world's agent clips: keys move the agent.
+
+A session from an agent clip's first frame (`first_frame` in the init; the checkpoint declares
+`image_conditioning`) is forward dynamics: the runner pins that frame's latent clean at t = 0
+and denoises the chunk's later latent frames in `default_num_inference_steps` steps at
+`dmd_sigmas` (linspace(1, 0) warped by `timestep_shift`). Training does the same on chunk 0 of
+9-frame agent clips: frame 0's latent clean (`RealtimeModel.encode_image`, as a session encodes
+its first frame), latent frames 1 and 2 noised at one of the runner's sigmas, the flow loss on
+them (target noise - x0, the runner's `x0 = x - sigma * v`), camera vectors built by the
+runner's own `camera_vectors` from the keys the clip held (worldserve.models.camera_keys'
+convention: entry j produced frame j + 1, as a client sends them). A share of rows has frame 0
+noisy too, so a session without a first frame still draws a scene. The VAE is trained first
+(`train_vae --model realtime`) and stays frozen here.
+
+Held-out figures go through the serving runner (`CausalRunner.new_session` / `run_chunk`) on
+agent clips below `TRAIN_SEED_BASE`, read by the world's evaluator: action response (the agent
+moved the way the keys command, within the first chunk) and colour kept (last frame).
+
+    python -m tools.world_training.train_vae --model realtime --out /tmp/realtime-vae.safetensors
+    python -m tools.world_training.train_realtime --vae /tmp/realtime-vae.safetensors \
+        --out /tmp/realtime-world.safetensors
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from tools.world_training.train_vae import TRAIN_SEED_BASE, to_pixels
+from worldserve.models.causal_dit.camera import camera_vectors, output_frames_per_latent
+from worldserve.models.causal_dit.loader import RealtimeModel
+from worldserve.models.causal_dit.runner import CausalRunner, dmd_sigmas
+from worldserve.models.causal_dit.vae_stream import temporal_upsampling
+from worldserve.models.dev.world.evaluate import expected_agent_direction, read_clip, read_frame
+from worldserve.models.dev.world.grammar import describe
+from worldserve.models.dev.world.scenes import WorldConfig, make_clip
+from worldserve.models.dev.world.vocab import KEY_STEPS
+from worldserve.models.types import WorldSessionSettings
+
+HELD_KEY_OPTIONS = [[]] + [[k] for k in KEY_STEPS]  # the held-key evaluation's key sets
+
+
+@dataclass(frozen=True)
+class RealtimeTrainConfig:
+    steps: int = 3000
+    batch_size: int = 32
+    pool_clips: int = 4096  # agent clips encoded once
+    learning_rate: float = 2e-3
+    warmup_steps: int = 100
+    free_first_frame: float = 0.1  # rows with frame 0 noisy too (sessions without an image)
+    empty_prompt: float = 0.25  # steps trained with the empty prompt
+    full_chunk_keys: float = 0.5  # rows whose keys are padded to a full chunk (a held key)
+    eval_clips: int = 40
+    eval_every: int = 500
+    seed: int = 0
+
+
+@dataclass
+class Pool:
+    latents: torch.Tensor  # (N, C, F, h, w) model-space, frame 0 as a session encodes it
+    keys: list[list[list[str]]]  # per clip, one key set per step
+    prompts: list[str]
+
+
+def chunk_camera(model: RealtimeModel, keys: list[list[str]] | None) -> torch.Tensor:
+    """(F, num_keys) camera vectors of chunk 0, exactly as the runner builds them."""
+    fb, up = model.config.frames_per_block, temporal_upsampling(model.vae)
+    return camera_vectors(keys, output_frames_per_latent(True, fb, up), up * fb)
+
+
+def png_bytes(frame: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(frame).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def clip_latents(model: RealtimeModel, frames: np.ndarray) -> torch.Tensor:
+    """(C, F, h, w): the clip's latents, frame 0 replaced by the session's own encoding of it
+    (the PNG a client sends, decoded and encoded by `encode_image`)."""
+    latents = model.encode_video(to_pixels(frames))[0].clone()
+    c = model.config
+    image = Image.open(io.BytesIO(png_bytes(frames[0]))).convert("RGB")
+    latents[:, :1] = model.encode_image(image, c.default_width, c.default_height)[0].clone()
+    return latents
+
+
+def build_pool(model: RealtimeModel, cfg: RealtimeTrainConfig) -> Pool:
+    latents, keys, prompts = [], [], []
+    for index in range(cfg.pool_clips):
+        clip = make_clip(TRAIN_SEED_BASE + cfg.seed * cfg.pool_clips + index, "agent")
+        latents.append(clip_latents(model, clip.frames))
+        keys.append(clip.keys_per_step)
+        prompts.append(describe(clip.scene, "agent"))
+    return Pool(torch.stack(latents), keys, prompts)
+
+
+def row_keys(keys: list[list[str]], full_chunk: bool, max_entries: int) -> list[list[str]]:
+    """The clip's keys, or padded with its last key set to a full chunk (a client holding it)."""
+    if not full_chunk or not keys:
+        return keys
+    return keys + [keys[-1]] * (max_entries - len(keys))
+
+
+def noisy_batch(model: RealtimeModel, pool: Pool, rng: np.random.Generator,
+                cfg: RealtimeTrainConfig) -> dict[str, torch.Tensor]:
+    """x_t, timesteps, camera and flow target of one batch at the runner's sigmas (one prompt
+    a step: the first row's, so `index` says which pool clips the rows are)."""
+    mc = model.config
+    index = rng.integers(len(pool.keys), size=cfg.batch_size)
+    x0 = pool.latents[index]
+    sigmas = dmd_sigmas(mc.default_num_inference_steps, mc.timestep_shift)
+    step = torch.from_numpy(rng.integers(len(sigmas), size=cfg.batch_size))
+    per_frame = torch.tensor(sigmas)[step][:, None].repeat(1, x0.shape[2])
+    # The runner's timesteps: float32(sigma * 1000) of each Python sigma.
+    t = torch.tensor([s * 1000.0 for s in sigmas])[step][:, None].repeat(1, x0.shape[2])
+    pinned = torch.from_numpy(rng.random(cfg.batch_size) >= cfg.free_first_frame)
+    per_frame[pinned, 0] = 0.0  # the image frame is clean at every step
+    t[pinned, 0] = 0.0
+    noise = torch.randn_like(x0)
+    s = per_frame[:, None, :, None, None]
+    max_entries = temporal_upsampling(model.vae) * mc.frames_per_block
+    full = rng.random(cfg.batch_size) < cfg.full_chunk_keys
+    camera = torch.stack([chunk_camera(model, row_keys(pool.keys[i], f, max_entries))
+                          for i, f in zip(index.tolist(), full)])
+    return {"x": (1 - s) * x0 + s * noise, "t": t, "camera": camera,
+            "target": noise - x0, "weight": (per_frame > 0).float()[:, None, :, None, None],
+            "index": torch.from_numpy(index)}
+
+
+def flow_loss(model: RealtimeModel, batch: dict[str, torch.Tensor],
+              text: torch.Tensor) -> torch.Tensor:
+    """Squared velocity error on the noisy latent frames (chunk 0 of a session: positions
+    0..F-1, no cache)."""
+    x = batch["x"]
+    positions = torch.arange(x.shape[2])
+    text_kv = model.dit.text_kv(text.expand(x.shape[0], -1, -1))
+    v, _ = model.dit(x, batch["t"], batch["camera"], positions, text_kv)
+    err = (v - batch["target"]) ** 2 * batch["weight"]
+    return err.sum() / (batch["weight"].sum() * x.shape[1] * x.shape[3] * x.shape[4])
+
+
+def session_settings(model: RealtimeModel, seed: int, first_frame: bytes) -> WorldSessionSettings:
+    c = model.config
+    return WorldSessionSettings(
+        seed=seed, width=c.default_width, height=c.default_height,
+        num_inference_steps=c.default_num_inference_steps, sink_frames=c.default_sink_frames,
+        window_frames=c.default_window_frames, frames_per_block=c.frames_per_block,
+        first_frame=first_frame)
+
+
+def first_chunk(runner: CausalRunner, frame0: np.ndarray, keys: list[list[str]], prompt: str,
+                seed: int) -> np.ndarray:
+    """The first chunk's decoded frames (T, H, W, 3) of a session started from `frame0`."""
+    settings = session_settings(runner.model, seed, png_bytes(frame0))
+    session = runner.new_session(f"eval-{seed}", settings, prompt)
+    out = runner.run_chunk(session, keys)
+    h, w = settings.height, settings.width
+    return np.frombuffer(out.frames, dtype=np.uint8).reshape(out.num_frames, h, w, 3)
+
+
+@torch.no_grad()
+def evaluate(model: RealtimeModel, num_clips: int, held: bool = False) -> dict[str, float]:
+    """Through the serving runner on held-out agent clips: the clip's own keys, or (`held`) one
+    key set held for the whole chunk, cycling over none and every key."""
+    model.dit.eval()
+    runner = CausalRunner(model)
+    step_px = WorldConfig().step_px
+    response, colour = [], []
+    for seed in range(num_clips):
+        clip = make_clip(seed, "agent")
+        keys = clip.keys_per_step
+        if held:
+            keys = [list(HELD_KEY_OPTIONS[seed % len(HELD_KEY_OPTIONS)]) for _ in keys]
+        frames = first_chunk(runner, clip.frames[0], keys, describe(clip.scene, "agent"), seed)
+        # The command is read from the clip's own first frame, not the decoded one: a decoder
+        # that loses the agent must not make "still" count as a response.
+        expected = expected_agent_direction(clip.frames[0], keys, step_px)
+        response.append(read_clip(frames).direction == expected)
+        colour.append(read_frame(frames[-1]).colour == clip.scene.colour)
+    model.dit.train()
+    return {"action_response": float(np.mean(response)), "colour_kept": float(np.mean(colour))}
+
+
+def learning_rate(step: int, cfg: RealtimeTrainConfig) -> float:
+    if step <= cfg.warmup_steps:
+        return cfg.learning_rate * step / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.learning_rate * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def train(model: RealtimeModel, cfg: RealtimeTrainConfig, log: Any = print) -> list[dict]:
+    """Train `model.dit` in place on agent clips; returns the evaluation log."""
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng([11, cfg.seed])
+    start = time.process_time()
+    pool = build_pool(model, cfg)
+    log({"pool_clips": cfg.pool_clips, "pool_cpu_s": round(time.process_time() - start, 1)})
+    states = {p: model.prompt_states(p).clone() for p in set(pool.prompts) | {""}}
+    history = [{"step": 0, **evaluate(model, cfg.eval_clips)}]
+    log(history[-1])
+    model.dit.train()
+    optimiser = torch.optim.AdamW(model.dit.parameters(), lr=cfg.learning_rate,
+                                  weight_decay=0.01)
+    start = time.process_time()
+    for step in range(1, cfg.steps + 1):
+        for group in optimiser.param_groups:
+            group["lr"] = learning_rate(step, cfg)
+        batch = noisy_batch(model, pool, rng, cfg)
+        prompt = "" if rng.random() < cfg.empty_prompt else pool.prompts[int(batch["index"][0])]
+        loss = flow_loss(model, batch, states[prompt])
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.dit.parameters(), 1.0)
+        optimiser.step()
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            entry = {"step": step, "loss": round(float(loss.detach()), 4),
+                     "train_cpu_s": round(time.process_time() - start, 1),
+                     **evaluate(model, cfg.eval_clips)}
+            history.append(entry)
+            log(entry)
+    model.dit.eval()
+    return history
+
+
+def load_trained_vae(model: RealtimeModel, path: str) -> None:
+    """The trained VAE's tensors (strictly) and its latent statistics (file metadata)."""
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as handle:
+        state = {k: handle.get_tensor(k) for k in handle.keys()}
+        metadata = handle.metadata()
+    model.vae.load_state_dict(state, strict=True)
+    model.vae.register_to_config(latents_mean=json.loads(metadata["latents_mean"]),
+                                 latents_std=json.loads(metadata["latents_std"]))
+
+
+def main(argv: list[str] | None = None) -> None:
+    from worldserve.models.causal_dit.dev import build_realtime_model
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vae", required=True, help="train_vae --model realtime's output")
+    parser.add_argument("--steps", type=int, default=RealtimeTrainConfig.steps)
+    parser.add_argument("--eval-every", type=int, default=RealtimeTrainConfig.eval_every)
+    parser.add_argument("--pool-clips", type=int, default=RealtimeTrainConfig.pool_clips)
+    parser.add_argument("--final-eval", type=int, default=100,
+                        help="held-out clips for the final figures (both key kinds)")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    log = lambda entry: print(json.dumps(entry), flush=True)  # noqa: E731
+    model = build_realtime_model(0)
+    model.config = dataclasses.replace(model.config, image_conditioning=True)
+    cfg = RealtimeTrainConfig(steps=args.steps, eval_every=args.eval_every,
+                              pool_clips=args.pool_clips)
+    log({"random_vae": evaluate(model, cfg.eval_clips)})
+    load_trained_vae(model, args.vae)
+    start = time.process_time()
+    history = train(model, cfg, log)
+    cpu_min = round((time.process_time() - start) / 60, 1)
+    final = {"clip_keys": evaluate(model, args.final_eval),
+             "held_keys": evaluate(model, args.final_eval, held=True)}
+    log({"final": final, "cpu_min": cpu_min})
+    record = {"config": asdict(cfg), "vae": args.vae, "history": history, "final": final,
+              "cpu_min": cpu_min}
+    save_weights(model, args.out, record)
+
+
+def save_weights(model: RealtimeModel, path: str, record: dict[str, Any]) -> None:
+    """The shipped layout (`causal_dit.dev.trained_realtime_model` reads it): `transformer.*`
+    and `vae.*` tensors, the VAE's latent statistics and the training record as metadata."""
+    from safetensors.torch import save_file
+
+    from worldserve.models.dev.world.trained import TRANSFORMER, VAE
+
+    tensors = {TRANSFORMER + k: v for k, v in model.dit.state_dict().items()}
+    tensors.update({VAE + k: v for k, v in model.vae.state_dict().items()})
+    vae_cfg = model.vae.config
+    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, path, metadata={
+        "latents_mean": json.dumps(list(vae_cfg.latents_mean)),
+        "latents_std": json.dumps(list(vae_cfg.latents_std)), "training": json.dumps(record)})
+
+
+if __name__ == "__main__":
+    main()
