@@ -176,17 +176,23 @@ async def test_realtime_sessions_stay_on_their_owner(cluster: str) -> None:
 
 
 def test_jobs_spread_over_both_replicas(http: httpx.Client) -> None:
+    """Bursts of 4 jobs until both replicas wrote one (at most 3 bursts): the power of two
+    choices can send a burst to one replica when their queues look alike (a loaded machine did,
+    once), but not three in a row unless routing never spreads."""
     body = {"prompt": "a cube", "size": "64x64", "num_inference_steps": 10}
-    with ThreadPoolExecutor(4) as pool:
-        jobs = list(pool.map(lambda _: http.post("/v1/videos", json=body).json(), range(4)))
-    writers = set()
-    for job in jobs:
-        job = finished(http, job["id"])
-        assert job["status"] == "completed", job
-        assert job["url"].startswith("http://")
-        content = http.get(job["url"])
-        assert content.status_code == 200
-        writers.add(content.content)
+    writers: set[bytes] = set()
+    for _ in range(3):
+        with ThreadPoolExecutor(4) as pool:
+            jobs = list(pool.map(lambda _: http.post("/v1/videos", json=body).json(), range(4)))
+        for job in jobs:
+            job = finished(http, job["id"])
+            assert job["status"] == "completed", job
+            assert job["url"].startswith("http://")
+            content = http.get(job["url"])
+            assert content.status_code == 200
+            writers.add(content.content)
+        if len(writers) == 2:
+            break
     assert len(writers) == 2, f"every job ran on one replica: {writers}"
 
 

@@ -17,15 +17,23 @@ from worldserve.media.video import encode_mp4
 FULL = Path("/dev/full")
 
 
-def num_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def fds_open_on(path: Path) -> int:
+    """File descriptors of this process open on `path` (other tests' threads may open and close
+    fds of their own meanwhile, so the process's whole count says nothing)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+        except OSError:  # closed since listed (listdir's own fd among them)
+            pass
+    return count
 
 
 def test_a_failed_video_write_closes_its_file() -> None:
     frames = np.zeros((9, 32, 48, 3), np.uint8)
-    before = num_fds()
+    assert fds_open_on(FULL) == 0
     for _ in range(3):
         with pytest.raises(OSError) as failed:
             encode_mp4(frames, 16, FULL, audio=np.zeros((1, 800), np.float32), sample_rate=400)
         assert failed.value.errno == errno.ENOSPC
-    assert num_fds() == before
+    assert fds_open_on(FULL) == 0
