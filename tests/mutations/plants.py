@@ -372,10 +372,19 @@ PLANTS: tuple[Plant, ...] = (
         name="w8a8-input-scale-taken-from-the-batch",
         claim="W8A8 sessions decoded in one batch each equal their solo session",
         path="worldserve/levers/fp8/linear.py",
-        anchor="scale = self.input_scale if self.static_input else _dynamic_scale(x2)",
-        replacement="scale = _dynamic_scale(x2)",
+        anchor="scale_a, scale_b = self.input_scale, self.weight_scale",
+        replacement="scale_a, scale_b = _dynamic_row_scales(x2).amax(), self.weight_scale",
         caught_by=("tests/unit/fp8/test_cosmos3_fp8.py"
                    "::test_reasoner_w8a8_sessions_differing_by_seed_batched_each_equal_their_solo_"
                    "session",),
+    ),
+    Plant(
+        name="w8a8-dynamic-scale-over-the-batch",
+        claim="without input scales, a row's W8A8 output does not depend on its batch-mates",
+        path="worldserve/levers/fp8/linear.py",
+        anchor="scale_a = _dynamic_row_scales(x2)",
+        replacement="scale_a = _dynamic_row_scales(x2).amax().expand(x2.shape[0], 1).contiguous()",
+        caught_by=("tests/unit/fp8/test_linear.py"
+                   "::test_fp8_linear_without_an_input_scale_quantises_each_row_alone",),
     ),
 )

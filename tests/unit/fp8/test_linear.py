@@ -98,11 +98,20 @@ def test_w8a8_equals_w8a16_on_the_quantised_input():
     assert 0 < error < 0.1 * w8a16.abs().max()  # activation rounding: present, small
 
 
-def test_fp8_linear_without_an_input_scale_quantises_per_batch():
+def test_fp8_linear_without_an_input_scale_quantises_each_row_alone():
+    """Dynamic scales are per row (token): a row's output is the same whatever rows share its
+    batch, even a row 1,000 times larger (one scale over the batch rounded the small row to
+    zero), and close to W8A16."""
     _, linear = quant_linear()
     linear.input_scale = None
     layer = Fp8Linear(linear, None, torch.float32, "cpu")
-    x = seeded(3, 32, seed=4) * 100  # far beyond any static scale: no clamping here
+    small, large = seeded(1, 32, seed=4) * 0.01, seeded(4, 32, seed=5) * 10
+    alone = layer(small)
+    batched = layer(torch.cat([large[:2], small, large[2:]]))
+    torch.testing.assert_close(batched[2:3], alone, rtol=1e-5, atol=1e-8)  # GEMM blocking only
+    w8a16 = small @ dequantise(linear, torch.float32).t()
+    assert (alone - w8a16).abs().max() < 0.1 * w8a16.abs().max()
+    x = seeded(3, 32, seed=6) * 100  # far beyond any static scale: no clamping here
     w8a16 = x @ dequantise(linear, torch.float32).t()
     assert (layer(x) - w8a16).abs().max() < 0.1 * w8a16.abs().max()
 

@@ -5,7 +5,8 @@ The weight stays FP8 E4M3; each call quantises the input with its static scale
 (`clamp(x / input_scale, ±448)` to E4M3) and multiplies with `torch._scaled_mm`, which computes
 `(x_fp8 * input_scale) @ (w_fp8 * weight_scale).T` with FP32 accumulation. torch 2.13 runs
 `_scaled_mm` on the CPU too, so the CPU tests check this very call against
-`scaled_mm_reference` and against W8A16; the CUDA kernel (sm89+) is unverified here.
+`scaled_mm_reference` and against W8A16; the CUDA kernel (sm89+) is unverified here. A
+checkpoint without input scales gets one scale per row (token) from the row itself.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from worldserve.levers.fp8.weights import FP8_MAX, QuantLinear
 
 
 def quantise_input(x: torch.Tensor, input_scale: torch.Tensor) -> torch.Tensor:
-    """`x` (M, K) in FP8 E4M3 at a static per-tensor scale (saturating, like ModelOpt)."""
+    """`x` (M, K) in FP8 E4M3 at a per-tensor or (M, 1) per-row scale (saturating, like
+    ModelOpt)."""
     return (x.float() / input_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
 
 
@@ -54,10 +56,14 @@ class Fp8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)  # (M, K)
-        scale = self.input_scale if self.static_input else _dynamic_scale(x2)
-        x_fp8 = quantise_input(x2, scale)
+        if self.static_input:
+            scale_a, scale_b = self.input_scale, self.weight_scale
+        else:  # row-wise scales: (M, 1) for the input, the weight's scale spread to (1, N)
+            scale_a = _dynamic_row_scales(x2)
+            scale_b = self.weight_scale.expand(1, self.out_features).contiguous()
+        x_fp8 = quantise_input(x2, scale_a)
         w_t = self.weight.t()  # (K, N), column-major as _scaled_mm wants
-        out = torch._scaled_mm(x_fp8, w_t, scale_a=scale, scale_b=self.weight_scale,
+        out = torch._scaled_mm(x_fp8, w_t, scale_a=scale_a, scale_b=scale_b,
                                bias=self.bias, out_dtype=self.out_dtype)
         return out.reshape(*shape[:-1], self.out_features)
 
@@ -66,9 +72,12 @@ class Fp8Linear(nn.Module):
                 f"static_input={self.static_input}")
 
 
-def _dynamic_scale(x: torch.Tensor) -> torch.Tensor:
-    """A per-tensor input scale from the batch itself (checkpoints without input scales)."""
-    return (x.detach().abs().amax().float() / FP8_MAX).clamp(min=1e-12)
+def _dynamic_row_scales(x: torch.Tensor) -> torch.Tensor:
+    """(M, 1) input scales, one per row (token), for checkpoints without input scales: a row's
+    rounding then depends on that row alone, so a session decodes the same beside any others
+    (one scale over the batch made each reply depend on its batch-mates' activations). vLLM's
+    dynamic per-token FP8; the CUDA kernel's row-wise path is unverified here."""
+    return (x.detach().abs().amax(dim=1, keepdim=True).float() / FP8_MAX).clamp(min=1e-12)
 
 
 def scaled_mm_fits(linear: QuantLinear) -> bool:
