@@ -67,8 +67,6 @@ class JobLedger:
         # Changes a full disk kept out of the store: answered from here, written once there
         # is room again (the sweeper retries each pass).
         self._unsaved: dict[str, JobRecord] = {}
-        # Why recently removed records are gone (expired at / files removed), newest last.
-        self._gone: dict[str, str] = {}
 
     # ------------------------------------------------------------------ records
 
@@ -119,8 +117,9 @@ class JobLedger:
         if record is not None and _expired(record):
             return Expired(f"{kind} {record_id} expired at {record.expires_at} (output_ttl_s="
                            f"{self.ttl_s:g}); its outputs are deleted", param=f"{kind}_id")
-        if record_id in self._gone:
-            return Expired(f"{kind} {record_id} {self._gone[record_id]}", param=f"{kind}_id")
+        why = self.store.why_gone(record_id)
+        if why is not None:
+            return Expired(f"{kind} {record_id} {why}", param=f"{kind}_id")
         return NotFound(message, param=f"{kind}_id")
 
     def _drop_if_vanished(self, record: JobRecord) -> bool:
@@ -134,9 +133,10 @@ class JobLedger:
         return True
 
     def _remember_gone(self, record_id: str, why: str) -> None:
-        self._gone[record_id] = why
-        while len(self._gone) > MAX_REMEMBERED_EXPIRIES:
-            del self._gone[next(iter(self._gone))]
+        """Keep why a removed record went (expired at / files removed) for its late 404s; on a
+        full disk the tombstone is skipped (that 404 then says only `not found`)."""
+        with contextlib.suppress(StorageFull):
+            self.store.remember_gone(record_id, why, keep=MAX_REMEMBERED_EXPIRIES)
 
     def move(self, record: JobRecord, status: JobStatus, **changes: Any) -> bool:
         if not record.status.can_move_to(status):

@@ -2,8 +2,11 @@
 
 One row per record: indexed columns for queries (kind, status, created_at, expires_at) and the
 record itself as JSON. Every state change is one committed transaction, so a crash never
-leaves a half-written record. Used from the api's event loop only (one connection; the
-statements are tiny, so running them inline is cheaper than a thread hop).
+leaves a half-written record. Removed records leave a tombstone (why they went) in a bounded
+table, so a late GET still says `expired`, across restarts too, and the api's memory does not
+grow with every record it ever removed; SQLite's page cache is bounded (`PAGE_CACHE_KIB`).
+Used from the api's event loop only (one connection; the statements are tiny, so running them
+inline is cheaper than a thread hop).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from typing import Any, Iterable, Iterator
 
 from worldserve.api.jobs.records import TERMINAL_STATUSES, JobRecord, JobStatus
 from worldserve.errors import StorageFull
+
+PAGE_CACHE_KIB = 1024  # SQLite's page cache for this connection (its default is 2,000 KiB)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -32,6 +37,11 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     key TEXT PRIMARY KEY,
     record_id TEXT NOT NULL,
     fingerprint TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS gone (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT UNIQUE NOT NULL,
+    why TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS idempotency_keys_record ON idempotency_keys (record_id);
 CREATE TABLE IF NOT EXISTS answers (
@@ -63,6 +73,7 @@ class RecordStore:
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute(f"PRAGMA cache_size=-{PAGE_CACHE_KIB}")
         self._db.executescript(_SCHEMA)
         row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM records").fetchone()
         self._seq = int(row[0])
@@ -135,6 +146,17 @@ class RecordStore:
                     "(SELECT id FROM answers WHERE expires_at <= ?)", (now,))
         self._write("DELETE FROM answers WHERE expires_at <= ?", (now,))
 
+    def remember_gone(self, record_id: str, why: str, keep: int) -> None:
+        """A tombstone for a removed record; only the newest `keep` are kept."""
+        cursor = self._write("INSERT OR REPLACE INTO gone (id, why) VALUES (?, ?)",
+                             (record_id, why))
+        self._write("DELETE FROM gone WHERE seq <= ?", (cursor.lastrowid - keep,))
+
+    def why_gone(self, record_id: str) -> str | None:
+        """Why a removed record went, while its tombstone is kept."""
+        row = self._db.execute("SELECT why FROM gone WHERE id = ?", (record_id,)).fetchone()
+        return row[0] if row is not None else None
+
     # ------------------------------------------------------------------ reads
 
     def get(self, record_id: str, kind: str | None = None) -> JobRecord | None:
@@ -189,7 +211,8 @@ class RecordStore:
 
     def expired(self, now: int) -> list[JobRecord]:
         rows = self._db.execute(
-            "SELECT data FROM records WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,)
+            "SELECT data FROM records WHERE expires_at IS NOT NULL AND expires_at <= ? "
+            "ORDER BY seq", (now,)
         ).fetchall()
         return [JobRecord.from_json(r[0]) for r in rows]
 
