@@ -27,7 +27,6 @@ Prints one JSON line per arm and workload, then a summary line.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
 import tempfile
@@ -35,7 +34,6 @@ import time
 from pathlib import Path
 
 import torch
-from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -51,6 +49,7 @@ from worldserve.ipc.messages import (  # noqa: E402
     SessionFrame,
 )
 from worldserve.models.dev.world.grammar import QUESTIONS  # noqa: E402
+from worldserve.models.dev.world.render import png_bytes  # noqa: E402
 from worldserve.models.dev.world.scenes import make_clip  # noqa: E402
 
 CAPABILITIES = ("colour", "shape", "direction", "background", "caption")
@@ -65,18 +64,12 @@ def greedy(max_tokens: int) -> ReasonerSampling:
                             repetition_penalty=1.0)
 
 
-def _png(frame) -> bytes:
-    buffer = io.BytesIO()
-    Image.fromarray(frame).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
 def world_questions(num_clips: int) -> list[list[ChatMessage]]:
     """Each grammar question about each held-out clip, the clip as a video part."""
     requests = []
     for seed in range(num_clips):
         clip = make_clip(seed, "motion")
-        video = ChatPart(type="video", frames=[_png(f) for f in clip.frames], fps=clip.fps)
+        video = ChatPart(type="video", frames=[png_bytes(f) for f in clip.frames], fps=clip.fps)
         requests += [[ChatMessage(role="user", parts=[
             video, ChatPart(type="text", text=QUESTIONS[c][0])])] for c in CAPABILITIES]
     return requests
@@ -84,7 +77,7 @@ def world_questions(num_clips: int) -> list[list[ChatMessage]]:
 
 def world_streams(num_clips: int) -> list[list[bytes]]:
     """Held-out stream clips (a colour change every 4 frames): each one live session's frames."""
-    return [[_png(f) for f in make_clip(seed, "stream").frames] for seed in range(num_clips)]
+    return [[png_bytes(f) for f in make_clip(seed, "stream").frames] for seed in range(num_clips)]
 
 
 class Arm:

@@ -59,9 +59,10 @@ from worldserve.models.dev.world.grammar import (  # noqa: E402
     parse_prompt,
     sample_prompts,
 )
+from worldserve.models.dev.world.render import png_bytes  # noqa: E402
 from worldserve.models.dev.world.scenes import WorldConfig, make_clip  # noqa: E402
 from worldserve.models.dev.world.selfcheck import evaluator_accuracy  # noqa: E402
-from worldserve.models.dev.world.vocab import KEY_STEPS, direction_of  # noqa: E402
+from worldserve.models.dev.world.vocab import KEY_STEPS, OPPOSITE_KEYS, direction_of  # noqa: E402
 
 CFG = WorldConfig()
 CHANCE = {"colour": 1 / 4, "shape": 1 / 3, "background": 1 / 2, "direction": 1 / 5,
@@ -71,7 +72,6 @@ REASONER_CAPABILITIES = ("colour", "shape", "direction", "background", "caption"
 # its room (>= 9 px from each edge), so each chunk of the world's own roll-out has room to move
 # the commanded way: the first chunk moves it at most 24 px, each flip moves it back first.
 REALTIME_CHUNKS = 3
-OPPOSITE_KEY = {"w": "s", "s": "w", "a": "d", "d": "a"}
 
 
 def image_arm(client: httpx.Client, prompts: list[str], seed: int) -> dict[str, float]:
@@ -171,7 +171,7 @@ def realtime_arm(base_url: str, num_clips: int, seed: int, first_frame: str) -> 
 
 def chunk_keys(first_key: str, num_chunks: int) -> list[str]:
     """The key held in each chunk: `first_key`, its opposite, `first_key`, ..."""
-    return [first_key if index % 2 == 0 else OPPOSITE_KEY[first_key]
+    return [first_key if index % 2 == 0 else OPPOSITE_KEYS[first_key]
             for index in range(num_chunks)]
 
 
@@ -202,7 +202,7 @@ def _realtime_init(clip: Any, seed: int, with_first_frame: bool, max_chunks: int
     if script is not None:
         init["condition_inputs"] = {"camera_actions": script}
     if with_first_frame:
-        init["first_frame"] = world_client.png_bytes(clip.frames[0])
+        init["first_frame"] = png_bytes(clip.frames[0])
     return init
 
 

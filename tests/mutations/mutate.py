@@ -1,9 +1,10 @@
 """Apply a plant to a temporary copy of the project and run the tests that claim to catch it.
 
-The copy holds `worldserve/`, `tools/` (the training tools some tests import), `tests/` and
-`pyproject.toml`; pytest runs in it with its rootdir there (pyproject's `pythonpath = ["."]`
-then imports the copied package, not the working tree) and caches pointed into the copy, so a
-planted dev-model build can never reach the shared cache.
+The copy holds `worldserve/`, `tools/` and `benchmarks/` (the training tools and benchmark
+scorers some tests import), `tests/` and `pyproject.toml`; pytest runs in it with its rootdir
+there (pyproject's `pythonpath = ["."]` then imports the copied package, not the working tree)
+and caches pointed into the copy, so a planted dev-model build can never reach the shared
+cache.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from tests.mutations.plants import Plant
 from tests.support.server import REPO_ROOT
 
-COPIED = ("worldserve", "tools", "tests", "pyproject.toml")
+COPIED = ("worldserve", "tools", "benchmarks", "tests", "pyproject.toml")
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "test-artifacts", ".pytest_cache")
 RUN_TIMEOUT_S = 600
 

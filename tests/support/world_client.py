@@ -19,6 +19,7 @@ from worldserve.media.framing import FrameDecoder, pack, unpack
 from worldserve.media.video import decode_audio, decode_frames, encode_mp4
 from worldserve.models.dev.world import evaluate
 from worldserve.models.dev.world.grammar import describe
+from worldserve.models.dev.world.render import png_bytes
 from worldserve.models.dev.world.scenes import WorldClip, WorldConfig
 
 WORLD = WorldConfig()
@@ -174,12 +175,6 @@ def explore(base_url: str, init: dict[str, Any], *, drop_refused_first_frame: bo
             elif kind in ("frame_batch", "frame_batch_header"):
                 payload = header.pop("payload") if kind == "frame_batch" else ws.recv(timeout_s)
                 batches.append(decoder.decode(header, payload))
-
-
-def png_bytes(frame: np.ndarray) -> bytes:
-    png = io.BytesIO()
-    Image.fromarray(frame).save(png, format="PNG")
-    return png.getvalue()
 
 
 def _png_data_url(frame: np.ndarray) -> str:

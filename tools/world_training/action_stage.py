@@ -46,6 +46,7 @@ from worldserve.models.cosmos3.world import DOMAIN, pose_deltas
 from worldserve.models.dev.world.agent import screen_step, screen_step_of_pose
 from worldserve.models.dev.world.evaluate import action_response
 from worldserve.models.dev.world.grammar import describe
+from worldserve.models.dev.world.render import png_bytes
 from worldserve.models.dev.world.scenes import make_clip
 
 MODES = ("forward_dynamics", "inverse_dynamics", "policy")
@@ -84,7 +85,7 @@ def action_params(clip: Any, mode: str, steps: int, guidance: float, seed: int =
     action = ActionCondition(mode=mode, chunk_size=chunk, domain_name=DOMAIN,
                              resolution_tier=TIER, raw_actions=raw)
     media: dict[str, Any] = ({"condition_video": _mp4(clip.frames)} if mode == "inverse_dynamics"
-                             else {"condition_images": [_png(clip.frames[0])]})
+                             else {"condition_images": [png_bytes(clip.frames[0])]})
     return GenerationParams(prompt=describe(clip.scene, "agent"), width=WORLD.width_px,
                             height=WORLD.height_px, num_frames=len(clip.frames),
                             num_inference_steps=steps, guidance_scale=guidance, seeds=[seed],
@@ -243,12 +244,6 @@ def training_pool(pipe: Any, num_clips: int) -> list[tuple[Any, torch.Tensor]]:
     their clean latents."""
     clips = [make_clip(TRAIN_SEED_BASE + index, "agent") for index in range(num_clips)]
     return [(clip, clean_latents(pipe, clip.frames)) for clip in clips]
-
-
-def _png(frame: np.ndarray) -> bytes:
-    out = io.BytesIO()
-    Image.fromarray(frame).save(out, format="PNG")
-    return out.getvalue()
 
 
 def _mp4(frames: np.ndarray) -> bytes:

@@ -10,44 +10,61 @@ them (target noise - x0, the runner's `x0 = x - sigma * v`), camera vectors buil
 runner's own `camera_vectors` from the keys the clip held (worldserve.models.camera_keys'
 convention: entry j produced frame j + 1, as a client sends them). A share of rows has frame 0
 noisy too, so a session without a first frame still draws a scene. The VAE is trained first
-(`train_vae --model realtime`) and stays frozen here.
+(`train_vae --model realtime`) and stays frozen here. With `--session-clips`, a share of the
+steps trains a session's chunk 1 or 2 over the cache of the clip's clean chunks before it
+(`realtime_chunks.py`); `--init` fine-tunes a file in the shipped layout instead of starting
+from the seeded DiT.
 
 Held-out figures go through the serving runner (`CausalRunner.new_session` / `run_chunk`) on
 agent clips below `TRAIN_SEED_BASE`, read by the world's evaluator: action response (the agent
-moved the way the keys command, within the first chunk) and colour kept (last frame).
+moved the way the keys command, within the first chunk) and colour kept (last frame); with
+session clips also per chunk of 3-chunk sessions keyed as the server benchmark's.
 
     python -m tools.world_training.train_vae --model realtime --out /tmp/realtime-vae.safetensors
     python -m tools.world_training.train_realtime --vae /tmp/realtime-vae.safetensors \
         --out /tmp/realtime-world.safetensors
+    python -m tools.world_training.train_realtime --init /tmp/realtime-world.safetensors \
+        --session-clips 1024 --learning-rate 1e-3 --out /tmp/realtime-later.safetensors
+
+(docs/dev-world.md "The realtime model" gives the shipped runs' arguments.)
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import io
 import json
 import math
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
 
-from tools.world_training.train_vae import TRAIN_SEED_BASE, to_pixels
+from tools.world_training.realtime_chunks import (
+    NUM_CHUNKS,
+    SessionPool,
+    build_session_pool,
+    clip_latents,
+    evaluate_sessions,
+    later_chunk_loss,
+    session_settings,
+)
+from tools.world_training.train_vae import TRAIN_SEED_BASE
 from worldserve.models.causal_dit.camera import camera_vectors, output_frames_per_latent
 from worldserve.models.causal_dit.loader import RealtimeModel
 from worldserve.models.causal_dit.runner import CausalRunner, dmd_sigmas
 from worldserve.models.causal_dit.vae_stream import temporal_upsampling
 from worldserve.models.dev.world.evaluate import expected_agent_direction, read_clip, read_frame
 from worldserve.models.dev.world.grammar import describe
+from worldserve.models.dev.world.render import png_bytes
 from worldserve.models.dev.world.scenes import WorldConfig, make_clip
 from worldserve.models.dev.world.vocab import KEY_STEPS
-from worldserve.models.types import WorldSessionSettings
 
 HELD_KEY_OPTIONS = [[]] + [[k] for k in KEY_STEPS]  # the held-key evaluation's key sets
+SESSION_SEED_OFFSET = 500_000  # session clips' seeds: apart from the chunk-0 pool's
 
 
 @dataclass(frozen=True)
@@ -63,6 +80,9 @@ class RealtimeTrainConfig:
     eval_clips: int = 40
     eval_every: int = 500
     seed: int = 0
+    session_clips: int = 0  # whole-session clips for the later chunks (0: chunk 0 only)
+    later_share: float = 0.6  # steps training chunk 1 or 2 (of a session pool)
+    self_forced: float = 0.0  # of those, over the model's own earlier chunks (not the clip's)
 
 
 @dataclass
@@ -76,22 +96,6 @@ def chunk_camera(model: RealtimeModel, keys: list[list[str]] | None) -> torch.Te
     """(F, num_keys) camera vectors of chunk 0, exactly as the runner builds them."""
     fb, up = model.config.frames_per_block, temporal_upsampling(model.vae)
     return camera_vectors(keys, output_frames_per_latent(True, fb, up), up * fb)
-
-
-def png_bytes(frame: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    Image.fromarray(frame).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def clip_latents(model: RealtimeModel, frames: np.ndarray) -> torch.Tensor:
-    """(C, F, h, w): the clip's latents, frame 0 replaced by the session's own encoding of it
-    (the PNG a client sends, decoded and encoded by `encode_image`)."""
-    latents = model.encode_video(to_pixels(frames))[0].clone()
-    c = model.config
-    image = Image.open(io.BytesIO(png_bytes(frames[0]))).convert("RGB")
-    latents[:, :1] = model.encode_image(image, c.default_width, c.default_height)[0].clone()
-    return latents
 
 
 def build_pool(model: RealtimeModel, cfg: RealtimeTrainConfig) -> Pool:
@@ -149,15 +153,6 @@ def flow_loss(model: RealtimeModel, batch: dict[str, torch.Tensor],
     return err.sum() / (batch["weight"].sum() * x.shape[1] * x.shape[3] * x.shape[4])
 
 
-def session_settings(model: RealtimeModel, seed: int, first_frame: bytes) -> WorldSessionSettings:
-    c = model.config
-    return WorldSessionSettings(
-        seed=seed, width=c.default_width, height=c.default_height,
-        num_inference_steps=c.default_num_inference_steps, sink_frames=c.default_sink_frames,
-        window_frames=c.default_window_frames, frames_per_block=c.frames_per_block,
-        first_frame=first_frame)
-
-
 def first_chunk(runner: CausalRunner, frame0: np.ndarray, keys: list[list[str]], prompt: str,
                 seed: int) -> np.ndarray:
     """The first chunk's decoded frames (T, H, W, 3) of a session started from `frame0`."""
@@ -191,6 +186,30 @@ def evaluate(model: RealtimeModel, num_clips: int, held: bool = False) -> dict[s
     return {"action_response": float(np.mean(response)), "colour_kept": float(np.mean(colour))}
 
 
+def step_loss(model: RealtimeModel, pool: Pool, sessions: SessionPool | None,
+              rng: np.random.Generator, cfg: RealtimeTrainConfig,
+              states: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One step's loss: chunk 0 rows, or (`later_share` of the steps, with a session pool) one
+    later chunk's rows over the cache of the clips' clean chunks before it. One prompt a step."""
+    if sessions is not None and rng.random() < cfg.later_share:
+        index = rng.integers(len(sessions.prompts), size=cfg.batch_size)
+        chunk = 1 + int(rng.integers(NUM_CHUNKS - 1))
+        prompt = "" if rng.random() < cfg.empty_prompt else sessions.prompts[int(index[0])]
+        return later_chunk_loss(model, sessions, index, chunk, rng, states[prompt],
+                                self_forced=rng.random() < cfg.self_forced)
+    batch = noisy_batch(model, pool, rng, cfg)
+    prompt = "" if rng.random() < cfg.empty_prompt else pool.prompts[int(batch["index"][0])]
+    return flow_loss(model, batch, states[prompt])
+
+
+def figures(model: RealtimeModel, num_clips: int, sessions: bool) -> dict[str, Any]:
+    """Chunk 0 with the clips' own keys; with `sessions` also the per-chunk session figures."""
+    out: dict[str, Any] = evaluate(model, num_clips)
+    if sessions:
+        out["sessions"] = evaluate_sessions(model, num_clips)
+    return out
+
+
 def learning_rate(step: int, cfg: RealtimeTrainConfig) -> float:
     if step <= cfg.warmup_steps:
         return cfg.learning_rate * step / cfg.warmup_steps
@@ -204,9 +223,15 @@ def train(model: RealtimeModel, cfg: RealtimeTrainConfig, log: Any = print) -> l
     rng = np.random.default_rng([11, cfg.seed])
     start = time.process_time()
     pool = build_pool(model, cfg)
-    log({"pool_clips": cfg.pool_clips, "pool_cpu_s": round(time.process_time() - start, 1)})
-    states = {p: model.prompt_states(p).clone() for p in set(pool.prompts) | {""}}
-    history = [{"step": 0, **evaluate(model, cfg.eval_clips)}]
+    sessions = None
+    if cfg.session_clips:
+        first = TRAIN_SEED_BASE + SESSION_SEED_OFFSET + cfg.seed * cfg.session_clips
+        sessions = build_session_pool(model, range(first, first + cfg.session_clips), cfg.seed)
+    log({"pool_clips": cfg.pool_clips, "session_clips": cfg.session_clips,
+         "pool_cpu_s": round(time.process_time() - start, 1)})
+    prompts = set(pool.prompts) | set(sessions.prompts if sessions else []) | {""}
+    states = {p: model.prompt_states(p).clone() for p in prompts}
+    history = [{"step": 0, **figures(model, cfg.eval_clips, sessions is not None)}]
     log(history[-1])
     model.dit.train()
     optimiser = torch.optim.AdamW(model.dit.parameters(), lr=cfg.learning_rate,
@@ -215,9 +240,7 @@ def train(model: RealtimeModel, cfg: RealtimeTrainConfig, log: Any = print) -> l
     for step in range(1, cfg.steps + 1):
         for group in optimiser.param_groups:
             group["lr"] = learning_rate(step, cfg)
-        batch = noisy_batch(model, pool, rng, cfg)
-        prompt = "" if rng.random() < cfg.empty_prompt else pool.prompts[int(batch["index"][0])]
-        loss = flow_loss(model, batch, states[prompt])
+        loss = step_loss(model, pool, sessions, rng, cfg, states)
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.dit.parameters(), 1.0)
@@ -225,7 +248,7 @@ def train(model: RealtimeModel, cfg: RealtimeTrainConfig, log: Any = print) -> l
         if step % cfg.eval_every == 0 or step == cfg.steps:
             entry = {"step": step, "loss": round(float(loss.detach()), 4),
                      "train_cpu_s": round(time.process_time() - start, 1),
-                     **evaluate(model, cfg.eval_clips)}
+                     **figures(model, cfg.eval_clips, sessions is not None)}
             history.append(entry)
             log(entry)
     model.dit.eval()
@@ -245,34 +268,54 @@ def load_trained_vae(model: RealtimeModel, path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from worldserve.models.causal_dit.dev import build_realtime_model
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--vae", required=True, help="train_vae --model realtime's output")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--vae", help="train_vae --model realtime's output (train from scratch)")
+    source.add_argument("--init", help="fine-tune a file in the shipped layout (its VAE too)")
     parser.add_argument("--steps", type=int, default=RealtimeTrainConfig.steps)
+    parser.add_argument("--learning-rate", type=float, default=RealtimeTrainConfig.learning_rate)
     parser.add_argument("--eval-every", type=int, default=RealtimeTrainConfig.eval_every)
     parser.add_argument("--pool-clips", type=int, default=RealtimeTrainConfig.pool_clips)
+    parser.add_argument("--session-clips", type=int, default=RealtimeTrainConfig.session_clips,
+                        help="whole-session clips for training chunks 1 and 2 (0: chunk 0 only)")
+    parser.add_argument("--self-forced", type=float, default=RealtimeTrainConfig.self_forced,
+                        help="share of later-chunk steps over the model's own earlier chunks")
     parser.add_argument("--final-eval", type=int, default=100,
-                        help="held-out clips for the final figures (both key kinds)")
+                        help="held-out clips for the final figures (every key kind)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     log = lambda entry: print(json.dumps(entry), flush=True)  # noqa: E731
-    model = build_realtime_model(0)
-    model.config = dataclasses.replace(model.config, image_conditioning=True)
-    cfg = RealtimeTrainConfig(steps=args.steps, eval_every=args.eval_every,
-                              pool_clips=args.pool_clips)
-    log({"random_vae": evaluate(model, cfg.eval_clips)})
-    load_trained_vae(model, args.vae)
+    model, init_record = starting_model(args, log)
+    cfg = RealtimeTrainConfig(steps=args.steps, learning_rate=args.learning_rate,
+                              eval_every=args.eval_every, pool_clips=args.pool_clips,
+                              session_clips=args.session_clips, self_forced=args.self_forced)
     start = time.process_time()
     history = train(model, cfg, log)
     cpu_min = round((time.process_time() - start) / 60, 1)
     final = {"clip_keys": evaluate(model, args.final_eval),
-             "held_keys": evaluate(model, args.final_eval, held=True)}
+             "held_keys": evaluate(model, args.final_eval, held=True),
+             "sessions": evaluate_sessions(model, args.final_eval)}
     log({"final": final, "cpu_min": cpu_min})
-    record = {"config": asdict(cfg), "vae": args.vae, "history": history, "final": final,
-              "cpu_min": cpu_min}
+    record = {"config": asdict(cfg), "vae": args.vae, "init": args.init, "history": history,
+              "final": final, "cpu_min": cpu_min, "init_training": init_record}
     save_weights(model, args.out, record)
+
+
+def starting_model(args: argparse.Namespace, log: Any) -> tuple[RealtimeModel, Any]:
+    """The seeded model with the trained VAE (`--vae`), or a shipped-layout file's DiT and VAE
+    (`--init`) and that file's training record."""
+    from worldserve.models.causal_dit.dev import build_realtime_model, trained_realtime_model
+    from worldserve.models.dev.world import trained
+
+    if args.init:
+        _, metadata = trained.read(Path(args.init))
+        return trained_realtime_model(0, Path(args.init)), json.loads(metadata["training"])
+    model = build_realtime_model(0)
+    model.config = dataclasses.replace(model.config, image_conditioning=True)
+    log({"random_vae": evaluate(model, RealtimeTrainConfig.eval_clips)})
+    load_trained_vae(model, args.vae)
+    return model, None
 
 
 def save_weights(model: RealtimeModel, path: str, record: dict[str, Any]) -> None:

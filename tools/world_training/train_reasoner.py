@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import io
 import json
 import math
 import tempfile
@@ -26,10 +25,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
 
 from worldserve.models.dev.world.evaluate import answer_matches
 from worldserve.models.dev.world.grammar import QUESTIONS, answer
+from worldserve.models.dev.world.render import png_bytes
 from worldserve.models.dev.world.scenes import WorldClip, make_clip
 
 CAPABILITIES = ("colour", "shape", "direction", "background", "caption")
@@ -83,7 +82,8 @@ class WorldReasonerData:
                              self.runner.prompting)
 
     def read_clip(self, clip: WorldClip) -> Any:
-        return self.runner.prompting.read_video([_png(frame) for frame in clip.frames], clip.fps)
+        frames = [png_bytes(frame) for frame in clip.frames]
+        return self.runner.prompting.read_video(frames, clip.fps)
 
     def stream_example(self, clip: WorldClip, num_frames: int) -> Example:
         """A live reasoning session over the clip's first `num_frames` frames, token for token
@@ -95,7 +95,7 @@ class WorldReasonerData:
         media, spans = [], []
         question = QUESTIONS["colour_now"][0]
         for index in range(num_frames):
-            chunk = builder.frame_chunk(_png(clip.frames[index]),
+            chunk = builder.frame_chunk(png_bytes(clip.frames[index]),
                                         STREAM_SYSTEM_PROMPT if index == 0 else None,
                                         question, None, set())
             ids += chunk.closing_ids + chunk.turn_ids
@@ -264,12 +264,6 @@ def lr_factor(step: int, num_steps: int) -> float:
     """Linear warm-up over the first 5 % of the steps, then a cosine decay to zero."""
     warmup = max(1, num_steps // 20)
     return min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * step / num_steps))
-
-
-def _png(frame: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    Image.fromarray(frame).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 if __name__ == "__main__":

@@ -11,13 +11,12 @@ from worldserve.models.dev.world import evaluate
 from worldserve.models.dev.world.grammar import QUESTIONS, answer, describe
 from worldserve.models.dev.world.render import sound_track
 from worldserve.models.dev.world.scenes import WorldConfig, agent_clip, make_clip
-from worldserve.models.dev.world.vocab import COLOURS, TONES_HZ
+from worldserve.models.dev.world.vocab import COLOURS, OPPOSITE_KEYS, TONES_HZ
 
 NUM_SEEDS = 100
 MIN_ACCURACY = 0.99
 CFG = WorldConfig()
 MIRRORED = {"left": "right", "right": "left", "up": "up", "down": "down", "still": "still"}
-OPPOSITE_KEY = {"w": "s", "s": "w", "a": "d", "d": "a", "i": "k", "k": "i", "j": "l", "l": "j"}
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +97,7 @@ def test_opposite_keys_are_not_a_response(agent_clips):
     moving = [c for c in agent_clips if evaluate.read_clip(c.frames).direction != "still"]
     assert len(moving) >= NUM_SEEDS // 2
     for clip in moving:
-        swapped = [[OPPOSITE_KEY[k] for k in keys] for keys in clip.keys_per_step]
+        swapped = [[OPPOSITE_KEYS[k] for k in keys] for keys in clip.keys_per_step]
         assert not evaluate.action_response(clip.frames, swapped, CFG.step_px), clip.keys_per_step
 
 

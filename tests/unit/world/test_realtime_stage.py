@@ -16,13 +16,13 @@ from tools.world_training.train_realtime import (
     chunk_camera,
     clip_latents,
     noisy_batch,
-    png_bytes,
     row_keys,
     session_settings,
 )
 from worldserve.models.causal_dit.dev import build_realtime_model
 from worldserve.models.causal_dit.model import CAMERA_KEYS
 from worldserve.models.causal_dit.runner import CausalRunner, dmd_sigmas
+from worldserve.models.dev.world.render import png_bytes
 from worldserve.models.dev.world.scenes import make_clip
 
 
@@ -66,3 +66,38 @@ def test_a_batch_noises_later_frames_at_the_runners_sigmas_with_frame_zero_clean
     assert set(batch["t"][:, 1:].flatten().tolist()) == served
     assert bool((batch["t"][:, 0] == 0).all()) and bool((batch["weight"][:, :, 0] == 0).all())
     assert torch.equal(batch["x"][:, :, 0], pool.latents[batch["index"]][:, :, 0])
+
+
+def test_a_later_chunks_teacher_forced_cache_is_what_the_runner_commits(model) -> None:
+    """The later-chunk rows' cache (one block-causal pass at t = 0 over the clip's clean chunks)
+    equals the K/V the runner appends chunk by chunk (`_commit`), and each chunk's camera
+    vectors are the runner's for that chunk's slice of the session script."""
+    from tools.world_training.realtime_chunks import (
+        build_session_pool,
+        chunk_entries,
+        session_keys,
+    )
+    from worldserve.models.causal_dit.model import block_causal_mask
+
+    pool = build_session_pool(model, range(7, 8), key_seed=0)
+    script = session_keys(np.random.default_rng([23, 0, 7]), chunk_entries(model))
+    runner = CausalRunner(model)
+    session = runner.new_session("s", session_settings(model, 0, png_bytes(
+        make_clip(7, "agent").frames[0])), pool.prompts[0])
+    fb, start = model.config.frames_per_block, 0
+    with torch.inference_mode():  # as run_chunk commits
+        for chunk, count in enumerate(chunk_entries(model)[:2]):
+            cam = runner._camera_input(session, script[start:start + count], chunk == 0)
+            assert torch.equal(cam[0], pool.cameras[0, fb * chunk:fb * (chunk + 1)])
+            span = slice(fb * chunk, fb * (chunk + 1))
+            runner._commit(session, pool.latents[:1, :, span], cam,
+                           torch.arange(span.start, span.stop))
+            start += count
+    mask = block_causal_mask(2 * fb, fb, model.dit.tokens_per_frame(8, 8))
+    with torch.no_grad():
+        text_kv = model.dit.text_kv(model.prompt_states(pool.prompts[0]).clone())
+        _, kv = model.dit(pool.latents[:1, :, :2 * fb], torch.zeros(1, 2 * fb),
+                          pool.cameras[:1, :2 * fb], torch.arange(2 * fb), text_kv, mask=mask)
+    for (k, v), (rk, rv) in zip(kv, session.cache.kv):
+        torch.testing.assert_close(k, rk, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(v, rv, rtol=1e-4, atol=1e-5)

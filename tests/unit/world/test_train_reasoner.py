@@ -10,10 +10,10 @@ from tools.world_training.train_reasoner import (
     IGNORE,
     STREAM_SYSTEM_PROMPT,
     WorldReasonerData,
-    _png,
     model_inputs,
 )
 from worldserve.models.dev.world.grammar import QUESTIONS
+from worldserve.models.dev.world.render import png_bytes
 from worldserve.models.dev.world.scenes import make_clip
 
 torch.set_num_threads(1)
@@ -73,7 +73,7 @@ def test_a_live_session_example_is_the_engines_session_with_each_frames_colour(r
     data = WorldReasonerData(runner)
     example = data.stream_example(clip, 6)
     builder = PromptBuilder(runner.tokenizer, runner.chat_template, runner.prompting)
-    first = builder.frame_chunk(_png(clip.frames[0]), STREAM_SYSTEM_PROMPT,
+    first = builder.frame_chunk(png_bytes(clip.frames[0]), STREAM_SYSTEM_PROMPT,
                                 QUESTIONS["colour_now"][0], None, set())
     assert example.ids[:len(first.turn_ids)] == first.turn_ids
     assert len(example.answer_spans) == len(example.media) == 6

@@ -37,7 +37,9 @@ logger = logging.getLogger(__name__)
 # 8: world/'s sound tokenizer and the transformer's sound pathway are trained (tone per colour)
 # 9: world-drafter/, the DFlash drafter trained against world/'s reasoner
 # 10: realtime/ is the causal model trained on the dev world's agent (keys steer it)
-DEV_MODELS_VERSION = "10"
+# 11: realtime/'s later chunks trained (the DiT over a session's cache, the VAE decoder on
+#     whole sessions)
+DEV_MODELS_VERSION = "11"
 DEV_MODELS_SEED = 0
 MARKER_NAME = "worldserve_dev.json"
 _TMP_PREFIX = ".tmp-"

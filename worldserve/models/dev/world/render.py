@@ -7,6 +7,7 @@ palette colour and a shape's fill of its bounding box is exact: square 1.0, circ
 
 from __future__ import annotations
 
+import io
 import math
 
 import numpy as np
@@ -62,3 +63,10 @@ def sound_track(colour_per_frame: list[str], click_frames: list[int], fps: float
         end = min(start + CLICK_SAMPLES, num_samples)
         track[start:end] += burst[: end - start]
     return np.stack([track, track]).astype(np.float32)
+
+
+def png_bytes(frame: np.ndarray) -> bytes:
+    """A (height, width, 3) uint8 frame as PNG bytes: what a client uploads."""
+    buffer = io.BytesIO()
+    Image.fromarray(frame).save(buffer, format="PNG")
+    return buffer.getvalue()

@@ -39,6 +39,9 @@ KEY_STEPS: dict[str, tuple[int, int]] = {
     "w": (0, -1), "s": (0, 1), "a": (-1, 0), "d": (1, 0),
     "i": (0, 1), "k": (0, -1), "j": (1, 0), "l": (-1, 0),
 }
+# Each key's opposite of the same kind (a step undone, a look turned back).
+OPPOSITE_KEYS: dict[str, str] = {"w": "s", "s": "w", "a": "d", "d": "a",
+                                 "i": "k", "k": "i", "j": "l", "l": "j"}
 
 
 def direction_of(dx: float, dy: float) -> str:
