@@ -12,6 +12,7 @@ from typing import Iterator
 
 import uvicorn
 
+from worldserve.api.allocator import hold_malloc_thresholds
 from worldserve.api.app import create_app
 from worldserve.api.logs import quiet_uvicorn
 from worldserve.api.runtime import SHUTDOWN_HOOK_TIMEOUT_S, ServerRuntime, ShutdownHook
@@ -88,6 +89,7 @@ async def serve(config: ServerConfig, admin_key: str | None, api_key: str | None
     the full app until a signal or a fatal stage failure; return the exit code."""
     exit_code = 0
     server: _Server | None = None
+    hold_malloc_thresholds()  # freed large blocks go back to the system (api/allocator.py)
 
     def on_fatal(reason: str) -> None:
         nonlocal exit_code

@@ -1,0 +1,50 @@
+"""The api's malloc thresholds (worldserve/api/allocator.py), observed in a fresh process: after
+one large block is freed, glibc's own adjustment puts later megabyte blocks on the main arena's
+heap; with the thresholds held they keep their own mappings."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.server import REPO_ROOT
+
+PROBE = """
+import ctypes, json, sys
+from worldserve.api.allocator import hold_malloc_thresholds
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.mallinfo2.restype = MallInfo2
+held = hold_malloc_thresholds() if sys.argv[1] == "held" else None
+libc.free(libc.malloc(4 << 20))  # glibc would now raise its mmap threshold to 4 MiB
+blocks = [libc.malloc(1 << 20) for _ in range(8)]
+info = libc.mallinfo2()
+print(json.dumps({"held": held, "mmapped_bytes": info.hblkhd, "heap_bytes": info.arena}))
+"""
+
+
+def probe(arm: str) -> dict[str, int]:
+    done = subprocess.run([sys.executable, "-c", PROBE, arm], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=60, check=True)
+    return json.loads(done.stdout)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's thresholds only")
+def test_held_thresholds_keep_megabyte_blocks_off_the_heap() -> None:
+    adjusted, held = probe("glibc"), probe("held")
+    assert held["held"] is True
+    eight_mib = 8 << 20
+    assert adjusted["mmapped_bytes"] < eight_mib <= adjusted["heap_bytes"], adjusted
+    assert held["mmapped_bytes"] >= eight_mib > held["heap_bytes"], held
