@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
+from worldserve.api.allocator import hold_malloc_thresholds
 from worldserve.api.app import create_app
 from worldserve.api.jobs.service import MediaService
 from worldserve.api.runtime import ServerRuntime
@@ -110,6 +111,7 @@ class WorldserveApi:
 
     async def __init__(self, config_json: str, stages: list[str], admin_key: str | None,
                        num_api_replicas: int = 1, api_key: str | None = None) -> None:
+        hold_malloc_thresholds()  # this replica's process is an api process (api/allocator.py)
         replica = serve.get_replica_context().replica_id.unique_id
         self.config = ServerConfig.model_validate_json(config_json)
         if num_api_replicas > 1:
