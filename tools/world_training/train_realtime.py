@@ -83,6 +83,7 @@ class RealtimeTrainConfig:
     session_clips: int = 0  # whole-session clips for the later chunks (0: chunk 0 only)
     later_share: float = 0.6  # steps training chunk 1 or 2 (of a session pool)
     self_forced: float = 0.0  # of those, over the model's own earlier chunks (not the clip's)
+    later_weights: tuple[int, ...] = (1, 1)  # how often those train chunk 1, chunk 2 (relative)
 
 
 @dataclass
@@ -186,6 +187,14 @@ def evaluate(model: RealtimeModel, num_clips: int, held: bool = False) -> dict[s
     return {"action_response": float(np.mean(response)), "colour_kept": float(np.mean(colour))}
 
 
+def later_chunk(rng: np.random.Generator, weights: tuple[int, ...]) -> int:
+    """Chunk 1, 2, ... drawn by relative integer `weights`: one draw over their sum, so equal
+    weights draw exactly as a uniform `rng.integers` over the chunks (the runs before the
+    weights existed)."""
+    draw = int(rng.integers(sum(weights)))
+    return 1 + int(np.searchsorted(np.cumsum(weights), draw, side="right"))
+
+
 def step_loss(model: RealtimeModel, pool: Pool, sessions: SessionPool | None,
               rng: np.random.Generator, cfg: RealtimeTrainConfig,
               states: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -193,7 +202,7 @@ def step_loss(model: RealtimeModel, pool: Pool, sessions: SessionPool | None,
     later chunk's rows over the cache of the clips' clean chunks before it. One prompt a step."""
     if sessions is not None and rng.random() < cfg.later_share:
         index = rng.integers(len(sessions.prompts), size=cfg.batch_size)
-        chunk = 1 + int(rng.integers(NUM_CHUNKS - 1))
+        chunk = later_chunk(rng, cfg.later_weights)
         prompt = "" if rng.random() < cfg.empty_prompt else sessions.prompts[int(index[0])]
         return later_chunk_loss(model, sessions, index, chunk, rng, states[prompt],
                                 self_forced=rng.random() < cfg.self_forced)
@@ -280,6 +289,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="whole-session clips for training chunks 1 and 2 (0: chunk 0 only)")
     parser.add_argument("--self-forced", type=float, default=RealtimeTrainConfig.self_forced,
                         help="share of later-chunk steps over the model's own earlier chunks")
+    parser.add_argument("--later-weights", type=int, nargs=NUM_CHUNKS - 1,
+                        default=RealtimeTrainConfig.later_weights, metavar="W",
+                        help="relative weights of chunk 1 and chunk 2 in the later-chunk steps")
     parser.add_argument("--final-eval", type=int, default=100,
                         help="held-out clips for the final figures (every key kind)")
     parser.add_argument("--out", required=True)
@@ -289,7 +301,8 @@ def main(argv: list[str] | None = None) -> None:
     model, init_record = starting_model(args, log)
     cfg = RealtimeTrainConfig(steps=args.steps, learning_rate=args.learning_rate,
                               eval_every=args.eval_every, pool_clips=args.pool_clips,
-                              session_clips=args.session_clips, self_forced=args.self_forced)
+                              session_clips=args.session_clips, self_forced=args.self_forced,
+                              later_weights=tuple(args.later_weights))
     start = time.process_time()
     history = train(model, cfg, log)
     cpu_min = round((time.process_time() - start) / 60, 1)

@@ -15,6 +15,7 @@ from tools.world_training.train_realtime import (
     RealtimeTrainConfig,
     chunk_camera,
     clip_latents,
+    later_chunk,
     noisy_batch,
     row_keys,
     session_settings,
@@ -66,6 +67,17 @@ def test_a_batch_noises_later_frames_at_the_runners_sigmas_with_frame_zero_clean
     assert set(batch["t"][:, 1:].flatten().tolist()) == served
     assert bool((batch["t"][:, 0] == 0).all()) and bool((batch["weight"][:, :, 0] == 0).all())
     assert torch.equal(batch["x"][:, :, 0], pool.latents[batch["index"]][:, :, 0])
+
+
+def test_later_chunks_are_drawn_by_their_weights() -> None:
+    """Equal weights draw as the uniform choice of the runs before weights (so their recorded
+    commands still reproduce); (1, 3) trains the third chunk three times as often."""
+    a, b = np.random.default_rng(5), np.random.default_rng(5)
+    assert [later_chunk(a, (1, 1)) for _ in range(50)] == [
+        1 + int(b.integers(2)) for _ in range(50)]
+    rng = np.random.default_rng(0)
+    drawn = [later_chunk(rng, (1, 3)) for _ in range(4000)]
+    assert set(drawn) == {1, 2} and 0.72 < drawn.count(2) / len(drawn) < 0.78
 
 
 def test_a_later_chunks_teacher_forced_cache_is_what_the_runner_commits(model) -> None:
