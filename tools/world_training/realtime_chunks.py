@@ -150,10 +150,12 @@ def own_context(model: RealtimeModel, x0_all: torch.Tensor, cam_all: torch.Tenso
 
 def later_chunk_loss(model: RealtimeModel, pool: SessionPool, index: np.ndarray, chunk: int,
                      rng: np.random.Generator, text: torch.Tensor,
-                     self_forced: bool = False) -> torch.Tensor:
+                     self_forced: bool = False, context_noise: float = 0.0) -> torch.Tensor:
     """Flow loss of chunk `chunk` (>= 1) of the rows `index`, denoised over the cache the
     runner would hold after committing the clip's clean chunks before it, or (`self_forced`)
-    the model's own chunks before it, sampled from the same first frame and keys."""
+    the model's own chunks before it, sampled from the same first frame and keys; with
+    `context_noise`, those chunks' latents (not the pinned first frame) carry Gaussian noise of
+    that scale, still committed at t = 0, so a slightly wrong context is one seen in training."""
     dit, fb = model.dit, model.config.frames_per_block
     x0_all, cam_all = pool.latents[index], pool.cameras[index]
     b, past = len(index), fb * chunk
@@ -162,6 +164,10 @@ def later_chunk_loss(model: RealtimeModel, pool: SessionPool, index: np.ndarray,
     if self_forced:
         context = own_context(model, x0_all, cam_all, chunk, [
             (k.detach(), v.detach()) for k, v in text_kv])
+    if context_noise:
+        noise = context_noise * torch.randn_like(context)
+        noise[:, :, :1] = 0.0
+        context = context + noise
     h, w = x0_all.shape[3:]
     mask = block_causal_mask(past, fb, dit.tokens_per_frame(h, w))
     _, kv = dit(context, torch.zeros(b, past), cam_all[:, :past], torch.arange(past), text_kv,

@@ -44,8 +44,11 @@ def decoder_parameters(model: RealtimeModel) -> list[torch.nn.Parameter]:
 
 
 def train_decoder(model: RealtimeModel, steps: int, num_clips: int, batch_size: int,
-                  learning_rate: float, log: Any = print) -> list[dict[str, float]]:
-    """Fine-tune `model.vae`'s decoder in place on `num_clips` session clips."""
+                  learning_rate: float, log: Any = print,
+                  latent_noise: float = 0.0) -> list[dict[str, float]]:
+    """Fine-tune `model.vae`'s decoder in place on `num_clips` session clips; with
+    `latent_noise`, each batch's latents carry Gaussian noise of that scale in the DiT's
+    (normalised) units, so the decoder draws the clip from latents as far off as the DiT's."""
     torch.manual_seed(0)
     rng = np.random.default_rng(31)
     first = TRAIN_SEED_BASE + DECODER_SEED_OFFSET
@@ -59,7 +62,11 @@ def train_decoder(model: RealtimeModel, steps: int, num_clips: int, batch_size: 
     start = time.process_time()
     for step in range(1, steps + 1):
         index = torch.from_numpy(rng.integers(num_clips, size=batch_size))
-        loss = weighted_error(model.vae.decode(latents[index]).sample, pixels[index], 2)
+        z = latents[index]
+        if latent_noise:
+            std = torch.tensor(model.vae.config.latents_std).view(1, -1, 1, 1, 1)
+            z = z + latent_noise * std * torch.randn_like(z)
+        loss = weighted_error(model.vae.decode(z).sample, pixels[index], 2)
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -83,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clips", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--latent-noise", type=float, default=0.0,
+                        help="noise on the training latents, in the DiT's normalised units")
     parser.add_argument("--final-eval", type=int, default=100)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
@@ -91,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     model = trained_realtime_model(0, Path(args.init))
     _, metadata = trained.read(Path(args.init))
     history = train_decoder(model, args.steps, args.clips, args.batch_size, args.learning_rate,
-                            log)
+                            log, args.latent_noise)
     final = {"held_keys": evaluate(model, args.final_eval, held=True),
              "sessions": evaluate_sessions(model, args.final_eval)}
     log({"final": final})

@@ -84,6 +84,7 @@ class RealtimeTrainConfig:
     later_share: float = 0.6  # steps training chunk 1 or 2 (of a session pool)
     self_forced: float = 0.0  # of those, over the model's own earlier chunks (not the clip's)
     later_weights: tuple[int, ...] = (1, 1)  # how often those train chunk 1, chunk 2 (relative)
+    context_noise: float = 0.0  # noise on the later-chunk rows' context latents (not frame 0)
 
 
 @dataclass
@@ -205,7 +206,8 @@ def step_loss(model: RealtimeModel, pool: Pool, sessions: SessionPool | None,
         chunk = later_chunk(rng, cfg.later_weights)
         prompt = "" if rng.random() < cfg.empty_prompt else sessions.prompts[int(index[0])]
         return later_chunk_loss(model, sessions, index, chunk, rng, states[prompt],
-                                self_forced=rng.random() < cfg.self_forced)
+                                self_forced=rng.random() < cfg.self_forced,
+                                context_noise=cfg.context_noise)
     batch = noisy_batch(model, pool, rng, cfg)
     prompt = "" if rng.random() < cfg.empty_prompt else pool.prompts[int(batch["index"][0])]
     return flow_loss(model, batch, states[prompt])
@@ -292,6 +294,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--later-weights", type=int, nargs=NUM_CHUNKS - 1,
                         default=RealtimeTrainConfig.later_weights, metavar="W",
                         help="relative weights of chunk 1 and chunk 2 in the later-chunk steps")
+    parser.add_argument("--context-noise", type=float, default=RealtimeTrainConfig.context_noise,
+                        help="noise scale on the later-chunk rows' context latents")
     parser.add_argument("--final-eval", type=int, default=100,
                         help="held-out clips for the final figures (every key kind)")
     parser.add_argument("--out", required=True)
@@ -302,7 +306,8 @@ def main(argv: list[str] | None = None) -> None:
     cfg = RealtimeTrainConfig(steps=args.steps, learning_rate=args.learning_rate,
                               eval_every=args.eval_every, pool_clips=args.pool_clips,
                               session_clips=args.session_clips, self_forced=args.self_forced,
-                              later_weights=tuple(args.later_weights))
+                              later_weights=tuple(args.later_weights),
+                              context_noise=args.context_noise)
     start = time.process_time()
     history = train(model, cfg, log)
     cpu_min = round((time.process_time() - start) / 60, 1)
