@@ -35,7 +35,7 @@ from worldserve.models.dev.world.vocab import KEY_STEPS, OPPOSITE_KEYS
 from worldserve.models.types import WorldSessionSettings
 
 NUM_CHUNKS = 3  # the server benchmark's sessions (benchmarks/quality.py REALTIME_CHUNKS)
-KEY_OPTIONS = [[]] + [[k] for k in KEY_STEPS]
+KEY_OPTIONS = [[]] + [[k] for k in KEY_STEPS]  # held key sets: none or one key (scripts, evals)
 
 
 def clip_latents(model: RealtimeModel, frames: np.ndarray) -> torch.Tensor:
@@ -101,16 +101,22 @@ def session_camera(model: RealtimeModel, script: list[list[str]]) -> torch.Tenso
     return torch.cat(vectors)
 
 
-def build_session_pool(model: RealtimeModel, seeds: range, key_seed: int) -> SessionPool:
-    """Agent clips of a whole session (33 frames), their latents (frame 0 as `encode_image`
-    gives it) and cameras. Each frame of a later chunk moves by its own chunk's keys (what the
+def session_clip(entries: list[int], script: list[list[str]], seed: int) -> WorldClip:
+    """The agent clip of a whole session keyed by `script` (one key set per output frame, cut
+    per chunk by `entries`): each later chunk's frames move by its own chunk's keys (what the
     server benchmark scores: 12 steps from the previous chunk's last frame), so the first
-    chunk's ninth entry moves nothing."""
+    chunk's last entry moves nothing."""
+    return agent_clip(seed, script[:entries[0] - 1] + script[entries[0]:])
+
+
+def build_session_pool(model: RealtimeModel, seeds: range, key_seed: int) -> SessionPool:
+    """Agent clips of a whole session (33 frames, `session_clip`), their latents (frame 0 as
+    `encode_image` gives it) and cameras."""
     latents, cameras, prompts = [], [], []
+    entries = chunk_entries(model)
     for seed in seeds:
-        script = session_keys(np.random.default_rng([23, key_seed, seed]), chunk_entries(model))
-        first = chunk_entries(model)[0]
-        clip = agent_clip(seed, script[:first - 1] + script[first:])
+        script = session_keys(np.random.default_rng([23, key_seed, seed]), entries)
+        clip = session_clip(entries, script, seed)
         latents.append(clip_latents(model, clip.frames))
         cameras.append(session_camera(model, script))
         prompts.append(describe(clip.scene, "agent"))

@@ -24,10 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from tools.world_training.realtime_chunks import chunk_entries, session_keys
+from tools.world_training.realtime_chunks import chunk_entries, session_clip, session_keys
 from tools.world_training.train_vae import TRAIN_SEED_BASE, to_pixels, weighted_error
 from worldserve.models.causal_dit.loader import RealtimeModel
-from worldserve.models.dev.world.scenes import agent_clip
 
 DECODER_SEED_OFFSET = 700_000  # the decoder's session clips: apart from the DiT's pools
 
@@ -36,7 +35,7 @@ def session_pixels(model: RealtimeModel, seed: int) -> torch.Tensor:
     """(1, 3, 33, H, W): a 3-chunk session's agent clip (`build_session_pool`'s keying)."""
     entries = chunk_entries(model)
     script = session_keys(np.random.default_rng([29, seed]), entries)
-    return to_pixels(agent_clip(seed, script[:entries[0] - 1] + script[entries[0]:]).frames)
+    return to_pixels(session_clip(entries, script, seed).frames)
 
 
 def decoder_parameters(model: RealtimeModel) -> list[torch.nn.Parameter]:
@@ -80,9 +79,7 @@ def train_decoder(model: RealtimeModel, steps: int, num_clips: int, batch_size: 
 
 def main(argv: list[str] | None = None) -> None:
     from tools.world_training.realtime_chunks import evaluate_sessions
-    from tools.world_training.train_realtime import evaluate, save_weights
-    from worldserve.models.causal_dit.dev import trained_realtime_model
-    from worldserve.models.dev.world import trained
+    from tools.world_training.train_realtime import evaluate, save_weights, shipped_model
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--init", required=True, help="a file in the shipped layout")
@@ -97,14 +94,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     log = lambda entry: print(json.dumps(entry), flush=True)  # noqa: E731
-    model = trained_realtime_model(0, Path(args.init))
-    _, metadata = trained.read(Path(args.init))
+    model, init_record = shipped_model(Path(args.init))
     history = train_decoder(model, args.steps, args.clips, args.batch_size, args.learning_rate,
                             log, args.latent_noise)
     final = {"held_keys": evaluate(model, args.final_eval, held=True),
              "sessions": evaluate_sessions(model, args.final_eval)}
     log({"final": final})
-    record = {**json.loads(metadata["training"]),
+    record = {**init_record,
               "decoder": {"args": vars(args), "history": history, "final": final}}
     save_weights(model, args.out, record)
 

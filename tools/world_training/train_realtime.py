@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from tools.world_training.realtime_chunks import (
+    KEY_OPTIONS,
     NUM_CHUNKS,
     SessionPool,
     build_session_pool,
@@ -61,9 +62,7 @@ from worldserve.models.dev.world.evaluate import expected_agent_direction, read_
 from worldserve.models.dev.world.grammar import describe
 from worldserve.models.dev.world.render import png_bytes
 from worldserve.models.dev.world.scenes import WorldConfig, make_clip
-from worldserve.models.dev.world.vocab import KEY_STEPS
 
-HELD_KEY_OPTIONS = [[]] + [[k] for k in KEY_STEPS]  # the held-key evaluation's key sets
 SESSION_SEED_OFFSET = 500_000  # session clips' seeds: apart from the chunk-0 pool's
 
 
@@ -177,7 +176,7 @@ def evaluate(model: RealtimeModel, num_clips: int, held: bool = False) -> dict[s
         clip = make_clip(seed, "agent")
         keys = clip.keys_per_step
         if held:
-            keys = [list(HELD_KEY_OPTIONS[seed % len(HELD_KEY_OPTIONS)]) for _ in keys]
+            keys = [list(KEY_OPTIONS[seed % len(KEY_OPTIONS)]) for _ in keys]
         frames = first_chunk(runner, clip.frames[0], keys, describe(clip.scene, "agent"), seed)
         # The command is read from the clip's own first frame, not the decoded one: a decoder
         # that loses the agent must not make "still" count as a response.
@@ -323,17 +322,24 @@ def main(argv: list[str] | None = None) -> None:
 def starting_model(args: argparse.Namespace, log: Any) -> tuple[RealtimeModel, Any]:
     """The seeded model with the trained VAE (`--vae`), or a shipped-layout file's DiT and VAE
     (`--init`) and that file's training record."""
-    from worldserve.models.causal_dit.dev import build_realtime_model, trained_realtime_model
-    from worldserve.models.dev.world import trained
+    from worldserve.models.causal_dit.dev import build_realtime_model
 
     if args.init:
-        _, metadata = trained.read(Path(args.init))
-        return trained_realtime_model(0, Path(args.init)), json.loads(metadata["training"])
+        return shipped_model(Path(args.init))
     model = build_realtime_model(0)
     model.config = dataclasses.replace(model.config, image_conditioning=True)
     log({"random_vae": evaluate(model, RealtimeTrainConfig.eval_clips)})
     load_trained_vae(model, args.vae)
     return model, None
+
+
+def shipped_model(path: Path) -> tuple[RealtimeModel, Any]:
+    """A file in the shipped layout as the serving model, and that file's training record."""
+    from worldserve.models.causal_dit.dev import trained_realtime_model
+    from worldserve.models.dev.world import trained
+
+    _, metadata = trained.read(path)
+    return trained_realtime_model(0, path), json.loads(metadata["training"])
 
 
 def save_weights(model: RealtimeModel, path: str, record: dict[str, Any]) -> None:
