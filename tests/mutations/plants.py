@@ -387,4 +387,22 @@ PLANTS: tuple[Plant, ...] = (
         caught_by=("tests/unit/fp8/test_linear.py"
                    "::test_fp8_linear_without_an_input_scale_quantises_each_row_alone",),
     ),
+    Plant(
+        name="api-mmap-threshold-left-to-glibc",
+        claim="the api keeps megabyte blocks in their own mappings after a large block is freed",
+        path="worldserve/api/allocator.py",
+        anchor="libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1",
+        replacement="libc.mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1",
+        caught_by=("tests/unit/core/test_allocator.py"
+                   "::test_held_thresholds_keep_megabyte_blocks_off_the_heap",),
+    ),
+    Plant(
+        name="api-trim-threshold-left-to-glibc",
+        claim="the api gives megabytes freed at the heap's top back to the system",
+        path="worldserve/api/allocator.py",
+        anchor="libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1",
+        replacement="libc.mallopt(M_TRIM_THRESHOLD, 8 << 20) == 1",
+        caught_by=("tests/unit/core/test_allocator.py"
+                   "::test_held_thresholds_give_a_freed_heap_top_back",),
+    ),
 )

@@ -1,6 +1,7 @@
 """The api's malloc thresholds (worldserve/api/allocator.py), observed in a fresh process: after
 one large block is freed, glibc's own adjustment puts later megabyte blocks on the main arena's
-heap; with the thresholds held they keep their own mappings."""
+heap and keeps megabytes freed at the heap's top resident; with the thresholds held, megabyte
+blocks keep their own mappings and the freed top goes back to the system."""
 
 from __future__ import annotations
 
@@ -30,7 +31,11 @@ held = hold_malloc_thresholds() if sys.argv[1] == "held" else None
 libc.free(libc.malloc(4 << 20))  # glibc would now raise its mmap threshold to 4 MiB
 blocks = [libc.malloc(1 << 20) for _ in range(8)]
 info = libc.mallinfo2()
-print(json.dumps({"held": held, "mmapped_bytes": info.hblkhd, "heap_bytes": info.arena}))
+small = [libc.malloc(64 << 10) for _ in range(48)]  # 3 MiB below either mmap threshold: heap
+for block in reversed(small):
+    libc.free(block)
+print(json.dumps({"held": held, "mmapped_bytes": info.hblkhd, "heap_bytes": info.arena,
+                  "top_free_bytes": libc.mallinfo2().keepcost}))
 """
 
 
@@ -48,3 +53,11 @@ def test_held_thresholds_keep_megabyte_blocks_off_the_heap() -> None:
     eight_mib = 8 << 20
     assert adjusted["mmapped_bytes"] < eight_mib <= adjusted["heap_bytes"], adjusted
     assert held["mmapped_bytes"] >= eight_mib > held["heap_bytes"], held
+
+
+def test_held_thresholds_give_a_freed_heap_top_back() -> None:
+    if platform.libc_ver()[0] != "glibc":
+        missing("the C library is not glibc (the thresholds held are glibc's)")
+    adjusted, held = probe("glibc"), probe("held")
+    assert adjusted["top_free_bytes"] >= 3 << 20, adjusted  # trim threshold raised to 8 MiB
+    assert held["top_free_bytes"] < 2 * (128 << 10), held  # trimmed past 128 KiB
