@@ -216,3 +216,22 @@ def test_remove_deletes_the_records_partial_outputs_only(ledger: JobLedger) -> N
     assert ledger.remove(mine) == 1
     assert not (ledger.output_dir / f".{mine.id}.mp4.partial").exists()
     assert (ledger.output_dir / f".{other.id}.mp4.partial").exists()
+
+
+def test_a_tombstone_and_its_trim_commit_as_one_transaction(tmp_path: Path) -> None:
+    """Retention writes a tombstone about once a second in a soak: the insert and the trim of
+    the oldest go to the WAL together, and a failure in either leaves neither."""
+    store = JobLedger(tmp_path / "out", ttl_s=60, max_records=0).store
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+    store.remember_gone("a", "expired", keep=1)
+    store.remember_gone("b", "expired", keep=1)
+    assert [s.split()[0] for s in statements] == ["BEGIN", "INSERT", "DELETE", "COMMIT"] * 2
+    assert (store.why_gone("a"), store.why_gone("b")) == (None, "expired")
+
+    store._db.execute("CREATE TRIGGER refuse BEFORE DELETE ON gone "
+                      "BEGIN SELECT RAISE(ABORT, 'trim refused'); END")
+    with pytest.raises(Exception, match="trim refused"):
+        store.remember_gone("c", "expired", keep=1)
+    assert (store.why_gone("b"), store.why_gone("c")) == ("expired", None)
+    assert not store._db.in_transaction

@@ -87,6 +87,19 @@ class RecordStore:
         with _disk_full_is_storage_full():
             return self._db.execute(sql, args)
 
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """The writes inside commit together (one commit, one WAL frame set) or not at all."""
+        self._db.execute("BEGIN")
+        try:
+            yield
+            with _disk_full_is_storage_full():
+                self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
+
     def insert(self, record: JobRecord) -> None:
         record.seq = self._seq + 1
         self._write(
@@ -147,10 +160,11 @@ class RecordStore:
         self._write("DELETE FROM answers WHERE expires_at <= ?", (now,))
 
     def remember_gone(self, record_id: str, why: str, keep: int) -> None:
-        """A tombstone for a removed record; only the newest `keep` are kept."""
-        cursor = self._write("INSERT OR REPLACE INTO gone (id, why) VALUES (?, ?)",
-                             (record_id, why))
-        self._write("DELETE FROM gone WHERE seq <= ?", (cursor.lastrowid - keep,))
+        """A tombstone for a removed record; only the newest `keep` are kept (one transaction)."""
+        with self._transaction():
+            cursor = self._write("INSERT OR REPLACE INTO gone (id, why) VALUES (?, ?)",
+                                 (record_id, why))
+            self._write("DELETE FROM gone WHERE seq <= ?", (cursor.lastrowid - keep,))
 
     def why_gone(self, record_id: str) -> str | None:
         """Why a removed record went, while its tombstone is kept."""
