@@ -26,6 +26,9 @@ TOP_N = 25
 # linecache) are not the server's growth.
 IGNORED = (tracemalloc.__file__, "<frozen importlib._bootstrap>",
            "<frozen importlib._bootstrap_external>")
+# This module by pattern, not by __file__: a snapshot is often read by another checkout's copy
+# (tools.memtrace_diff), whose __file__ is not the path in the snapshot's frames.
+THIS_MODULE = "*/worldserve/api/memtrace.py"
 
 
 def snapshot_path(folder: Path, index: int) -> Path:
@@ -38,7 +41,7 @@ def growth_report(older: tracemalloc.Snapshot, newer: tracemalloc.Snapshot,
     whose live bytes grew most from `older` to `newer`, biggest first, each with its size and
     count change and its frames (innermost last)."""
     ignore = [tracemalloc.Filter(False, name) for name in IGNORED]
-    ignore.append(tracemalloc.Filter(False, __file__, all_frames=True))
+    ignore.append(tracemalloc.Filter(False, THIS_MODULE, all_frames=True))
     diffs = newer.filter_traces(ignore).compare_to(older.filter_traces(ignore), key_type)
     total = sum(d.size_diff for d in diffs)
     lines = [f"total growth {total / 1024:+.1f} KiB over {len(diffs)} sites ({key_type}); "

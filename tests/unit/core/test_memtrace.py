@@ -56,3 +56,20 @@ def test_off_by_default(monkeypatch, tmp_path: Path) -> None:
         assert http.get("/v1/health/live").status_code == 200
         assert tracemalloc.is_tracing()
     assert not tracemalloc.is_tracing()
+
+
+def test_the_tracers_own_allocations_are_left_out_whichever_checkout_reads_them() -> None:
+    """The report's own source lines (linecache) grow the traced heap by megabytes; a snapshot
+    read by another checkout's tools.memtrace_diff names this module by the api's path."""
+    def trace(size: int, *frames: tuple[str, int]) -> tuple:
+        return (0, size, frames, len(frames))
+
+    older = tracemalloc.Snapshot([], 4)
+    newer = tracemalloc.Snapshot([
+        trace(1 << 20, ("/usr/lib/python3.11/linecache.py", 137),
+              ("/srv/other-checkout/worldserve/api/memtrace.py", 49)),
+        trace(4096, ("/srv/other-checkout/worldserve/api/jobs/ledger.py", 241)),
+    ], 4)
+    report = growth_report(older, newer)
+    assert report.startswith("total growth +4.0 KiB over 1 sites"), report
+    assert "ledger.py" in report and "memtrace.py" not in report
