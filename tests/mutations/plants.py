@@ -405,4 +405,13 @@ PLANTS: tuple[Plant, ...] = (
         caught_by=("tests/unit/core/test_allocator.py"
                    "::test_held_thresholds_give_a_freed_heap_top_back",),
     ),
+    Plant(
+        name="api-free-heap-pages-kept",
+        claim="the api hands free pages inside its heap back to the system every minute",
+        path="worldserve/api/allocator.py",
+        anchor="        await asyncio.to_thread(give_back_free_pages)",
+        replacement="        await asyncio.to_thread(bool)",
+        caught_by=("tests/unit/core/test_allocator.py"
+                   "::test_free_pages_inside_the_heap_go_back_while_the_api_lives",),
+    ),
 )

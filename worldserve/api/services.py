@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from starlette.requests import HTTPConnection
 
 from worldserve import envs
+from worldserve.api.allocator import returning_free_pages
 from worldserve.api.jobs.enhancer import PromptEnhancer, load_enhancer_config
 from worldserve.api.jobs.service import MediaService
 from worldserve.api.memtrace import memory_tracing
@@ -47,11 +48,13 @@ class ApiServices:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
-        """Background work that needs the event loop: the media retention sweeper, and the
-        opt-in allocation tracing of a soak (api/memtrace.py)."""
+        """Background work that needs the event loop: the media retention sweeper, free heap
+        pages handed back to the system (api/allocator.py), and the opt-in allocation tracing
+        of a soak (api/memtrace.py)."""
         if self.media is not None:
             self.media.start_sweeper()
-        async with memory_tracing(envs.tracemalloc_dir(), envs.tracemalloc_every_s()):
+        async with returning_free_pages(), memory_tracing(envs.tracemalloc_dir(),
+                                                          envs.tracemalloc_every_s()):
             yield
 
 

@@ -61,3 +61,48 @@ def test_held_thresholds_give_a_freed_heap_top_back() -> None:
     adjusted, held = probe("glibc"), probe("held")
     assert adjusted["top_free_bytes"] >= 3 << 20, adjusted  # trim threshold raised to 8 MiB
     assert held["top_free_bytes"] < 2 * (128 << 10), held  # trimmed past 128 KiB
+
+
+FREED_INSIDE = """
+import asyncio, contextlib, ctypes, json, os, sys
+from worldserve.api.allocator import hold_malloc_thresholds, returning_free_pages
+
+def resident_kib():
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+hold_malloc_thresholds()
+blocks = [libc.malloc(32 << 10) for _ in range(2048)]  # 64 MiB of heap blocks, touched
+for block in blocks:
+    ctypes.memset(block, 1, 32 << 10)
+for block in blocks[:-1]:  # the last one holds the heap's top: nothing there to trim
+    libc.free(block)
+before = resident_kib()
+
+async def live(every_s):
+    async with returning_free_pages(every_s) if every_s else contextlib.nullcontext():
+        await asyncio.sleep(0.5)
+
+asyncio.run(live(float(sys.argv[1])))
+print(json.dumps({"before_kib": before, "after_kib": resident_kib()}))
+"""
+
+
+def freed_inside(every_s: float) -> dict[str, int]:
+    done = subprocess.run([sys.executable, "-c", FREED_INSIDE, str(every_s)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(done.stdout)
+
+
+def test_free_pages_inside_the_heap_go_back_while_the_api_lives() -> None:
+    """64 MiB freed below a live block stays resident (glibc trims only the heap's top) until
+    the lifespan's periodic malloc_trim hands its pages back."""
+    if platform.libc_ver()[0] != "glibc":
+        missing("the C library is not glibc (malloc_trim is glibc's)")
+    kept, returned = freed_inside(0), freed_inside(0.05)
+    assert kept["before_kib"] - kept["after_kib"] < 8 << 10, kept
+    assert returned["before_kib"] - returned["after_kib"] > 48 << 10, returned
