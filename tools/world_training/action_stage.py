@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from tools.world_training.sound_stage import _assert_unchanged, freeze_reasoner_pathway
+from tools.world_training.sound_stage import assert_unchanged, freeze_reasoner_pathway
 from tools.world_training.train_reasoner import lr_factor
 from tools.world_training.train_vae import TRAIN_SEED_BASE
 from tools.world_training.train_world import WORLD, _uint8, vision_inputs
@@ -232,7 +232,7 @@ def train_action_stage(generator: Any, reasoner: Any, cfg: ActionStageConfig,
     transformer.eval()
     for param in transformer.parameters():
         param.requires_grad_(True)
-    _assert_unchanged(before, reasoner.model.state_dict())
+    assert_unchanged(before, reasoner.model.state_dict(), "the action stage changed reasoner")
     return {"config": asdict(cfg), "cpu_min": round((time.process_time() - start) / 60, 1),
             "history": history,
             "frozen": "every transformer parameter the reasoner ties (bit-identical after)"}

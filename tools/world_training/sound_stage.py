@@ -124,15 +124,17 @@ def train_sound_stage(generator: Any, reasoner: Any, autoencoder: Any, cfg: Soun
     transformer.eval()
     for param in transformer.parameters():
         param.requires_grad_(True)
-    _assert_unchanged(before, reasoner.model.state_dict())
+    assert_unchanged(before, reasoner.model.state_dict(), "the sound stage changed reasoner")
     return {"config": asdict(cfg), "cpu_min": cpu_min, "history": history,
             "frozen": "every transformer parameter the reasoner ties (bit-identical after)"}
 
 
-def _assert_unchanged(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> None:
+def assert_unchanged(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor],
+                     what: str) -> None:
+    """Every tensor of `before` bit-identical in `after` (`what`: the error's subject)."""
     changed = [k for k, v in before.items() if not torch.equal(v, after[k])]
     if before.keys() != after.keys() or changed:
-        raise AssertionError(f"the sound stage changed reasoner tensors: {changed[:5]}")
+        raise AssertionError(f"{what} tensors: {changed[:5]}")
 
 
 def build_world_dir(work: Path, weights: Path, autoencoder: Any) -> None:

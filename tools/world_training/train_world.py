@@ -188,10 +188,7 @@ def train_world(generator: Any, reasoner: Any, cfg: WorldTrainConfig,
     rng = np.random.default_rng([11, cfg.seed])
     flow = FlowLoss(generator, cfg)
     data = WorldReasonerData(reasoner)
-    pool = build_pool(data, TrainConfig(pool_clips=cfg.pool_clips, seed=cfg.seed))
-    streams = [data.stream_example(make_clip(TRAIN_SEED_BASE + index, "stream"),
-                                   WORLD.num_frames) for index in range(cfg.stream_clips)]
-    num_stream = round(cfg.reasoner_batch_size * cfg.stream_share) if streams else 0
+    pool, streams = reasoner_examples(data, cfg)
     params = _unique_parameters(generator.pipe.transformer, reasoner.model)
     optimiser = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda s: lr_factor(s, cfg.steps))
@@ -202,9 +199,7 @@ def train_world(generator: Any, reasoner: Any, cfg: WorldTrainConfig,
         optimiser.zero_grad(set_to_none=True)
         flow_loss = flow_step(flow, rng, [("image", False)] * cfg.image_batch_size
                               + [("motion", False)] * cfg.video_batch_size)
-        batch = ([pool[int(i)] for i in rng.integers(len(pool),
-                                                     size=cfg.reasoner_batch_size - num_stream)]
-                 + [streams[int(i)] for i in rng.integers(len(streams), size=num_stream)])
+        batch = reasoner_batch(pool, streams, cfg, rng)
         answer_loss = reasoner.model(**model_inputs(reasoner, batch, with_labels=True)).loss
         answer_loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -216,14 +211,39 @@ def train_world(generator: Any, reasoner: Any, cfg: WorldTrainConfig,
                      "answer_loss": round(float(answer_loss.detach()), 4),
                      "train_cpu_s": round(time.process_time() - start, 1),
                      "generator": generator_accuracy(generator, cfg),
-                     "reasoner": exact_accuracy(data, cfg.num_eval * 2),
-                     "stream_replies": stream_accuracy(data, cfg.num_eval)}
+                     **reasoner_accuracy(data, cfg.num_eval)}
             reasoner.model.train()
             history.append(entry)
             log(entry)
     generator.pipe.transformer.eval()
     reasoner.model.eval()
     return {"config": asdict(cfg), "history": history}
+
+
+def reasoner_examples(data: WorldReasonerData, cfg: Any) -> tuple[list[Any], list[Any]]:
+    """The reasoner's training examples: `cfg.pool_clips` motion clips with every question
+    (train_reasoner.build_pool) and `cfg.stream_clips` live sessions of stream clips."""
+    pool = build_pool(data, TrainConfig(pool_clips=cfg.pool_clips, seed=cfg.seed))
+    streams = [data.stream_example(make_clip(TRAIN_SEED_BASE + index, "stream"),
+                                   WORLD.num_frames) for index in range(cfg.stream_clips)]
+    return pool, streams
+
+
+def reasoner_batch(pool: list[Any], streams: list[Any], cfg: Any,
+                   rng: np.random.Generator) -> list[Any]:
+    """One reasoner batch: `cfg.reasoner_batch_size` examples, a `cfg.stream_share` of them
+    live sessions, drawn with replacement."""
+    num_stream = round(cfg.reasoner_batch_size * cfg.stream_share) if streams else 0
+    return ([pool[int(i)] for i in rng.integers(len(pool),
+                                                size=cfg.reasoner_batch_size - num_stream)]
+            + [streams[int(i)] for i in rng.integers(len(streams), size=num_stream)])
+
+
+def reasoner_accuracy(data: WorldReasonerData, num_eval: int) -> dict[str, Any]:
+    """The reasoner's held-out figures: exact answers on `2 num_eval` clips per question kind
+    and the live-session replies of `num_eval` sessions."""
+    return {"reasoner": exact_accuracy(data, num_eval * 2),
+            "stream_replies": stream_accuracy(data, num_eval)}
 
 
 def flow_step(flow: FlowLoss, rng: np.random.Generator, batch: list[tuple[str, bool]]) -> float:

@@ -153,17 +153,19 @@ def world_config() -> Cosmos3DevConfig:
                    tokenizer_corpus=text)
 
 
-def build_world(target: Path, seed: int) -> None:
+def build_world(target: Path, seed: int, weights: Path | None = None) -> None:
     """The dev world directory (`dev-models build` -> world/, what `worldserve serve` serves by
     default): the generation directory's architecture and sizes with the weights trained on the
-    dev world (models/dev/world/trained.py) for the transformer, the VAE and the reasoner's own
-    tensors; the reasoner's LLM is the trained generator's understanding pathway."""
+    dev world (models/dev/world/trained.py; `weights`: another such file) for the transformer,
+    the VAE and the reasoner's own tensors; the reasoner's LLM is the trained generator's
+    understanding pathway."""
     from worldserve.models.cosmos3_reasoner.dev import write_reasoner_files
     from worldserve.models.dev.world import trained
 
+    weights = weights or trained.WEIGHTS_PATH
     cfg = world_config()
     pipe = build_pipeline(seed, cfg)
-    trained.apply_to_pipeline(pipe)
+    trained.apply_to_pipeline(pipe, weights)
     pipe.save_pretrained(Path(target))
     write_reasoner_files(target, seed, tokenizer_corpus=cfg.tokenizer_corpus)
-    trained.apply_to_reasoner_files(target)
+    trained.apply_to_reasoner_files(target, weights)

@@ -52,10 +52,10 @@ def apply_vision(pipe: Any, tensors: dict[str, Any], metadata: dict[str, str]) -
                                 latents_std=json.loads(metadata["latents_std"]))
 
 
-def apply_to_pipeline(pipe: Any) -> None:
+def apply_to_pipeline(pipe: Any, weights: Path = WEIGHTS_PATH) -> None:
     """Load the trained transformer, VAE and sound tokenizer into a freshly built dev pipeline
     (strictly: every tensor, same shapes) and give the VAE its latent statistics."""
-    tensors, metadata = read()
+    tensors, metadata = read(weights)
     apply_vision(pipe, tensors, metadata)
     pipe.sound_tokenizer.load_state_dict(part(tensors, SOUND), strict=True)
 
@@ -95,11 +95,15 @@ def save(transformer: Any, vae: Any, sound: Any, built_reasoner: Path, trained_r
                     "latents_std": json.dumps(latents_std)}, manifest)
 
 
-def write(tensors: dict[str, Any], metadata: dict[str, str], manifest: dict[str, Any]) -> None:
-    """Write the shipped weights file (tensors named with their part's prefix) and manifest."""
+def write(tensors: dict[str, Any], metadata: dict[str, str], manifest: dict[str, Any],
+          path: Path = WEIGHTS_PATH) -> None:
+    """Write a weights file (tensors named with their part's prefix; the shipped one by
+    default) and its manifest beside it (the same name, `.json`)."""
     from safetensors.torch import save_file
 
-    WEIGHTS_DIR.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(WEIGHTS_PATH),
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(path),
               metadata=metadata)
-    MANIFEST_PATH.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    path.with_suffix(".json").write_text(json.dumps(manifest, indent=2) + "\n",
+                                         encoding="utf-8")
