@@ -20,11 +20,12 @@ calls `malloc_trim(0)` every minute, which hands every whole free page inside th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import logging
 import platform
-from typing import AsyncIterator
+from typing import AsyncContextManager
+
+from worldserve.api.background import running
 
 log = logging.getLogger("worldserve.api")
 
@@ -63,13 +64,6 @@ async def _give_back_forever(every_s: float) -> None:
         await asyncio.to_thread(give_back_free_pages)
 
 
-@contextlib.asynccontextmanager
-async def returning_free_pages(every_s: float = TRIM_EVERY_S) -> AsyncIterator[None]:
+def returning_free_pages(every_s: float = TRIM_EVERY_S) -> AsyncContextManager[None]:
     """`give_back_free_pages` every `every_s` seconds while the context is open."""
-    task = asyncio.create_task(_give_back_forever(every_s), name="malloc-trim")
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    return running(_give_back_forever(every_s), name="malloc-trim")

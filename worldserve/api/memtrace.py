@@ -18,6 +18,8 @@ import tracemalloc
 from pathlib import Path
 from typing import AsyncIterator
 
+from worldserve.api.background import running
+
 log = logging.getLogger("worldserve.api")
 
 TRACE_FRAMES = 12  # deep enough to see past asyncio and starlette into worldserve's frames
@@ -89,10 +91,5 @@ async def memory_tracing(folder: Path | None, every_s: float) -> AsyncIterator[N
     if folder is None:
         yield
         return
-    task = asyncio.create_task(trace_memory(folder, every_s), name="memtrace")
-    try:
+    async with running(trace_memory(folder, every_s), name="memtrace"):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

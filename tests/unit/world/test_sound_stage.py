@@ -4,25 +4,11 @@ leave every reasoner tensor bit-identical while the sound pathway moves."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
 import torch
 
 from tools.world_training.sound_stage import SoundStageConfig, train_sound_stage
 from tools.world_training.train_sound import build_autoencoder
 from worldserve.models.cosmos3_reasoner.text_pathway import reasoner_key
-
-
-@pytest.fixture()
-def tied(tmp_path: Path):
-    from worldserve.models.cosmos3.dev import build_world
-    from worldserve.models.cosmos3.runner import load_runner as load_generator
-    from worldserve.models.cosmos3_reasoner.loader import load_runner as load_reasoner
-
-    build_world(tmp_path, 0)
-    generator = load_generator(tmp_path)
-    return generator, load_reasoner(tmp_path, generator=generator.pipe.transformer)
 
 
 def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:

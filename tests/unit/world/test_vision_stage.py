@@ -4,23 +4,9 @@ stage must move the vision tower and leave every transformer tensor bit-identica
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
 import torch
 
 from tools.world_training.vision_stage import VisionStageConfig, train_vision_stage
-
-
-@pytest.fixture()
-def tied(tmp_path: Path):
-    from worldserve.models.cosmos3.dev import build_world
-    from worldserve.models.cosmos3.runner import load_runner as load_generator
-    from worldserve.models.cosmos3_reasoner.loader import load_runner as load_reasoner
-
-    build_world(tmp_path, 0)
-    generator = load_generator(tmp_path)
-    return generator, load_reasoner(tmp_path, generator=generator.pipe.transformer)
 
 
 def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
