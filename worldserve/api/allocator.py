@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import logging
 import platform
 from typing import AsyncContextManager
@@ -37,12 +38,19 @@ TRIM_THRESHOLD_BYTES = 128 * 1024  # glibc's initial M_TRIM_THRESHOLD, held
 TRIM_EVERY_S = 60.0  # how often the api hands free pages inside its heap back
 
 
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    """This process's C library where it is glibc, else None; looked up once (`libc_ver` scans
+    the interpreter's executable)."""
+    return ctypes.CDLL(None) if platform.libc_ver()[0] == "glibc" else None
+
+
 def hold_malloc_thresholds() -> bool:
     """Fix glibc's mmap and trim thresholds for this process; False where the C library is not
     glibc (nothing to do: others do not move their thresholds this way) or mallopt refused."""
-    if platform.libc_ver()[0] != "glibc":
+    libc = _glibc()
+    if libc is None:
         return False
-    libc = ctypes.CDLL(None)
     held = (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
             and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1)
     if not held:
@@ -54,9 +62,8 @@ def hold_malloc_thresholds() -> bool:
 def give_back_free_pages() -> bool:
     """glibc's `malloc_trim(0)`: every whole free page inside the arenas (not only the heap's
     top) goes back to the system; True where some did. False where the C library is not glibc."""
-    if platform.libc_ver()[0] != "glibc":
-        return False
-    return ctypes.CDLL(None).malloc_trim(0) == 1
+    libc = _glibc()
+    return libc is not None and libc.malloc_trim(0) == 1
 
 
 async def _give_back_forever(every_s: float) -> None:

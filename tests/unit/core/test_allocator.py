@@ -39,9 +39,10 @@ print(json.dumps({"held": held, "mmapped_bytes": info.hblkhd, "heap_bytes": info
 """
 
 
-def probe(arm: str) -> dict[str, int]:
-    done = subprocess.run([sys.executable, "-c", PROBE, arm], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=60, check=True)
+def probe(arm: str, script: str = PROBE) -> dict[str, int]:
+    """`script`'s JSON line, run in a fresh interpreter (whose malloc no test has touched)."""
+    done = subprocess.run([sys.executable, "-c", script, arm], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60, check=True)
     return json.loads(done.stdout)
 
 
@@ -92,17 +93,11 @@ print(json.dumps({"before_kib": before, "after_kib": resident_kib()}))
 """
 
 
-def freed_inside(every_s: float) -> dict[str, int]:
-    done = subprocess.run([sys.executable, "-c", FREED_INSIDE, str(every_s)], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=60, check=True)
-    return json.loads(done.stdout)
-
-
 def test_free_pages_inside_the_heap_go_back_while_the_api_lives() -> None:
     """64 MiB freed below a live block stays resident (glibc trims only the heap's top) until
     the lifespan's periodic malloc_trim hands its pages back."""
     if platform.libc_ver()[0] != "glibc":
         missing("the C library is not glibc (malloc_trim is glibc's)")
-    kept, returned = freed_inside(0), freed_inside(0.05)
+    kept, returned = probe("0", FREED_INSIDE), probe("0.05", FREED_INSIDE)
     assert kept["before_kib"] - kept["after_kib"] < 8 << 10, kept
     assert returned["before_kib"] - returned["after_kib"] > 48 << 10, returned
