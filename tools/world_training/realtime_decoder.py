@@ -57,14 +57,15 @@ def train_decoder(model: RealtimeModel, steps: int, num_clips: int, batch_size: 
                              for i in range(num_clips)])
     params = decoder_parameters(model)
     optimiser = torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.0)
+    # one DiT unit per latent channel, in the VAE's raw units
+    noise_scale = latent_noise * torch.tensor(model.vae.config.latents_std).view(1, -1, 1, 1, 1)
     history = []
     start = time.process_time()
     for step in range(1, steps + 1):
         index = torch.from_numpy(rng.integers(num_clips, size=batch_size))
         z = latents[index]
         if latent_noise:
-            std = torch.tensor(model.vae.config.latents_std).view(1, -1, 1, 1, 1)
-            z = z + latent_noise * std * torch.randn_like(z)
+            z = z + noise_scale * torch.randn_like(z)
         loss = weighted_error(model.vae.decode(z).sample, pixels[index], 2)
         optimiser.zero_grad(set_to_none=True)
         loss.backward()

@@ -19,7 +19,7 @@ from typing import Any
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 WEIGHTS_PATH = WEIGHTS_DIR / "cosmos3_world.safetensors"
-MANIFEST_PATH = WEIGHTS_DIR / "cosmos3_world.json"
+MANIFEST_PATH = WEIGHTS_PATH.with_suffix(".json")  # what `write` puts beside a weights file
 TRANSFORMER, VAE, SOUND, REASONER = "transformer.", "vae.", "sound.", "reasoner."
 REASONER_WEIGHTS = "model.safetensors"  # the reasoner's file at a Cosmos3 directory's root
 
