@@ -96,7 +96,7 @@ class Arm:
                                                          streaming=streaming), ServerConfig())
         self._seq = 0
 
-    def answer(self, requests: list[list[ChatMessage]], max_tokens: int) -> dict:
+    def answer(self, requests: list[list[ChatMessage]], sampling: ReasonerSampling) -> dict:
         """Each request in turn: replies, completion tokens, forwards, the drafter's counters
         and the CPU seconds of the decode steps (every engine step after a request's first,
         which prefills and samples the first token)."""
@@ -106,13 +106,13 @@ class Arm:
             self._seq += 1
             out: list = []
             self.engine.submit(ChatCompletion(request_id=f"r{self._seq}", messages=messages,
-                                              sampling=greedy(max_tokens)), out.append)
+                                              sampling=sampling), out.append)
             decode_s += self._run()
             replies.append(out[-1].text)
             tokens += out[-1].completion_tokens
         return self._counts(before, decode_s, replies, tokens)
 
-    def watch(self, streams: list[list[bytes]], max_tokens: int) -> dict:
+    def watch(self, streams: list[list[bytes]], sampling: ReasonerSampling) -> dict:
         """One live session per stream ("what colour is it now?"), a reply per frame: the same
         figures as `answer` (a frame's first step prefills it and samples its first token)."""
         before = dict(self.engine.stats()["extra"])
@@ -124,7 +124,7 @@ class Arm:
             self.engine.submit(CreateSession(
                 request_id=f"c{sid}", session_id=sid, system_prompt=STREAM_SYSTEM_PROMPT,
                 question=QUESTIONS["colour_now"][0], retention=retention,
-                sampling=greedy(max_tokens)), lambda _: None)
+                sampling=sampling), lambda _: None)
             for index, image in enumerate(frames):
                 out: list = []
                 self.engine.submit(SessionFrame(request_id=f"{sid}:{index}", session_id=sid,
@@ -155,7 +155,7 @@ class Arm:
 def measure(arm: Arm, workload: str, items: list, repeats: int) -> dict:
     """`items` (chat requests or session streams) run `repeats` times: one row of figures."""
     run = arm.answer if workload == "chat" else arm.watch
-    runs = [run(items, MAX_TOKENS) for _ in range(repeats)]
+    runs = [run(items, greedy(MAX_TOKENS)) for _ in range(repeats)]
     replies = len(runs[0]["replies"])
     decoded = runs[0]["tokens"] - replies  # the tokens after each reply's first
     forwards = runs[0]["forwards"] - replies  # one prefill forward each
@@ -198,7 +198,7 @@ def run(num_clips: int, num_streams: int, repeats: int) -> dict:
             Arm("dflash-world", model_dir, trained)]
     workloads = {"chat": world_questions(num_clips), "session": world_streams(num_streams)}
     for arm in arms:
-        arm.answer(workloads["chat"][:5], MAX_TOKENS)  # warm-up
+        arm.answer(workloads["chat"][:5], greedy(MAX_TOKENS))  # warm-up
     summary = {"model": str(model_dir), "drafter": str(trained), "clips": num_clips,
                "streams": num_streams, "threads": torch.get_num_threads()}
     for workload, items in workloads.items():

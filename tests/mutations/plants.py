@@ -414,4 +414,26 @@ PLANTS: tuple[Plant, ...] = (
         caught_by=("tests/unit/core/test_allocator.py"
                    "::test_free_pages_inside_the_heap_go_back_while_the_api_lives",),
     ),
+    Plant(
+        name="min-tokens-ignored",
+        claim="min_tokens holds a reply's end of turn back until it is that long",
+        path="worldserve/engines/reasoner/decoding.py",
+        anchor="            return self._no_stop if short else None",
+        replacement="            return None",
+        caught_by=("tests/unit/reasoner/test_reply_length.py"
+                   "::test_min_tokens_masks_end_of_turn_until_the_reply_holds_that_many",
+                   "tests/integration/world/test_world_dflash.py"
+                   "::test_min_tokens_and_ignore_eos_run_on_past_the_answer_and_stay_lossless"),
+    ),
+    Plant(
+        name="ignore-eos-ignored",
+        claim="ignore_eos keeps a reply going past its end of turn",
+        path="worldserve/engines/reasoner/decoding.py",
+        anchor="            if not self.sampling.ignore_eos:",
+        replacement="            if True:",
+        caught_by=("tests/unit/reasoner/test_reply_length.py"
+                   "::test_ignore_eos_runs_to_max_tokens_and_keeps_end_of_turn_out_of_the_text",
+                   "tests/integration/world/test_world_dflash.py"
+                   "::test_min_tokens_and_ignore_eos_run_on_past_the_answer_and_stay_lossless"),
+    ),
 )

@@ -42,6 +42,11 @@ class ReasonerSampling(msgspec.Struct, kw_only=True):
     guided_json: str | None = None
     guided_choice: list[str] | None = None
     guided_regex: str | None = None
+    # vLLM's: end-of-turn tokens are masked until the reply holds `min_tokens` tokens (stop
+    # strings wait as long); `ignore_eos` never ends a reply on them (max_tokens or a stop string
+    # does)
+    min_tokens: int = 0
+    ignore_eos: bool = False
 
 
 class StageCapabilities(msgspec.Struct, kw_only=True, tag_field="kind"):

@@ -171,6 +171,10 @@ def test_unknown_model_is_404_in_the_openai_shape(sdk: openai.OpenAI) -> None:
         ),
         ({"messages": user(text("x")), "response_format": {"type": "json_schema"}}, "json_schema"),
         ({"messages": user(text("x")), "guided_choice": ["a"], "guided_regex": "a"}, "at most one"),
+        ({"messages": user(text("x")), "max_tokens": 4, "min_tokens": 5},
+         "min_tokens (5) must be at most max_tokens (4)"),
+        ({"messages": user(text("x")), "min_tokens": -1}, "min_tokens"),
+        ({"messages": user(text("x")), "ignore_eos": "sometimes"}, "ignore_eos"),
         (
             {"messages": user(text("x")), "guided_regex": "(unclosed"},
             "guided_regex does not compile",
@@ -192,6 +196,21 @@ def test_max_tokens_beyond_the_context_is_lowered_not_refused(fake_server) -> No
     response = httpx.post(f"{fake_server.base_url}/v1/chat/completions", json=body, timeout=30)
     assert response.status_code == 200, response.text  # vLLM's rule: the room left (16384 - 2)
     assert response.json()["usage"]["completion_tokens"] <= 16384
+
+
+@pytest.mark.parametrize("extra, tokens, finish", [
+    ({"ignore_eos": True}, 12, "length"),  # to max_tokens
+    ({"min_tokens": 12}, 12, "length"),  # at its boundary: end of turn never had its turn
+    ({"min_tokens": 11}, 12, "stop"),  # 11 words, then the end of turn
+])
+def test_min_tokens_and_ignore_eos_reach_the_stage(fake_server, extra, tokens, finish) -> None:
+    """vLLM's two fields cross to the stage (the fake's replies are 3 to 10 words)."""
+    body = {"model": MODEL, "messages": user(text("x")), "max_tokens": 12, **extra}
+    response = httpx.post(f"{fake_server.base_url}/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    reply = response.json()
+    assert reply["usage"]["completion_tokens"] == tokens
+    assert reply["choices"][0]["finish_reason"] == finish
 
 
 def test_stage_errors_keep_their_status_when_streaming(fake_server) -> None:

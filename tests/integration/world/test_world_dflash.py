@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from benchmarks.dflash_world import MAX_TOKENS, Arm, world_questions, world_streams
+from benchmarks.dflash_world import MAX_TOKENS, Arm, greedy, world_questions, world_streams
 
 NUM_CLIPS = 3  # held-out seeds 0..2, each asked the 5 grammar questions
 
@@ -39,7 +40,7 @@ def acceptance_length(run: dict, plain: dict, num_requests: int) -> float:
 
 def test_the_trained_world_drafter_is_accepted_and_lossless(arms: tuple[Arm, Arm],
                                                              questions: list) -> None:
-    plain, run = (arm.answer(questions, MAX_TOKENS) for arm in arms)
+    plain, run = (arm.answer(questions, greedy(MAX_TOKENS)) for arm in arms)
     assert run["replies"] == plain["replies"]
     assert run["tokens"] == plain["tokens"]
     assert acceptance_length(run, plain, len(questions)) > 1.5
@@ -48,7 +49,25 @@ def test_the_trained_world_drafter_is_accepted_and_lossless(arms: tuple[Arm, Arm
 def test_a_live_session_with_the_trained_drafter_is_accepted_and_lossless(
         arms: tuple[Arm, Arm]) -> None:
     streams = world_streams(1)  # 9 frames, a reply each (a colour word: 2 tokens and the end)
-    plain, run = (arm.watch(streams, MAX_TOKENS) for arm in arms)
+    plain, run = (arm.watch(streams, greedy(MAX_TOKENS)) for arm in arms)
     assert run["replies"] == plain["replies"]
     assert run["tokens"] == plain["tokens"]
     assert acceptance_length(run, plain, len(plain["replies"])) > 1.5
+
+
+def test_min_tokens_and_ignore_eos_run_on_past_the_answer_and_stay_lossless(
+        arms: tuple[Arm, Arm], questions: list) -> None:
+    """The world reasoner ends its answers after a word or two; `min_tokens` holds its end of
+    turn back and `ignore_eos` never lets it end, with the drafter as without."""
+    asked = questions[:5]  # one clip's five questions
+    natural = arms[0].answer(asked, greedy(MAX_TOKENS))
+    assert natural["tokens"] < 8 * len(asked)  # it does end early by itself
+    held = msgspec.structs.replace(greedy(MAX_TOKENS), min_tokens=8)
+    endless = msgspec.structs.replace(greedy(MAX_TOKENS), ignore_eos=True)
+    for sampling, least in ((held, 8), (endless, MAX_TOKENS)):
+        plain, run = (arm.answer(asked, sampling) for arm in arms)
+        assert run["replies"] == plain["replies"]
+        assert run["tokens"] == plain["tokens"] >= least * len(asked)
+        for reply, answer in zip(plain["replies"], natural["replies"]):
+            assert reply.startswith(answer), (reply, answer)  # the same greedy answer first
+    assert plain["tokens"] == MAX_TOKENS * len(asked)

@@ -119,6 +119,8 @@ class ChatCompletionRequest(_Strict):
     guided_json: dict[str, Any] | str | None = None
     guided_choice: list[str] | None = Field(default=None, min_length=1)
     guided_regex: str | None = None
+    min_tokens: int = Field(default=0, ge=0)
+    ignore_eos: bool = False
     # vLLM / NIM extensions (the OpenAI SDK sends them through `extra_body`)
     media_io_kwargs: MediaIO | None = None
     chat_template_kwargs: dict[str, TemplateValue] | None = Field(default=None, max_length=16)

@@ -77,9 +77,14 @@ class ChatService:
             "stop": [body.stop] if isinstance(body.stop, str) else body.stop,
             "guided_choice": body.guided_choice, "guided_regex": body.guided_regex,
             "guided_json": self._guided_json(body),
+            "min_tokens": body.min_tokens, "ignore_eos": body.ignore_eos,
         }
         fields.update({k: v for k, v in given.items() if v is not None})
-        return msgspec.convert(fields, ReasonerSampling)
+        sampling = msgspec.convert(fields, ReasonerSampling)
+        if sampling.min_tokens > sampling.max_tokens:
+            raise InvalidRequest(f"min_tokens ({sampling.min_tokens}) must be at most max_tokens "
+                                 f"({sampling.max_tokens})", param="min_tokens")
+        return sampling
 
     @staticmethod
     def _guided_json(body: ChatCompletionRequest) -> str | None:

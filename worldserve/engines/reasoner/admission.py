@@ -112,13 +112,14 @@ def check_capacity(live_windows: list[int], new_window: int, limits: StreamingLi
 
 def fit_max_tokens(request: ChatCompletion, prompt_tokens: int,
                    max_model_len: int) -> ChatCompletion:
-    """vLLM's rule: `max_tokens` beyond the room the prompt leaves is lowered to that room; a
-    prompt that fills the context is a 400."""
+    """vLLM's rule: `max_tokens` beyond the room the prompt leaves is lowered to that room
+    (`min_tokens` with it); a prompt that fills the context is a 400."""
     room = max_model_len - prompt_tokens
     if room < 1:
         raise InvalidRequest(f"Input length ({prompt_tokens}) exceeds the model's maximum "
                              f"context length ({max_model_len}).")
     if request.sampling.max_tokens <= room:
         return request
-    sampling = msgspec.structs.replace(request.sampling, max_tokens=room)
+    sampling = msgspec.structs.replace(request.sampling, max_tokens=room,
+                                       min_tokens=min(request.sampling.min_tokens, room))
     return msgspec.structs.replace(request, sampling=sampling)

@@ -57,10 +57,15 @@ class ReplyDecoder:
         # positions (mm_token_type_ids) without an image.
         self.banned = _banned_index(tuple(t for t in banned_ids if 0 <= t < vocab_size),
                                     str(device))
+        # `min_tokens`: end of turn masked until the reply is that long (on the logits' device,
+        # built once: an unguided row's mask then costs no copy per token)
+        self._no_stop = (~self._stop_mask).to(device) if sampling.min_tokens else None
+        self._stop_from_chars = 0  # a stop string counts only where it ends past this
 
     def allowed(self) -> torch.Tensor | None:
-        """(V,) bool the grammar allows next; end of turn only once it accepts. None: free.
-        A reasoning block is free of the grammar; a spent thinking budget forces `</think>`."""
+        """(V,) bool the grammar allows next; end of turn only once it accepts and the reply
+        holds `min_tokens`. None: free. A reasoning block is free of the grammar; a spent
+        thinking budget forces `</think>`."""
         thinking = self.thinking
         if thinking is not None:
             forced = thinking.forced()
@@ -68,14 +73,17 @@ class ReplyDecoder:
                 only = torch.zeros_like(self._stop_mask)
                 only[forced] = True
                 return only
-            if thinking.inside:
-                return None
-        if self.guide is None:
-            return None
+        short = self._short()
+        if self.guide is None or (thinking is not None and thinking.inside):
+            return self._no_stop if short else None
         allowed = self.guide.allowed() & ~self._stop_mask
-        if self.guide.is_accepting():
+        if self.guide.is_accepting() and not short:
             allowed = allowed | self._stop_mask  # EOS only once the grammar accepts
         return allowed
+
+    def _short(self) -> bool:
+        """The reply is below `min_tokens`: neither end of turn nor a stop string ends it."""
+        return len(self.tokens) < self.sampling.min_tokens
 
     def accept(self, token: int) -> str | None:
         """Record a sampled token; returns the finish reason when the reply ends with it."""
@@ -83,7 +91,8 @@ class ReplyDecoder:
         thinking = self.thinking
         reasoning = thinking is not None and (thinking.inside or thinking.forced() is not None)
         if token in self.stop_ids:
-            self.finish_reason = "stop"
+            if not self.sampling.ignore_eos:
+                self.finish_reason = "stop"
         else:
             self.seen[token].fill_(True)  # not `= True`: a host number copied to the device
             self.counts[token] += 1
@@ -94,15 +103,25 @@ class ReplyDecoder:
         if thinking is not None:
             thinking.update(token, self.text, thinking.inside)
         if self.finish_reason is None and self.sampling.stop:
-            text = self.text
-            cut = min((i for i in (text.find(x) for x in self.sampling.stop) if i >= 0),
-                      default=-1)
-            if cut >= 0:
-                self._text = text[:cut]  # final: no token is accepted after the finish
-                self.finish_reason = "stop"
+            self._check_stop_strings()
         if self.finish_reason is None and len(self.tokens) >= self.sampling.max_tokens:
             self.finish_reason = "length"
         return self.finish_reason
+
+    def _check_stop_strings(self) -> None:
+        """The first stop string in the reply ends it, but not while the reply is below
+        `min_tokens`, and one that ended inside that early text never does (vLLM's rule); an
+        empty stop string is none."""
+        text = self.text
+        if self._short():
+            self._stop_from_chars = len(text)
+            return
+        start = self._stop_from_chars
+        found = (text.find(x, max(0, start - len(x) + 1)) for x in self.sampling.stop or () if x)
+        cut = min((i for i in found if i >= 0), default=-1)
+        if cut >= 0:
+            self._text = text[:cut]  # final: no token is accepted after the finish
+            self.finish_reason = "stop"
 
     @property
     def text(self) -> str:

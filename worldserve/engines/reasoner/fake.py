@@ -111,7 +111,10 @@ def compose_reply(digest: bytes, sampling: ReasonerSampling) -> tuple[str, str, 
         words = [json.dumps(schema_instance(json.loads(sampling.guided_json)))]
     else:
         words = fake_words(digest)
-    if len(words) > sampling.max_tokens:
+        # below min_tokens (with ignore_eos: until max_tokens) the reply goes on past its end
+        length = sampling.max_tokens if sampling.ignore_eos else sampling.min_tokens
+        words = [words[i % len(words)] for i in range(max(length, len(words)))]
+    if len(words) >= sampling.max_tokens:  # no room left for the end-of-turn token
         return " ".join(words[: sampling.max_tokens]), "length", sampling.max_tokens
     text = " ".join(words)
     for stop in sampling.stop or ():
