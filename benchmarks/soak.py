@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import harness, soak_load  # noqa: E402
 from benchmarks.soak_faults import KINDS, RANK_KILL, Injector, JobWatch, plan  # noqa: E402
 from benchmarks.soak_hostile import FaultLoad  # noqa: E402
-from benchmarks.soak_probe import Probe, plot, verdicts  # noqa: E402
+from benchmarks.soak_probe import Probe, plot, verdicts, write_samples  # noqa: E402
 from benchmarks.soak_server import MountNamespace, SoakServer  # noqa: E402
 from benchmarks.soak_tally import Tally  # noqa: E402
 
@@ -141,8 +141,9 @@ def report(args: argparse.Namespace, run: dict[str, Any], probe: Probe, server: 
         "seed": args.seed, **run["tally"].summary(), **job_verdicts(run["watch"]),
         "faults_by_kind": dict(sorted(Counter(f["kind"] for f in faults).items())),
         "faults": faults, "api_starts": server.num_starts,
-        **verdicts(probe.samples),
+        **verdicts(probe.samples, args.fault_every if args.faults else args.kill_every),
         "num_samples": len(probe.samples),
+        "samples": write_samples(probe.samples, Path(args.samples)) if args.samples else None,
         **{k: v[:20] for k, v in leftovers.items()},
         **{f"num_{k}": len(v) for k, v in leftovers.items()},
         "shutdown_rc": rc, "stage_killed_at_shutdown": "killing it" in server.log(),
@@ -173,6 +174,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grace", type=float, default=60.0)
     parser.add_argument("--job-timeout", type=float, default=300.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--samples", default=None,
+                        help="JSONL path for the probe's samples (RSS, fds, pids, sizes, "
+                             "sessions, queues), to fit other windows later")
     parser.add_argument("--plot", default=None,
                         help="PNG path, '' for none (docs/soak.png, with --faults "
                              "docs/soak-faults.png)")

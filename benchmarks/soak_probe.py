@@ -8,6 +8,8 @@ open and the queue depth (`/admin/stats`)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import os
 import time
@@ -82,18 +84,51 @@ class Probe:
 
 
 def slope_per_hour(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares slope of (t_s, value) in value/hour, and its standard error."""
+    """Least-squares slope of (t_s, value) in value/hour, and its standard error (residuals
+    taken as independent)."""
+    fit = _fit(points)
+    if fit is None:
+        return 0.0, math.inf
+    slope, centred, residuals, sxx = fit
+    n = len(points)
+    return slope * 3600, math.sqrt(sum(e * e for e in residuals) / (n - 2) / sxx) * 3600
+
+
+def slope_stderr_correlated(points: list[tuple[float, float]], lag_s: float) -> float:
+    """The slope's standard error in value/hour when residuals within `lag_s` of each other are
+    correlated (Newey-West, Bartlett weights): RSS moves in steps and saw-teeth minutes long
+    (a stage's restart, glibc's arenas), so neighbouring samples are not independent draws and
+    `slope_per_hour`'s error is too small for them."""
+    fit = _fit(points)
+    if fit is None:
+        return math.inf
+    _, centred, residuals, sxx = fit
+    scores = [x * e for x, e in zip(centred, residuals)]
+    step_s = (points[-1][0] - points[0][0]) / (len(points) - 1)
+    lags = min(len(points) - 1, int(lag_s / step_s)) if step_s > 0 else 0
+    variance = sum(u * u for u in scores)
+    for lag in range(1, lags + 1):
+        weight = 1 - lag / (lags + 1)
+        variance += 2 * weight * sum(a * b for a, b in zip(scores[lag:], scores[:-lag]))
+    return math.sqrt(max(variance, 0.0)) / sxx * 3600
+
+
+def _fit(points: list[tuple[float, float]]
+         ) -> tuple[float, list[float], list[float], float] | None:
+    """(slope per second, centred times, residuals, sum of squared centred times); None when
+    fewer than 3 points or one time."""
     n = len(points)
     if n < 3:
-        return 0.0, math.inf
+        return None
     mean_t = sum(t for t, _ in points) / n
     mean_v = sum(v for _, v in points) / n
-    sxx = sum((t - mean_t) ** 2 for t, _ in points)
+    centred = [t - mean_t for t, _ in points]
+    sxx = sum(x * x for x in centred)
     if sxx == 0:
-        return 0.0, math.inf
-    slope = sum((t - mean_t) * (v - mean_v) for t, v in points) / sxx
-    residual = sum((v - mean_v - slope * (t - mean_t)) ** 2 for t, v in points) / (n - 2)
-    return slope * 3600, math.sqrt(residual / sxx) * 3600
+        return None
+    slope = sum(x * (v - mean_v) for x, (_, v) in zip(centred, points)) / sxx
+    residuals = [v - mean_v - slope * x for x, (_, v) in zip(centred, points)]
+    return slope, centred, residuals, sxx
 
 
 def last_half(samples: list[Sample]) -> list[Sample]:
@@ -113,8 +148,9 @@ def one_process(samples: list[Sample], name: str, key: str) -> list[tuple[float,
     return max(runs.values(), key=len, default=[])
 
 
-def verdicts(samples: list[Sample]) -> dict[str, Any]:
-    """RSS slope (MB/h ± standard error) and fd slope per process over the last half, and
+def verdicts(samples: list[Sample], correlated_s: float) -> dict[str, Any]:
+    """RSS slope (MB/h ± standard error, and the error with residuals correlated over
+    `correlated_s`: the soak's fault period) and fd slope per process over the last half, and
     whether retention kept the output directory bounded."""
     half = last_half(samples)
     names = sorted({n for s in samples for n in s.rss_mb})
@@ -123,6 +159,8 @@ def verdicts(samples: list[Sample]) -> dict[str, Any]:
         points = one_process(half, name, "rss_mb")
         slope, err = slope_per_hour(points)
         rss[name] = {"slope_mb_per_h": round(slope, 1), "stderr_mb_per_h": round(err, 1),
+                     "stderr_correlated_mb_per_h": round(
+                         slope_stderr_correlated(points, correlated_s), 1),
                      # the longest stretch under one pid: a restart cuts the fit short
                      "over_s": round(points[-1][0] - points[0][0]) if points else 0}
         points = one_process(half, name, "fds")
@@ -148,6 +186,12 @@ def verdicts(samples: list[Sample]) -> dict[str, Any]:
         "max_queue_depth": {n: max(s.queue_depth.get(n, 0) for s in samples)
                             for n in sorted({n for s in samples for n in s.queue_depth})},
     }
+
+
+def write_samples(samples: list[Sample], path: Path) -> str:
+    """One JSON line per sample; returns the path written."""
+    path.write_text("".join(json.dumps(dataclasses.asdict(s)) + "\n" for s in samples))
+    return str(path)
 
 
 def plot(samples: list[Sample], kills: list[tuple[float, str]], path: Path) -> str:
