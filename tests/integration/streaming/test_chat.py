@@ -175,6 +175,19 @@ def test_unknown_model_is_404_in_the_openai_shape(sdk: openai.OpenAI) -> None:
          "min_tokens (5) must be at most max_tokens (4)"),
         ({"messages": user(text("x")), "min_tokens": -1}, "min_tokens"),
         ({"messages": user(text("x")), "ignore_eos": "sometimes"}, "ignore_eos"),
+        ({"messages": user(text("x")), "logprobs": True}, "log probabilities are not returned"),
+        ({"messages": user(text("x")), "top_logprobs": 3}, "log probabilities are not returned"),
+        ({"messages": user(text("x")), "logit_bias": {"42": 10}}, "logit_bias is not supported"),
+        ({"messages": user(text("x")), "tools": [{"type": "function", "function": {"name": "f"}}]},
+         "tool and function calling are not supported"),
+        ({"messages": user(text("x")), "tool_choice": "required"}, "may only be 'none' or 'auto'"),
+        ({"messages": user(text("x")), "function_call": {"name": "f"}},
+         "may only be 'none' or 'auto'"),
+        ({"messages": user(text("x")), "modalities": ["text", "audio"]}, "only text replies"),
+        ({"messages": user(text("x")), "audio": {"voice": "alloy", "format": "wav"}},
+         "only text replies"),
+        ({"messages": user(text("x")), "reasoning_effort": "low"}, "thinking_token_budget"),
+        ({"messages": user(text("x")), "web_search_options": {}}, "web search is not supported"),
         (
             {"messages": user(text("x")), "guided_regex": "(unclosed"},
             "guided_regex does not compile",
@@ -196,6 +209,22 @@ def test_max_tokens_beyond_the_context_is_lowered_not_refused(fake_server) -> No
     response = httpx.post(f"{fake_server.base_url}/v1/chat/completions", json=body, timeout=30)
     assert response.status_code == 200, response.text  # vLLM's rule: the room left (16384 - 2)
     assert response.json()["usage"]["completion_tokens"] <= 16384
+
+
+def test_openai_fields_that_ask_for_nothing_are_accepted(fake_server) -> None:
+    """What OpenAI clients send by default or as hints (LangChain, LiteLLM and the SDK's own
+    defaults) is accepted; the reply is the one without them."""
+    body = {"model": MODEL, "messages": user(text("x")), "max_tokens": 12, "seed": 5}
+    hints = {"logprobs": False, "top_logprobs": 0, "logit_bias": {}, "tools": [],
+             "tool_choice": "none", "function_call": "auto", "parallel_tool_calls": False,
+             "modalities": ["text"], "store": False, "metadata": {"team": "a"},
+             "service_tier": "auto", "prompt_cache_key": "k", "safety_identifier": "u1",
+             "prediction": {"type": "content", "content": "x"}, "verbosity": "low",
+             "user": "u1"}
+    plain, hinted = (httpx.post(f"{fake_server.base_url}/v1/chat/completions", json=b, timeout=30)
+                     for b in (body, {**body, **hints}))
+    assert hinted.status_code == 200, hinted.text
+    assert hinted.json()["choices"] == plain.json()["choices"]
 
 
 @pytest.mark.parametrize("extra, tokens, finish", [

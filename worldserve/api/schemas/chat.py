@@ -121,6 +121,29 @@ class ChatCompletionRequest(_Strict):
     guided_regex: str | None = None
     min_tokens: int = Field(default=0, ge=0)
     ignore_eos: bool = False
+    # OpenAI fields that ask for nothing a reply depends on: accepted, not used (nothing is
+    # stored; no tiers, caches or predictions to hint at)
+    store: bool | None = None
+    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    prediction: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+    # OpenAI fields for what this server does not do: accepted only while they ask for nothing
+    # (`_nothing_unsupported`), so a client that sends their defaults works
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    logit_bias: dict[str, float] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    web_search_options: dict[str, Any] | None = None
     # vLLM / NIM extensions (the OpenAI SDK sends them through `extra_body`)
     media_io_kwargs: MediaIO | None = None
     chat_template_kwargs: dict[str, TemplateValue] | None = Field(default=None, max_length=16)
@@ -144,6 +167,33 @@ class ChatCompletionRequest(_Strict):
             raise ValueError(f"at most {MAX_IMAGES_PER_PROMPT} images and "
                              f"{MAX_VIDEOS_PER_PROMPT} video per prompt (got {images} images, "
                              f"{videos} videos)")
+        return self
+
+    @model_validator(mode="after")
+    def _nothing_unsupported(self) -> "ChatCompletionRequest":
+        """A request for log probabilities, tools, audio or a reasoning effort is a 400 that
+        says so (not a reply without it)."""
+        refusals = {
+            "logprobs": (self.logprobs or self.top_logprobs,
+                         "log probabilities are not returned (logprobs, top_logprobs)"),
+            "logit_bias": (self.logit_bias, "logit_bias is not supported"),
+            "tools": (self.tools or self.functions,
+                      "tool and function calling are not supported (tools, functions)"),
+            "tool_choice": (self.tool_choice not in (None, "none", "auto")
+                            or self.function_call not in (None, "none", "auto"),
+                            "tool_choice / function_call may only be 'none' or 'auto' "
+                            "(no tools are called)"),
+            "modalities": (set(self.modalities or ()) - {"text"} or self.audio is not None,
+                           "only text replies are supported (modalities ['text'], no audio)"),
+            "reasoning_effort": (self.reasoning_effort,
+                                 "reasoning_effort is not supported: use chat_template_kwargs "
+                                 "{\"enable_thinking\": ...} or thinking_token_budget"),
+            "web_search_options": (self.web_search_options is not None,
+                                   "web search is not supported"),
+        }
+        for field, (asked, why) in refusals.items():
+            if asked:
+                raise ValueError(f"{field}: {why}")
         return self
 
     @model_validator(mode="after")
