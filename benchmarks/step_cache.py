@@ -74,7 +74,8 @@ def one_run(runner, params: GenerationParams) -> dict:
     denoised, denoised_cpu = time.perf_counter(), time.thread_time()
     frames = runner.decode(state, 0)
     done, done_cpu = time.perf_counter(), time.thread_time()
-    stats = runner.step_cache_stats(state, 0)
+    # optional in the runner contract (a rank group's runner has none)
+    stats = runner.step_cache_stats(state, 0) if hasattr(runner, "step_cache_stats") else None
     return {"denoise_s": denoised - prepared, "total_s": done - started,
             "denoise_cpu_s": denoised_cpu - prepared_cpu, "total_cpu_s": done_cpu - started_cpu,
             "frames": frames,
