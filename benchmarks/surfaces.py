@@ -1,13 +1,15 @@
 """How long each surface takes on the default dev model (what `make serve` serves): one image,
 one video job (the model's defaults: on the dev world, 9 frames at 64x64 in 12 steps), one
-policy action, one chat reply of at most 16 tokens, one live-reasoning frame and one realtime
-chunk, each timed from the client, `--repeats` times.
+policy action, one chat reply of at most 16 tokens and one of exactly 16 (`ignore_eos`: what a
+decode takes), one live-reasoning frame and one realtime chunk, each timed from the client,
+`--repeats` times.
 
     .venv/bin/python benchmarks/surfaces.py                 # starts its own default server
     .venv/bin/python benchmarks/surfaces.py --url http://127.0.0.1:8000   # a running one
 
 Prints one JSON line: `<surface>_s` (median wall seconds), `<surface>_all_s`,
-`chat_completion_tokens` (how long the timed replies were), `machine` and, for a server it
+`chat_completion_tokens` and `chat_16_tokens_completion_tokens` (how long the timed replies
+were), `machine` and, for a server it
 started, `torch_threads_per_stage` (`--threads N`; default torch's own, as `make
 serve`: on a busy 2-core machine one thread per stage is faster). The README quotes it.
 """
@@ -58,10 +60,11 @@ def reasoner_name(http: httpx.Client) -> str:
     return next(model["id"] for model in models if "reasoner" in model["stages"])
 
 
-def chat(http: httpx.Client) -> int:
-    """One reply of at most 16 tokens; returns how many it had."""
+def chat(http: httpx.Client, ignore_eos: bool = False) -> int:
+    """One reply of at most 16 tokens (with `ignore_eos`: exactly 16); returns how many it
+    had."""
     reply = http.post("/v1/chat/completions", json={
-        "model": reasoner_name(http), "max_tokens": 16,
+        "model": reasoner_name(http), "max_tokens": 16, "ignore_eos": ignore_eos,
         "messages": [{"role": "user", "content": "Hello"}]})
     return reply.raise_for_status().json()["usage"]["completion_tokens"]
 
@@ -95,18 +98,20 @@ def realtime_chunk(ws_url: str) -> float:
 
 def measure(base_url: str, repeats: int) -> dict:
     ws_url = base_url.replace("http", "ws", 1)
-    result: dict = {"chat_completion_tokens": []}
+    result: dict = {"chat_completion_tokens": [], "chat_16_tokens_completion_tokens": []}
 
-    def timed_chat() -> float:
-        tokens, seconds = harness.timed(chat, http)
-        result["chat_completion_tokens"].append(tokens)
+    def timed_chat(ignore_eos: bool) -> float:
+        tokens, seconds = harness.timed(chat, http, ignore_eos)
+        key = "chat_16_tokens" if ignore_eos else "chat"
+        result[f"{key}_completion_tokens"].append(tokens)
         return seconds
 
     with httpx.Client(base_url=base_url, timeout=600) as http:
         runs = {"image": lambda: harness.timed(image, http)[1],
                 "video": lambda: harness.timed(video, http)[1],
                 "action": lambda: harness.timed(action, http)[1],
-                "chat": timed_chat,
+                "chat": lambda: timed_chat(False),
+                "chat_16_tokens": lambda: timed_chat(True),
                 "reasoning_frame": lambda: reasoning_frame(http),
                 "realtime_chunk": lambda: realtime_chunk(ws_url)}
         for name, run in runs.items():
