@@ -1,6 +1,6 @@
-"""`python -m tools.memory_probe PID [--every-s 30] [--allocators]`: where a process's RSS
-lies, sampled from outside while it runs (the api during a soak: `ps` shows it as the
-`worldserve serve` child of benchmarks/soak.py).
+"""`python -m tools.memory_probe PID [--every-s 30] [--allocators [--no-trim]]`: where a
+process's RSS lies, sampled from outside while it runs (the api during a soak: `ps` shows it as
+the `worldserve serve` child of benchmarks/soak.py).
 
 Each sample is one JSON line: RSS by mapping (`[heap]`, glibc's main arena grown by brk;
 `[anon]`, anonymous mmaps: CPython's 1 MiB object arenas, other arenas and large blocks;
@@ -8,9 +8,10 @@ Each sample is one JSON line: RSS by mapping (`[heap]`, glibc's main arena grown
 inside say, read through gdb (on the machine, ptrace allowed): CPython's own statistics
 (`sys._debugmallocstats`: bytes in allocated blocks are live small objects, whatever
 tracemalloc saw), glibc's `malloc_info` (per arena: bytes from the system and bytes free in
-it) and the RSS that `malloc_trim(0)` gives back. tracemalloc (worldserve/api/memtrace.py)
-only sees Python allocations made after it started; this sees the rest. gdb stops the process
-for about a second per probe, and the trim changes what it measures: probe rarely.
+it) and the RSS that `malloc_trim(0)` gives back (`--no-trim`: no trim, so the curve is the
+process's own). tracemalloc (worldserve/api/memtrace.py) only sees Python allocations made
+after it started; this sees the rest. gdb stops the process for about a second per probe, and
+the trim changes what it measures: probe rarely.
 """
 
 from __future__ import annotations
@@ -59,9 +60,10 @@ def glibc_arenas(xml_path: Path) -> dict[str, int]:
             "mmap_kib": totals.get("mmap", 0) // 1024, "arenas": len(root.findall("heap"))}
 
 
-def allocators(pid: int) -> dict[str, object]:
-    """CPython's live small-object bytes (in the process's own stderr), glibc's arenas before
-    and after `malloc_trim(0)`, and the RSS the trim gave back."""
+def allocators(pid: int, trim: bool = True) -> dict[str, object]:
+    """CPython's live small-object bytes and object arenas (in the process's own stderr),
+    glibc's arenas, and with `trim` the arenas after `malloc_trim(0)` and the RSS it gave back
+    (without: the process is left as it was, so a curve over a run is its own)."""
     with tempfile.TemporaryDirectory(prefix="memory-probe-") as scratch:
         before, after = Path(scratch) / "before.xml", Path(scratch) / "after.xml"
         stats = Path(scratch) / "pymalloc.txt"
@@ -71,15 +73,23 @@ def allocators(pid: int) -> dict[str, object]:
              f'os.dup2(f.fileno(), 99); e = os.dup(2); os.dup2(99, 2); '
              f'sys._debugmallocstats(); os.dup2(e, 2); os.close(e); os.close(99); f.close()")',
              "call (void) PyGILState_Release($1)")
-        _gdb(pid, f'call (void*) fopen("{before}", "w")', "call (int) malloc_info(0, $1)",
-             "call (int) fclose($1)", "call (int) malloc_trim(0)",
-             f'call (void*) fopen("{after}", "w")', "call (int) malloc_info(0, $5)",
-             "call (int) fclose($5)")
-        live = re.search(r"bytes in allocated blocks\s*=\s*([\d,]+)", stats.read_text())
-        return {"pymalloc_live_kib": int(live.group(1).replace(",", "")) // 1024 if live else None,
-                "glibc_before_trim": glibc_arenas(before),
-                "glibc_after_trim": glibc_arenas(after),
-                "trim_gave_back_kib": rss_before - rss_kib(pid)}
+        info = [f'call (void*) fopen("{before}", "w")', "call (int) malloc_info(0, $1)",
+                "call (int) fclose($1)"]
+        if trim:
+            info += ["call (int) malloc_trim(0)", f'call (void*) fopen("{after}", "w")',
+                     "call (int) malloc_info(0, $5)", "call (int) fclose($5)"]
+        _gdb(pid, *info)
+        text = stats.read_text()
+        live = re.search(r"bytes in allocated blocks\s*=\s*([\d,]+)", text)
+        arenas = re.search(r"# arenas allocated current\s*=\s*([\d,]+)", text)
+        out: dict[str, object] = {
+            "pymalloc_live_kib": int(live.group(1).replace(",", "")) // 1024 if live else None,
+            "pymalloc_arenas": int(arenas.group(1).replace(",", "")) if arenas else None,
+            "glibc_before_trim" if trim else "glibc": glibc_arenas(before)}
+        if trim:
+            out["glibc_after_trim"] = glibc_arenas(after)
+            out["trim_gave_back_kib"] = rss_before - rss_kib(pid)
+        return out
 
 
 def rss_kib(pid: int) -> int:
@@ -93,6 +103,9 @@ def main() -> None:
     parser.add_argument("--every-s", type=float, default=30.0)
     parser.add_argument("--allocators", action="store_true",
                         help="also probe the allocators through gdb (every 10th sample)")
+    parser.add_argument("--no-trim", action="store_true",
+                        help="with --allocators: read glibc's arenas without malloc_trim(0), "
+                             "leaving the process as it was")
     args = parser.parse_args()
     start = time.monotonic()
     for index in range(10**9):
@@ -101,7 +114,7 @@ def main() -> None:
                                          "rss_kib": rss_kib(args.pid),
                                          "by_mapping_kib": rss_by_mapping(args.pid)}
             if args.allocators and index % 10 == 0:
-                sample.update(allocators(args.pid))
+                sample.update(allocators(args.pid, trim=not args.no_trim))
         except FileNotFoundError:
             return  # the process is gone
         print(json.dumps(sample), flush=True)
