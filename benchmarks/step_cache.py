@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import harness  # noqa: E402
 from benchmarks.generation_cosmos3 import WIDE  # noqa: E402
 from worldserve.config import UNSUPPORTED_STEP_CACHES  # noqa: E402
+from worldserve.engines.generation.contract import StepCacheRunner  # noqa: E402
 from worldserve.ipc.messages import GenerationParams  # noqa: E402
 from worldserve.levers.step_cache import METHODS  # noqa: E402
 from worldserve.models.types import StepCacheSettings  # noqa: E402
@@ -74,8 +75,8 @@ def one_run(runner, params: GenerationParams) -> dict:
     denoised, denoised_cpu = time.perf_counter(), time.thread_time()
     frames = runner.decode(state, 0)
     done, done_cpu = time.perf_counter(), time.thread_time()
-    # optional in the runner contract (a rank group's runner has none)
-    stats = runner.step_cache_stats(state, 0) if hasattr(runner, "step_cache_stats") else None
+    # optional in the runner contract (a rank group's runner has none), as the engine asks
+    stats = runner.step_cache_stats(state, 0) if isinstance(runner, StepCacheRunner) else None
     return {"denoise_s": denoised - prepared, "total_s": done - started,
             "denoise_cpu_s": denoised_cpu - prepared_cpu, "total_cpu_s": done_cpu - started_cpu,
             "frames": frames,

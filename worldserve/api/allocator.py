@@ -15,7 +15,8 @@ gives back only the heap's top. Its pages, once touched, stay resident while the
 the api's RSS creeps towards the heap's full extent. `returning_free_pages` (the app's lifespan)
 calls `malloc_trim(0)` every minute, which hands every whole free page inside the arenas back
 (3 ms on a 350 MB fragmented test heap; the api's is about 25 MB), so a burst's freed pages go
-back within a minute. (It did not change the soak's slope: docs/operations.md.)
+back within a minute. (Over a 2-hour soak the api's heap stops growing at about 24 MB:
+docs/operations.md.)
 """
 
 from __future__ import annotations
