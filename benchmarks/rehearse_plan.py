@@ -7,7 +7,9 @@ directory (every tensor name, shape and dtype of the meta-built model, no data),
 stage's per-GPU plan beside the rehearsal's estimate of the same stage:
 
 - generation: the largest rank's weights (transformer + VAE) plus the larger of its denoise
-  step's peak and the single-device VAE decode peak (an upper bound: a group splits the decode);
+  step's peak and the single-device VAE decode peak (an upper bound: a group splits the decode),
+  plus the NCCL communicators' buffers at the plan's own figure per process group (fake process
+  groups hold none: the rehearsal cannot measure them, so this checks the rest);
 - reasoner: its weights plus the KV cache the plan sizes for (its token count x the measured
   bytes per token x the plan's growth and packed-copy factors) plus the prefill peak.
 
@@ -26,10 +28,12 @@ import torch
 
 from benchmarks import rehearse_build as build
 from worldserve.runtime.placement import (
+    COMMUNICATOR_BYTES,
     GIB,
     KV_GROWTH_FACTOR,
     KV_PACKED_FACTOR,
     GpuInfo,
+    communicators_per_rank,
 )
 
 # Total memory as torch reports it (get_device_properties(i).total_memory), approximately.
@@ -105,12 +109,23 @@ def compare(plan_bytes: int, estimate_bytes: int) -> dict[str, Any]:
             "within_10pct": ratio is not None and 1.0 <= ratio <= 1.10}
 
 
-def generation_estimate(single: dict[str, Any] | None, ranks: dict[str, Any] | None) -> int:
+def generation_estimate(single: dict[str, Any] | None, ranks: dict[str, Any] | None,
+                        spec: str | None) -> int:
     vae_peak = (single or {}).get("vae_decode_peak_gib", 0.0)
     if ranks is None:
         return int((single["weights_gib"] + max(single["step_peak_gib"], vae_peak)) * GIB)
     worst = max(ranks["ranks"], key=lambda r: r["weights_gib"] + r["step_peak_gib"])
-    return int((worst["weights_gib"] + max(worst["step_peak_gib"], vae_peak)) * GIB)
+    return (int((worst["weights_gib"] + max(worst["step_peak_gib"], vae_peak)) * GIB)
+            + communicator_bytes(spec))
+
+
+def communicator_bytes(spec: str | None) -> int:
+    """The plan's NCCL buffers per rank for the layout (communicators_per_rank)."""
+    from benchmarks.rehearse import parse_layout
+
+    axes = {"cfg": 1, "ulysses": 1, "ring": 1, "shard": 1, **parse_layout(spec or "")}
+    return COMMUNICATOR_BYTES * communicators_per_rank(
+        axes["cfg"], axes["ulysses"], axes["ring"], axes["shard"])
 
 
 def reasoner_estimate(reasoner: dict[str, Any], kv_tokens: int) -> int:
@@ -142,7 +157,8 @@ def part_plan(name: str, layouts: list[str], gpu: str, results: dict[str, Any]) 
             ranks = _ranks_for(spec, by_layout)
             if spec is None or ranks is not None:
                 entry.update(compare(stage.peak_bytes,
-                                     generation_estimate(results.get("single"), ranks)))
+                                     generation_estimate(results.get("single"), ranks,
+                                                         spec)))
             else:
                 entry["plan_gib"] = round(stage.peak_bytes / GIB, 3)
             out[spec or "one_gpu"] = entry

@@ -436,4 +436,25 @@ PLANTS: tuple[Plant, ...] = (
                    "tests/integration/world/test_world_dflash.py"
                    "::test_min_tokens_and_ignore_eos_run_on_past_the_answer_and_stay_lossless"),
     ),
+    Plant(
+        name="plan-sums-an-unchunked-decode",
+        claim="an unchunked VAE decode is planned as the larger of it and a step, not the sum",
+        path="worldserve/runtime/placement.py",
+        anchor="    transient = step + vae if demand.decode_interleaves else max(step, vae)\n",
+        replacement="    transient = step + vae\n",
+        caught_by=("tests/unit/core/test_placement.py::test_headroom_formula",),
+    ),
+    Plant(
+        name="ring-hop-waits-before-it-computes",
+        claim="the next ring hop's exchange is under way while a hop computes",
+        path="worldserve/levers/parallel/attention.py",
+        anchor="        pending = ring_shift_start(kv, handle) if hop + 1 < handle.size else None\n",
+        # the serial hop: wait for the exchange at once, then compute
+        replacement=("        pending = ring_shift_start(kv, handle) if hop + 1 < handle.size else None\n"
+                     "        kv_next = pending.wait() if pending is not None else None\n"
+                     "        pending = type('Done', (), {'wait': lambda self: kv_next})() "
+                     "if kv_next is not None else None\n"),
+        caught_by=("tests/unit/parallel/test_ring_hop.py"
+                   "::test_the_next_hop_is_under_way_while_a_hop_computes",),
+    ),
 )

@@ -254,5 +254,9 @@ def stage_demands(config: ServerConfig) -> tuple[list[StageDemand], dict[str, St
             fp8_compute=getattr(stage_config, "fp8_compute", "auto"),
             sharded_numel=info.sharded_numel,
             num_communicators=communicators_per_rank(
-                parallel.cfg, parallel.ulysses, parallel.ring, parallel.shard) if parallel else 0))
+                parallel.cfg, parallel.ulysses, parallel.ring, parallel.shard) if parallel else 0,
+            # an unchunked VAE decode runs between steps (the engine's loop) and frees its
+            # memory before the next; a chunked one interleaves with the next job's steps
+            decode_interleaves=name != "generation"
+            or bool(getattr(stage_config, "vae_decode_chunk_frames", 0))))
     return demands, facts

@@ -16,15 +16,20 @@ Memory per GPU (all estimates, documented in docs/hardware.md):
                 (embeddings, head, VAE, text encoder) is replicated whole on every rank
     load peak the W8A8 reasoner is first built whole in the stage dtype, then its linears are
                 swapped for FP8: its weights at load take the W8A16 count
-    headroom  generation: 16 x tokens x hidden x b / (ulysses x ring)   (activations of one
-                forward at the largest request)
-                          + 56 x pixels x frames x b / 2 x vae_width / 256        (VAE decode)
-                          + 0.5 GiB per process group of the rank (NCCL communicator buffers)
+    headroom  generation: the larger of a step and the VAE decode (their sum where a chunked
+                decode, vae_decode_chunk_frames, interleaves with the next job's steps)
+                  step    24 x tokens x hidden x b / (ulysses x ring)   (activations of one
+                          forward at the largest request)
+                          + 3 x tokens x hidden x b where ulysses x ring > 1  (what a split
+                          does not divide: gathered output, all-to-all buffers)
+                          + one gathered block under shard (blocks' bytes / layers)
+                  decode  64 x pixels x frames x b / 2 x vae_width / 256
+                + 0.5 GiB per process group of the rank (NCCL communicator buffers)
               reasoner:   2 x layers x kv_heads x head_dim x b x kv_tokens x 3.5  (KV cache at
                 its worst: own buffers up to 2x their tokens as capacity doubles, plus a packed
                 batch copy at 1.5x)
                           + 20 x prefill_tokens x hidden x b                  (prefill chunk)
-              realtime:   16 x tokens x hidden x b + KV of the window (as the reasoner's)
+              realtime:   24 x tokens x hidden x b + KV of the window (as the reasoner's)
     reserve   1 GiB + 2 % of the GPU (CUDA context, allocator fragmentation)
     fits      sum over the stages on the GPU of max(weights + headroom, load peak)
                 <= total - reserve
@@ -41,12 +46,20 @@ from typing import Any, Mapping, Sequence
 from worldserve.config import resolve_dtype_name
 
 GIB = 1 << 30
-ACTIVATION_FACTOR = 16  # live [tokens, hidden] tensors at a forward's peak (est.)
+# Live [tokens, hidden] tensors at a forward's peak: the full-size rehearsal measured 17.2
+# (Nano), 17.4 (Edge) and 23.1 (Super, whose MLP is 5 x hidden) for a 720p, 189-frame CFG step
+# (docs/rehearsal.md; CPU fake tensors, no GPU ran)
+ACTIVATION_FACTOR = 24
+# Per rank of a sequence split, the [tokens, hidden] tensors it holds whole beyond its share
+# (the understanding tokens, the gathered output, the all-to-all buffers): the rehearsal's
+# ranks measured 2.3-2.9 (cfg 2 x ulysses 4 and x ring 4, Nano and Edge)
+UNSPLIT_ACTIVATION_FACTOR = 3
 # A reasoner prefill chunk's transient beyond the K/V it writes, in [tokens, hidden] tensors:
 # the full-size rehearsal measured 13.1 (Nano), 17.5 (Edge) and 19.0 (Super, whose MLP is
 # 5 x hidden) at 2,048 tokens (docs/rehearsal.md; CPU fake tensors, no GPU ran)
 PREFILL_ACTIVATION_FACTOR = 20
-VAE_BYTES_PER_PIXEL_BF16 = 56  # Wan 2.2 VAE decode, 1280x720x189 ~ 9.1 GiB (est.)
+# Wan 2.2 VAE decode at 1280x720x189 in bf16: the rehearsal measured 63.1 (10.23 GiB)
+VAE_BYTES_PER_PIXEL_BF16 = 64
 VAE_REFERENCE_WIDTH = 256  # Wan 2.2's decoder_base_dim, which the figure above is for
 RESERVE_BYTES = 1 * GIB
 RESERVE_FRACTION = 0.02
@@ -119,6 +132,8 @@ class StageDemand:
     sharded_numel: Mapping[str, int] = field(default_factory=dict)  # of dtype_numel: what
     # shard divides (the transformer blocks); the rest is replicated on every rank
     num_communicators: int = 0  # process groups a rank holds (communicators_per_rank)
+    decode_interleaves: bool = True  # a decode's memory may be held while steps run (a
+    # chunked VAE decode); False: one job's decode and the steps never overlap
 
 
 @dataclass(frozen=True)
@@ -221,19 +236,23 @@ def communicators_per_rank(cfg: int, ulysses: int, ring: int, shard: int) -> int
                    if 2 <= size < world)
 
 
-def headroom_bytes(demand: StageDemand, dtype: str) -> int:
-    """Activation / KV / decode memory beyond the weights, per GPU (module docstring)."""
+def headroom_bytes(demand: StageDemand, dtype: str, gathered_block_bytes: int = 0) -> int:
+    """Activation / KV / decode memory beyond the weights, per GPU (module docstring);
+    `gathered_block_bytes`: the one block a rank of a shard group holds gathered in a forward."""
     b = DTYPE_BYTES[dtype]
     arch, work = demand.arch, demand.workload
     kv_per_token = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * b
     if demand.stage == "reasoner":
         kv = int(kv_per_token * work.kv_tokens * (KV_GROWTH_FACTOR + KV_PACKED_FACTOR))
         return kv + PREFILL_ACTIVATION_FACTOR * work.prefill_tokens * arch.hidden_size * b
-    activations = ACTIVATION_FACTOR * work.activation_tokens * arch.hidden_size * b
-    activations //= max(1, demand.seq_split)
+    row_bytes = work.activation_tokens * arch.hidden_size * b  # one [tokens, hidden] tensor
+    step = ACTIVATION_FACTOR * row_bytes // max(1, demand.seq_split) + gathered_block_bytes
+    if demand.seq_split > 1:
+        step += UNSPLIT_ACTIVATION_FACTOR * row_bytes
     vae = (VAE_BYTES_PER_PIXEL_BF16 * work.output_pixels * b * arch.vae_width
            // (2 * VAE_REFERENCE_WIDTH))
-    return (activations + vae + kv_per_token * work.kv_tokens
+    transient = step + vae if demand.decode_interleaves else max(step, vae)
+    return (transient + kv_per_token * work.kv_tokens
             + COMMUNICATOR_BYTES * demand.num_communicators)
 
 
@@ -352,6 +371,9 @@ def _stage_plan(demand: StageDemand, gpus: Sequence[GpuInfo],
                      f"FP8 weights counted in {dtype} (W8A16: dequantised at load)")
     shard = demand.shard if indices else 1
     weights = _sharded_weight_bytes(demand, dtype, w8a8, shard, notes)
+    gathered = 0
+    if shard > 1 and demand.sharded_numel and demand.arch.num_layers:
+        gathered = weight_bytes(demand.sharded_numel, dtype, w8a8) // demand.arch.num_layers
     load_peak = 0
     if w8a8 and has_fp8 and demand.stage == "reasoner":
         load_peak = _sharded_weight_bytes(demand, dtype, False, shard, [])
@@ -364,7 +386,7 @@ def _stage_plan(demand: StageDemand, gpus: Sequence[GpuInfo],
         notes.append(f"runs in the {demand.colocate_with} process; counted in full (it shares "
                      "the generator's text weights, so this over-estimates)")
     return StagePlan(demand.stage, device, indices, dtype, weights,
-                     headroom_bytes(demand, dtype), notes=tuple(notes),
+                     headroom_bytes(demand, dtype, gathered), notes=tuple(notes),
                      load_peak_bytes=load_peak)
 
 

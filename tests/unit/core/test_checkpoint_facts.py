@@ -114,6 +114,19 @@ def test_blocks_fp8_compute_and_communicators_reach_the_demand(dev_models_dir: P
         blocks = sum(math.prod(f.get_slice(k).get_shape())
                      for k in f.keys() if k.startswith("layers."))
     assert gen.sharded_numel == {"F32": blocks} and 0 < blocks < gen.dtype_numel["F32"]
+    reasoner = next(d for d in demands if d.stage == "reasoner")
+    # an unchunked decode never overlaps a step (the plan takes the larger); the reasoner has
+    # no decode, and keeps the sum
+    assert not gen.decode_interleaves and reasoner.decode_interleaves
+
+
+def test_a_chunked_decode_is_planned_beside_the_steps(dev_models_dir: Path) -> None:
+    cosmos = dev_models_dir / "generation"
+    config = ServerConfig.model_validate({"stages": {
+        "generation": {"model_path": str(cosmos), "vae_decode_chunk_frames": 1},
+        "reasoner": {"enabled": False}, "realtime": {"enabled": False}}})
+    (gen,), _ = stage_demands(config)
+    assert gen.decode_interleaves
 
 
 def test_a_sharded_folder_counts_what_its_index_names(dev_models_dir: Path,

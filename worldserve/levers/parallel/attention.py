@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from worldserve.levers.parallel.comm import all_to_all, ring_shift
+from worldserve.levers.parallel.comm import all_to_all, ring_shift_start
 from worldserve.levers.parallel.mesh import GroupHandle
 
 
@@ -64,15 +64,48 @@ def attention_lse(q: torch.Tensor, k: torch.Tensor,
     if q.device.type == "cpu":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qh, kh, vh)[:2]
     elif q.device.type == "cuda":  # unverified here (no GPU in CI)
-        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
-            qh, kh, vh, None, True)[:2]
-        lse = lse[..., :q.shape[0]]  # the kernel pads its lse rows to a multiple of 32
+        kernel = CUDA_KERNELS[ring_kernel(q.dtype, q.shape[-1], _capability(q.device))]
+        out, lse = kernel(qh, kh, vh)
+        lse = lse.narrow(-1, 0, q.shape[0])  # mem-efficient pads its lse rows to 32s
     else:
         scale = q.shape[-1] ** -0.5
         scores = (qh.float() @ kh.float().transpose(-1, -2)) * scale
         lse = torch.logsumexp(scores, dim=-1)
         out = (torch.softmax(scores, dim=-1) @ vh.float()).to(q.dtype)
     return out.squeeze(0).transpose(0, 1), lse.squeeze(0).transpose(0, 1).float()
+
+
+FLASH_MIN_CAPABILITY = (8, 0)  # FlashAttention-2 in torch: Ampere and later
+FLASH_MAX_HEAD_DIM = 256
+
+
+def ring_kernel(dtype: torch.dtype, head_dim: int, capability: tuple[int, int]) -> str:
+    """The CUDA kernel a ring hop runs: FlashAttention-2 where torch has it (fp16 / bf16, head
+    dim a multiple of 8 up to 256, sm80+), else mem-efficient (any dtype; ~1.5-2x slower on an
+    H100 by the published kernel figures). Both return the output (B, H, L, D) and a float32
+    log-sum-exp (B, H, L) (mem-efficient's padded to a multiple of 32): the layout torch's own
+    context-parallel merger reads from either (torch/distributed/tensor/experimental/
+    _context_parallel/_attention.py, `_SDPAMerger`) and the one `merge_lse` takes. Shapes are
+    tested under fake CUDA tensors; no GPU ran either kernel here."""
+    if (dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0
+            and head_dim <= FLASH_MAX_HEAD_DIM and capability >= FLASH_MIN_CAPABILITY):
+        return "flash"
+    return "efficient"
+
+
+def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.ops.aten._scaled_dot_product_flash_attention(q, k, v)[:2])
+
+
+def _efficient(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True)[:2])
+
+
+CUDA_KERNELS = {"flash": _flash, "efficient": _efficient}  # (B, H, L, D) -> out, lse
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
 
 
 def merge_lse(out: torch.Tensor | None, lse: torch.Tensor | None, block_out: torch.Tensor,
@@ -101,10 +134,14 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: Gr
         out, lse = merge_lse(out, lse, *attention_lse(
             q, repeat_kv(prefix[0], heads), repeat_kv(prefix[1], heads)))
     kv = torch.stack((k, v))  # one exchange per hop carries both
+    pending = None
     for hop in range(handle.size):
         owner = (handle.index - hop) % handle.size
-        if hop:
-            kv = ring_shift(kv, handle)
+        if pending is not None:
+            kv = pending.wait()
+        # pass the chunk on while attending to it: the next hop's exchange overlaps this one's
+        # compute (both only read `kv`)
+        pending = ring_shift_start(kv, handle) if hop + 1 < handle.size else None
         n = valid_keys[owner]
         if n > 0:
             out, lse = merge_lse(out, lse, *attention_lse(

@@ -72,23 +72,45 @@ def all_to_all(tensor: torch.Tensor, handle: GroupHandle) -> torch.Tensor:
     return out
 
 
-def ring_shift(tensor: torch.Tensor, handle: GroupHandle) -> torch.Tensor:
-    """Send `tensor` to the next rank of the ring, receive the previous rank's."""
+class PendingShift:
+    """A ring hop under way (`ring_shift_start`): `wait()` gives the previous rank's tensor."""
+
+    def __init__(self, works: list, out: torch.Tensor, handle: GroupHandle) -> None:
+        self._works, self._out, self._handle = works, out, handle
+
+    def wait(self) -> torch.Tensor:
+        """On the CPU (gloo) the host waits, at most `timeout_s`. On CUDA (NCCL) the current
+        stream waits for the exchange and the host goes on: a wait with a timeout would block
+        the host once per hop; a dead peer is caught by the rank group's peer watch and NCCL's
+        own watchdog (the group's timeout) instead (docs/parallel.md, failures; unverified: no
+        GPU ran it)."""
+        timeout = datetime.timedelta(seconds=self._handle.timeout_s)
+        with _failing_as("ring send/recv", self._handle):
+            for work in self._works:
+                if self._out.device.type == "cuda":
+                    work.wait()
+                else:
+                    work.wait(timeout)
+        return self._out
+
+
+def ring_shift_start(tensor: torch.Tensor, handle: GroupHandle) -> PendingShift:
+    """Start sending `tensor` to the next rank of the ring and receiving the previous rank's;
+    compute may run meanwhile (the send reads `tensor`: leave it unchanged until `wait`)."""
     import torch.distributed as dist
 
     if handle.size == 1:
-        return tensor
+        return PendingShift([], tensor, handle)
     tensor = tensor.contiguous()
     out = torch.empty_like(tensor)
     nxt = handle.ranks[(handle.index + 1) % handle.size]
     prv = handle.ranks[(handle.index - 1) % handle.size]
+    ops = [dist.P2POp(dist.isend, tensor, nxt, group=handle.group),
+           dist.P2POp(dist.irecv, out, prv, group=handle.group)]
+    works = _run("ring send/recv", handle, lambda: dist.batch_isend_irecv(ops))
+    return PendingShift(list(works), out, handle)
 
-    def exchange() -> None:
-        ops = [dist.P2POp(dist.isend, tensor, nxt, group=handle.group),
-               dist.P2POp(dist.irecv, out, prv, group=handle.group)]
-        for work in dist.batch_isend_irecv(ops):
-            work.wait(datetime.timedelta(seconds=handle.timeout_s))
 
-    _run("ring send/recv", handle, exchange)
-    return out
-
+def ring_shift(tensor: torch.Tensor, handle: GroupHandle) -> torch.Tensor:
+    """Send `tensor` to the next rank of the ring, receive the previous rank's."""
+    return ring_shift_start(tensor, handle).wait()
