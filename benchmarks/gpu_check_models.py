@@ -152,7 +152,8 @@ def _nano_reasoner_runner(dev_dir: Path, device: str, dtype: Any, full: bool) ->
     return QwenVLRunner(model, processor, VIDEO_STYLES[model.config.model_type])
 
 
-def _decode_bench(dev_dir: Path, runner: Any, setup: argparse.Namespace) -> Any:
+def _decode_bench(dev_dir: Path, runner: Any, setup: argparse.Namespace,
+                  arm: str = "after") -> Any:
     """The reasoner engine of benchmarks/reasoner_decode.py around `runner` (the engine loads
     through the registry: it is handed the random model)."""
     from benchmarks.reasoner_decode import DecodeBench
@@ -161,7 +162,7 @@ def _decode_bench(dev_dir: Path, runner: Any, setup: argparse.Namespace) -> Any:
     original = reasoner_engine.registry.load_runner
     reasoner_engine.registry.load_runner = lambda *_, built=runner, **__: built
     try:
-        return DecodeBench(dev_dir, "after", frame_png(64 if setup.small else 224),
+        return DecodeBench(dev_dir, arm, frame_png(64 if setup.small else 224),
                            setup.max_tokens, stage={"device": setup.device})
     finally:
         reasoner_engine.registry.load_runner = original
@@ -170,7 +171,9 @@ def _decode_bench(dev_dir: Path, runner: Any, setup: argparse.Namespace) -> Any:
 def part_reasoner(setup: argparse.Namespace, tmp: Path, out: Figures) -> None:
     """ms per token of the reasoner engine's decode steps at batch 1 and 4, on a random Cosmos3
     Omni of Nano's text shape (hidden 4096, 36 layers, 32/8 heads, vocabulary 151,936; the dev
-    ViT)."""
+    ViT); then the same with the steps captured as CUDA graphs (`cuda_graphs`): ms per token,
+    the ratio, graphs captured, and whether the sampled tokens came out the same (the captured
+    step attends over whole buffers, masked: bf16 rounding may differ)."""
     from worldserve import envs
 
     dev_dir = envs.dev_models_dir() / "cosmos3-reasoner"
@@ -179,19 +182,30 @@ def part_reasoner(setup: argparse.Namespace, tmp: Path, out: Figures) -> None:
     out.update(params=sum(p.numel() for p in runner.model.parameters()),
                build_s=round(build_s, 1), max_tokens=setup.max_tokens,
                dtype=str(_dtype(setup)).removeprefix("torch."))
-    bench = _decode_bench(dev_dir, runner, setup)
-    try:
-        for batch in (1, 4):
-            bench.measure(batch)  # warm-up
-            reset_peak(setup.device)
-            runs = [bench.measure(batch) for _ in range(setup.repeats)]
-            out[f"b{batch}"] = {
-                "ms_per_token": round(statistics.median(
-                    r["s"] * 1000 / r["rows"] for r in runs), 2),
-                "ms_per_step": round(statistics.median(
-                    r["s"] * 1000 / r["steps"] for r in runs), 2),
-                "tokens": sum(r["rows"] for r in runs), "peak_gib": peak_gib(setup.device)}
-    finally:
-        bench.engine.shutdown()
+    tokens: dict[str, list] = {}
+    for arm in ("after", "graphs"):
+        figures = out if arm == "after" else out.setdefault("graphs", {})
+        bench = _decode_bench(dev_dir, runner, setup, arm)
+        try:
+            for batch in (1, 4):
+                bench.measure(batch)  # warm-up (captures, for graphs)
+                reset_peak(setup.device)
+                runs = [bench.measure(batch) for _ in range(setup.repeats)]
+                tokens.setdefault(arm, []).append(runs[0]["tokens"])
+                figures[f"b{batch}"] = {
+                    "ms_per_token": round(statistics.median(
+                        r["s"] * 1000 / r["rows"] for r in runs), 2),
+                    "ms_per_step": round(statistics.median(
+                        r["s"] * 1000 / r["steps"] for r in runs), 2),
+                    "tokens": sum(r["rows"] for r in runs), "peak_gib": peak_gib(setup.device)}
+            if arm == "graphs":
+                graphs = bench.engine.steps.runner.static.graphs
+                figures.update(captures=graphs.captures, replays=graphs.replays)
+        finally:
+            bench.engine.shutdown()
+    for batch in ("b1", "b4"):
+        out["graphs"][batch]["vs_static"] = round(
+            out["graphs"][batch]["ms_per_token"] / out[batch]["ms_per_token"], 3)
+    out["graphs"]["tokens_equal"] = tokens["after"] == tokens["graphs"]
     del bench, runner
     free()

@@ -466,6 +466,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--compile", action="store_true",
                         help="with --parts decode: also the static step under torch.compile")
+    parser.add_argument("--graphs", action="store_true",
+                        help="with --parts decode: also the static step captured and replayed "
+                             "(cuda_graphs; on the CPU a replay reruns the step)")
     parser.add_argument("--decode-repeats", type=int, default=3)
     parser.add_argument("--decode-max-tokens", type=int, default=24)
     parser.add_argument("--temperature", type=float, default=1.0,
@@ -484,7 +487,8 @@ def main() -> None:
     if "decode" in parts:  # on its own model: the Omni dev reasoner at Nano depth
         from benchmarks.reasoner_decode import nano_model_path, part_decode
 
-        arms = ["before", "sampler", "after"] + (["compiled"] if args.compile else [])
+        arms = (["before", "sampler", "after"] + (["compiled"] if args.compile else [])
+                + (["graphs"] if args.graphs else []))
         decode = part_decode(args.model_path or nano_model_path(envs.dev_models_dir()),
                              frames[0], arms, args.decode_max_tokens, args.decode_repeats)
         print(json.dumps(decode), flush=True)

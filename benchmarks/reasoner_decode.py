@@ -13,6 +13,8 @@ Arms, in one process, interleaved:
   sampler  transformers' forward, the device-side sampler (`engines/reasoner/sampling.py`);
   after    the static decode step (`models/qwen_vl/decode.py`) and the device-side sampler;
   compiled (with --compile) the static step under torch.compile.
+  graphs   (with --graphs) the static step captured as CUDA graphs and replayed
+           (`cuda_graphs`; on the CPU a replay reruns the step: only the overhead shows).
 
 Per arm and batch size (1 and 4 sessions decoding together, default sampling: temperature 0.3,
 top_p 0.9, repetition penalty 1.1): aten ops dispatched per decode step (a TorchDispatchMode
@@ -176,7 +178,9 @@ class _Profiled:
 ARMS = {"before": dict(static_decode=False, legacy=True),
         "sampler": dict(static_decode=False, legacy=False),
         "after": dict(static_decode=True, legacy=False),
-        "compiled": dict(static_decode=True, legacy=False, compile_decode=True)}
+        "compiled": dict(static_decode=True, legacy=False, compile_decode=True),
+        # captured steps: on the CPU a replay reruns the step (no speed-up; graphs.py)
+        "graphs": dict(static_decode=True, legacy=False, cuda_graphs=True)}
 
 
 class DecodeBench:

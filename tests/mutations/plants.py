@@ -42,6 +42,8 @@ REALTIME_STEERS = ("tests/unit/world/test_realtime_world.py"
                    "::test_a_held_key_moves_the_agent_its_way_within_the_first_chunk")
 SAMPLER_REFERENCE = f"{SAMPLING}::test_batched_device_sampler_equals_the_scalar_reference"
 DECODE_PATHS = "tests/unit/reasoner/test_decode_paths.py"
+RING_START = ("        pending = ring_shift_start(kv, handle) if hop + 1 < handle.size "
+              "else None\n")
 DFLASH_DRAFTERS = "tests/unit/reasoner/test_dflash_drafters.py"
 DFLASH_FITTED = f"{DFLASH_DRAFTERS}::test_a_fitted_drafter_is_accepted_and_replies_stay_lossless"
 RANK_COLLECTIVES = "tests/unit/parallel/test_collectives.py"
@@ -448,13 +450,35 @@ PLANTS: tuple[Plant, ...] = (
         name="ring-hop-waits-before-it-computes",
         claim="the next ring hop's exchange is under way while a hop computes",
         path="worldserve/levers/parallel/attention.py",
-        anchor="        pending = ring_shift_start(kv, handle) if hop + 1 < handle.size else None\n",
+        anchor=RING_START,
         # the serial hop: wait for the exchange at once, then compute
-        replacement=("        pending = ring_shift_start(kv, handle) if hop + 1 < handle.size else None\n"
-                     "        kv_next = pending.wait() if pending is not None else None\n"
+        replacement=(RING_START
+                     + "        kv_next = pending.wait() if pending is not None else None\n"
                      "        pending = type('Done', (), {'wait': lambda self: kv_next})() "
                      "if kv_next is not None else None\n"),
         caught_by=("tests/unit/parallel/test_ring_hop.py"
                    "::test_the_next_hop_is_under_way_while_a_hop_computes",),
+    ),
+    Plant(
+        name="graph-replays-the-captured-inputs",
+        claim="a replayed decode step decodes this step's tokens, not the captured step's",
+        path="worldserve/models/qwen_vl/graphs.py",
+        anchor="            graph.plan.copy_(source, non_blocking=True)\n",
+        replacement="            pass\n",
+        caught_by=("tests/unit/reasoner/test_decode_graphs.py"
+                   "::test_replayed_steps_equal_the_static_step",
+                   "tests/unit/reasoner/test_decode_graphs.py"
+                   "::test_engine_replies_with_graphs_equal_the_static_step"),
+    ),
+    Plant(
+        name="graph-kept-after-its-buffers-moved",
+        claim="a graph replays only over the buffers it was captured with",
+        path="worldserve/models/qwen_vl/graphs.py",
+        anchor="        key = (batch, width, *((t.data_ptr(), *t.shape) for t in buffers))\n",
+        replacement="        key = (batch, width)\n",
+        caught_by=("tests/unit/reasoner/test_decode_graphs.py"
+                   "::test_replayed_steps_equal_the_static_step",
+                   "tests/unit/reasoner/test_decode_graphs.py"
+                   "::test_a_graph_replays_until_its_buffers_move"),
     ),
 )

@@ -107,6 +107,8 @@ SERVE_FLAGS: tuple[ConfigFlag, ...] = (
           "stages.reasoner.static_decode", REASONER_PANEL),
     _flag("--reasoner-compile-decode/--no-reasoner-compile-decode",
           "stages.reasoner.compile_decode", REASONER_PANEL),
+    _flag("--reasoner-cuda-graphs/--no-reasoner-cuda-graphs",
+          "stages.reasoner.cuda_graphs", REASONER_PANEL),
     _flag("--colocate-with-generation/--no-colocate-with-generation",
           "stages.reasoner.colocate_with_generation", REASONER_PANEL),
     _flag("--colocation-yield", "stages.reasoner.colocation_yield", REASONER_PANEL),

@@ -74,7 +74,11 @@ class ReasonerStageConfig(StageConfig):
         "Decode through the family's static decode step (fewer host ops, token-identical)."))
     # Off by default: not verified on a GPU.
     compile_decode: bool = Field(default=False, description=(
-        "torch.compile the static decode step (CUDA: CUDA graphs)."))
+        "torch.compile the static decode step (on CUDA: no CUDA graphs, see cuda_graphs)."))
+    # Off by default: not verified on a GPU (models/qwen_vl/graphs.py).
+    cuda_graphs: bool = Field(default=False, description=(
+        "Capture the static decode step as CUDA graphs, one per batch, width and cache "
+        "buffers, and replay them (unverified: no GPU ran it)."))
     colocate_with_generation: bool = Field(default=False, description=(
         "Run the reasoner in the generation stage's process, sharing a Cosmos3 "
         "directory's understanding weights instead of a second copy."))
@@ -107,6 +111,17 @@ class ReasonerStageConfig(StageConfig):
             raise ValueError(f"spec_method 'dflash' needs the hf backend (this stage uses "
                              f"{backend!r})")
         return streaming
+
+    @field_validator("cuda_graphs")
+    @classmethod
+    def _graphs_capture_the_static_step(cls, graphs: bool, info: ValidationInfo) -> bool:
+        if graphs and not info.data.get("static_decode", True):
+            raise ValueError("cuda_graphs captures the static decode step: it needs "
+                             "static_decode")
+        if graphs and info.data.get("compile_decode"):
+            raise ValueError("cuda_graphs and compile_decode: choose one (the compiled step "
+                             "is not captured)")
+        return graphs
 
     @field_validator("guided_decoding_backend")
     @classmethod

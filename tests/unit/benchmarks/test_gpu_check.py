@@ -58,6 +58,11 @@ def test_cpu_run_builds_its_dev_models_and_reports_every_part(tmp_path: Path) ->
     for batch, rows in (("b1", 1), ("b4", 4)):
         got = parts["reasoner"][batch]
         assert got["tokens"] >= rows and got["ms_per_token"] > 0
+        graphed = parts["reasoner"]["graphs"][batch]  # replayed by rerunning on the CPU
+        assert graphed["tokens"] >= rows and graphed["vs_static"] > 0
+    graphs = parts["reasoner"]["graphs"]
+    assert graphs["captures"] > 0 and graphs["replays"] > graphs["captures"]
+    assert graphs["tokens_equal"] is True  # float32 on the CPU: whole buffers, same tokens
     assert "generator  native/tiny s/step (peak GiB)" in done.stderr
 
 

@@ -65,9 +65,11 @@ class ReasonerRunner(Protocol):
     # batch row of each sequence in the last batched forward (hidden-state taps read by row)
     last_batch_rows: list[int]
 
-    def configure_decode(self, static: bool, compile_step: bool = False) -> str:
-        """Pick the decode path (the family's static decode step where it has one); returns
-        the path taken ("static" or "eager")."""
+    def configure_decode(self, static: bool, compile_step: bool = False,
+                         graphs: bool = False) -> str:
+        """Pick the decode path (the family's static decode step where it has one; `graphs`:
+        its steps captured and replayed); returns the path taken ("static", "static, graphs"
+        or "eager")."""
 
     def new_kv(self) -> SequenceKV: ...
 

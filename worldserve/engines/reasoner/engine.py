@@ -70,7 +70,8 @@ class ReasonerEngine:
         self.runner = runner
         self.steps = StepRunner(runner, proposer)
         self.decode_path = self.steps.configure_decode(stage_config.static_decode,
-                                                       stage_config.compile_decode)
+                                                       stage_config.compile_decode,
+                                                       stage_config.cuda_graphs)
         self.model = runner.model
         self.model_name = served_model_name(stage_config, path)
         self.model_path = str(path)

@@ -55,9 +55,9 @@ class StepRunner:
         self.runner = runner
         self.proposer = proposer
 
-    def configure_decode(self, static: bool, compile_step: bool) -> str:
-        """The decode path the runner takes ("static" or "eager")."""
-        return self.runner.configure_decode(static, compile_step)
+    def configure_decode(self, static: bool, compile_step: bool, graphs: bool = False) -> str:
+        """The decode path the runner takes ("static", "static, graphs" or "eager")."""
+        return self.runner.configure_decode(static, compile_step, graphs)
 
     def new_kv(self) -> SequenceKV:
         return self.runner.new_kv()

@@ -18,9 +18,9 @@ from them there (tests/unit/reasoner/test_decode_host_syncs.py).
 `compile_step` wraps the per-layer function in `torch.compile` (one graph for every layer:
 weights are arguments). Shapes then have to stay fixed, so attention runs over each buffer's
 whole capacity with a mask. Off by default; on CUDA `mode="reduce-overhead"` asks for CUDA
-graphs, which it will not get as written: the layer mutates the K/V buffers it is passed, and
-cudagraph trees refuse mutated non-static inputs; what graphs need (fixed-capacity buffers,
-one graph over the whole step) is in docs/reasoner-engine.md. Not run on a GPU.
+graphs, which it will not get: the layer mutates the K/V buffers it is passed, and cudagraph
+trees refuse mutated non-static inputs. `graphs` (graphs.py) captures the whole step instead:
+`forward` is the part a graph records (tensors in, no host reads). Not run on a GPU.
 
 A projection that is not a plain `nn.Linear` (the FP8 reasoner's W8A8 `Fp8Linear`, whose
 `weight` is a float8 buffer, or any quantised linear) is called as a module instead of read as
@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from worldserve.models.qwen_vl.graphs import StepGraphs
 from worldserve.models.qwen_vl.kv import GrowableLayer, KVState, PackedBatch
 
 
@@ -79,12 +80,14 @@ class StaticDecoder:
     """Decode steps of one model (see the module doc); `build` says whether it applies."""
 
     def __init__(self, model: Any, layers: list[LayerWeights], shapes: Shapes,
-                 compile_step: bool) -> None:
+                 compile_step: bool, graphs: StepGraphs | None = None) -> None:
         self.text = model.model.language_model
         self.lm_head = model.get_output_embeddings()
         self.layers = layers
         self.shapes = shapes
-        self.full_buffers = compile_step  # static shapes: attend over whole buffers, masked
+        self.graphs = graphs  # captured steps (graphs.py), when configured
+        # static shapes (compiled or captured): attend over whole buffers, masked
+        self.full_buffers = compile_step or graphs is not None
         self.layer_fn = _compiled(_layer) if compile_step else _layer
         d = shapes.head_dim
         half = torch.arange(d // 2)
@@ -94,7 +97,8 @@ class StaticDecoder:
         self.rotate = rotate
 
     @classmethod
-    def build(cls, model: Any, compile_step: bool = False) -> StaticDecoder | None:
+    def build(cls, model: Any, compile_step: bool = False,
+              graphs: StepGraphs | None = None) -> StaticDecoder | None:
         """The static decoder of `model`, or None when its text decoder is not one it knows."""
         text = getattr(getattr(model, "model", None), "language_model", None)
         config = getattr(text, "config", None)
@@ -111,7 +115,7 @@ class StaticDecoder:
         if compile_step and any(isinstance(t, nn.Module) for layer in layers
                                 for t in (*layer.qkvo, *layer.mlp)):
             return None
-        return cls(model, layers, shapes, compile_step)
+        return cls(model, layers, shapes, compile_step, graphs)
 
     def fits(self, kvs: list[KVState], width: int = 1) -> bool:
         """True when every cache is a filled dense one (`GrowableLayer`s) and at most
@@ -129,29 +133,60 @@ class StaticDecoder:
         members = packed.kvs if packed is not None else kvs
         by_row = [fed[kvs.index(kv)] for kv in members] if packed is not None else fed
         width = max(len(f) for f in by_row)
-        device = runner.device
-        tokens, start, lengths = _upload(members, by_row, width, device)
-        steps = torch.arange(width, device=device)
+        longest = max(len(kv) for kv in members)
+        if packed is None:  # room for the new tokens (a packed batch was sized when packed)
+            for layer in members[0].cache.layers:
+                _reserve(layer, longest + width)
+        host = _host_plan(members, by_row, width)
+        buffers = self.buffers(members, packed)
+        if self.graphs is not None and not self.hooked:
+            logits = self.graphs.run(self.forward, buffers, len(members), width, host)
+        else:
+            logits = self.forward(_upload(host, runner.device), buffers, len(members), width,
+                                  longest)
+        runner.num_forwards += 1
+        for b, kv in enumerate(members):
+            for layer in kv.cache.layers:  # row b keeps the tokens this step wrote for it
+                layer.length += len(by_row[b])
+            kv.record_next(by_row[b])
+        rows = {id(kv): b for b, kv in enumerate(members)}
+        return [logits[rows[id(kv)], : len(f)] for kv, f in zip(kvs, fed)]
+
+    @property
+    def hooked(self) -> bool:
+        """Whether a decoder layer has forward hooks (DFlash reads hidden states through
+        them): Python a replayed graph would not run."""
+        return any(weights.module._forward_hooks for weights in self.layers)
+
+    def forward(self, plan: torch.Tensor, buffers: list[torch.Tensor], b: int, width: int,
+                longest: int) -> torch.Tensor:
+        """The step's device work for `b` sequences: (B, W, V) float32 logits from the uploaded
+        integers `plan` (`_host_plan`'s layout), K/V written into `buffers` (`self.buffers`).
+        Only tensors in, no host reads, no tensors from Python data: it can be captured as a
+        CUDA graph (graphs.py). `longest` sizes the attended length only when buffers are not
+        attended whole."""
+        tokens = plan[: b * width].view(b, width)
+        start, lengths = plan[b * width: b * (width + 1)], plan[b * (width + 1):]
+        steps = torch.arange(width, device=plan.device)
         x = self.text.embed_tokens(tokens)  # (B, W, H)
         rotation = self._rotation(x, start.view(-1, 1) + steps)
-        longest = max(len(kv) for kv in members)
-        views = _Views(self, members, packed, lengths, longest, steps)
-        x = x.view(len(members) * width, -1)  # (B * W, H)
+        views = _Views(self, buffers, lengths, longest, steps)
+        x = x.view(b * width, -1)  # (B * W, H)
         for i, weights in enumerate(self.layers):
-            k_buf, v_buf = views.buffers(i)
+            k_buf, v_buf = buffers[2 * i], buffers[2 * i + 1]
             out = self.layer_fn(x, weights.norms, weights.qkvo, weights.mlp, weights.act,
                                 weights.gated, weights.out_t, self.shapes, width, rotation,
                                 k_buf, v_buf, views.index, views.length, views.mask)
             for hook in weights.module._forward_hooks.values():  # as the layer's own output
-                hook(weights.module, (x,), out.view(len(members), width, -1))
+                hook(weights.module, (x,), out.view(b, width, -1))
             x = out
-        logits = self.lm_head(self.text.norm(x)).float().view(len(members), width, -1)
-        runner.num_forwards += 1
-        for b, kv in enumerate(members):
-            views.advance(b, len(by_row[b]))
-            kv.record_next(by_row[b])
-        rows = {id(kv): b for b, kv in enumerate(members)}
-        return [logits[rows[id(kv)], : len(f)] for kv, f in zip(kvs, fed)]
+        return self.lm_head(self.text.norm(x)).float().view(b, width, -1)
+
+    def buffers(self, members: list[KVState], packed: PackedBatch | None) -> list[torch.Tensor]:
+        """Every layer's K and V buffer the step writes (a captured step's fixed addresses)."""
+        if packed is not None:
+            return [t for layer in packed.cache.layers for t in (layer.k_buf, layer.v_buf)]
+        return [t for layer in members[0].cache.layers for t in (layer._k, layer._v)]
 
     def _rotation(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """(B, 1, W, D, D) or, for W = 1, (B, 1, D, D): q @ R == q * cos + rotate_half(q) * sin
@@ -165,62 +200,40 @@ class StaticDecoder:
 
 
 class _Views:
-    """Where one step writes and reads each layer's K/V: a single sequence's own buffers or
-    the packed rows, the write index, the attended length and the mask (None when not needed).
-    Index and mask are built on the device from the uploaded `lengths` (B,); `longest`, the
-    host's own count, sizes them."""
+    """Where one step writes and reads each layer's K/V: the write index, the attended length
+    and the mask (None when not needed). Built on the device from the uploaded `lengths` (B,);
+    `longest`, the host's own count, sizes them unless whole buffers are attended."""
 
-    def __init__(self, decoder: StaticDecoder, members: list[KVState], packed: PackedBatch | None,
+    def __init__(self, decoder: StaticDecoder, buffers: list[torch.Tensor],
                  lengths: torch.Tensor, longest: int, steps: torch.Tensor) -> None:
-        self.members, self.packed = members, packed
-        width = steps.shape[0]
-        if packed is None:
-            for layer in members[0].cache.layers:
-                _reserve(layer, longest + width)
-        self.capacity = self._k(0).shape[2]
+        width, batch = steps.shape[0], lengths.shape[0]
+        self.capacity = buffers[0].shape[2]
         self.length = self.capacity if decoder.full_buffers else longest + width
         write = lengths.view(-1, 1) + steps  # (B, W)
         shapes = decoder.shapes
-        self.index = write.view(len(members), 1, width, 1).expand(
+        self.index = write.view(batch, 1, width, 1).expand(
             -1, shapes.num_kv_heads, -1, shapes.head_dim)
         self.mask = None
-        if len(members) > 1 or width > 1 or decoder.full_buffers:
+        if batch > 1 or width > 1 or decoder.full_buffers:
             visible = lengths.view(-1, 1, 1, 1) + steps.view(1, 1, -1, 1) + 1
             keys = torch.arange(self.length, device=steps.device)
             self.mask = keys.view(1, 1, 1, -1) < visible
 
-    def _k(self, i: int) -> torch.Tensor:
-        if self.packed is not None:
-            return self.packed.cache.layers[i].k_buf
-        return self.members[0].cache.layers[i]._k
 
-    def buffers(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.packed is not None:
-            layer = self.packed.cache.layers[i]
-            return layer.k_buf, layer.v_buf
-        layer = self.members[0].cache.layers[i]
-        return layer._k, layer._v
-
-    def advance(self, b: int, num_tokens: int) -> None:
-        """Row b keeps `num_tokens` of the tokens this step wrote."""
-        for layer in self.members[b].cache.layers:
-            layer.length += num_tokens
-
-
-def _upload(members: list[KVState], by_row: list[list[int]], width: int,
-            device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The step's host integers on the device in one copy: (B, W) fed tokens (a short row
-    padded with its last), (B,) first positions, (B,) cached lengths. A copy from pageable
-    memory waits for the GPU; from pinned memory with `non_blocking` it is queued (CUDA only,
-    not run on a GPU)."""
+def _host_plan(members: list[KVState], by_row: list[list[int]], width: int) -> torch.Tensor:
+    """The step's host integers, one tensor: (B, W) fed tokens (a short row padded with its
+    last), then (B,) first positions, then (B,) cached lengths."""
     values = [t for f in by_row for t in f + [f[-1]] * (width - len(f))]
     values += [kv.next_pos for kv in members] + [len(kv) for kv in members]
-    host = torch.tensor(values, dtype=torch.long)
+    return torch.tensor(values, dtype=torch.long)
+
+
+def _upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`host` on the device in one copy. A copy from pageable memory waits for the GPU; from
+    pinned memory with `non_blocking` it is queued (CUDA only, not run on a GPU)."""
     if device.type == "cuda":
         host = host.pin_memory()
-    plan = host.to(device, non_blocking=True)
-    b = len(members)
-    return plan[: b * width].view(b, width), plan[b * width: b * (width + 1)], plan[-b:]
+    return host.to(device, non_blocking=True)
 
 
 def _reserve(layer: GrowableLayer, capacity: int) -> None:

@@ -16,6 +16,7 @@ import torch
 from worldserve.models.common import count_parameters
 from worldserve.models.qwen_vl import batch
 from worldserve.models.qwen_vl.decode import StaticDecoder
+from worldserve.models.qwen_vl.graphs import StepGraphs
 from worldserve.models.qwen_vl.kv import KVState, PackedBatch
 from worldserve.models.qwen_vl.processor import load_vlm
 from worldserve.models.qwen_vl.vision import QwenVLPrompting, VideoStyle
@@ -61,11 +62,16 @@ class QwenVLRunner:
         self.packed: PackedBatch | None = None
         self.static: StaticDecoder | None = None  # the static decode step, when configured
 
-    def configure_decode(self, static: bool, compile_step: bool = False) -> str:
+    def configure_decode(self, static: bool, compile_step: bool = False,
+                         graphs: bool = False) -> str:
         """Choose the decode path: the static decode step (`decode.StaticDecoder`) when `static`
-        and the architecture is one it knows, else transformers' forward. Returns the path."""
-        self.static = StaticDecoder.build(self.model, compile_step) if static else None
-        return "static" if self.static is not None else "eager"
+        and the architecture is one it knows, else transformers' forward; `graphs`: its steps
+        captured and replayed (`graphs.StepGraphs`). Returns the path."""
+        captured = StepGraphs.for_device(self.device) if graphs else None
+        self.static = StaticDecoder.build(self.model, compile_step, captured) if static else None
+        if self.static is None:
+            return "eager"
+        return "static, graphs" if captured is not None else "static"
 
     def new_kv(self) -> KVState:
         """An empty cache for one sequence (a session or a chat request)."""
