@@ -14,10 +14,11 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from tests.unit.reasoner.conftest import GREEDY, Driver
+from tests.unit.reasoner.conftest import GREEDY
 from tests.unit.reasoner.drive import concurrent_replies, windowed_greedy_replies
 from tests.unit.reasoner.test_decode_host_syncs import host_traffic
-from worldserve.config import ReasonerStageConfig, ServerConfig, StreamingConfig
+from tests.unit.reasoner.test_decode_paths import _engine, _prefilled
+from worldserve.config import ReasonerStageConfig
 from worldserve.models import registry
 from worldserve.models.qwen_vl.graphs import StepGraphs, rerun_capture
 
@@ -38,13 +39,6 @@ def _runner(model_dir: Path, graphs: bool):
     assert runner.configure_decode(True, graphs=graphs) == ("static, graphs" if graphs
                                                             else "static")
     return runner
-
-
-def _prefilled(runner, prompts):
-    kvs = [runner.new_kv() for _ in prompts]
-    for kv, ids in zip(kvs, prompts):
-        runner.forward(kv, ids)
-    return kvs
 
 
 def test_replayed_steps_equal_the_static_step(model_dir):
@@ -141,14 +135,6 @@ def test_hooked_layers_keep_the_uncaptured_step(tiny_dir):
     handle.remove()
     runner.forward_decode_batch([kv], [[3]])
     assert runner.static.graphs.captures == 1
-
-
-def _engine(model_dir: Path, **stage) -> Driver:
-    from worldserve.engines.reasoner.engine import ReasonerEngine
-
-    streaming = StreamingConfig(max_sessions=3, **stage.pop("streaming", {}))
-    config = ReasonerStageConfig(model_path=model_dir, streaming=streaming, **stage)
-    return Driver(ReasonerEngine(config, ServerConfig()))
 
 
 def test_engine_replies_with_graphs_equal_the_static_step(tiny_dir):
