@@ -2,7 +2,9 @@
 
 The process group is created with a timeout (`parallel.timeout_s`), so a collective whose peer
 died (connection closed) or hangs (timeout) raises; these wrappers turn whatever the backend
-raised into one exception type the rank runtime recognises as "the group is broken".
+raised into one exception type the rank runtime recognises as "the group is broken". On NCCL
+(unverified: no GPU ran it) a ring hop waits on the stream, not the host: there the group's
+timeout is enforced by NCCL's watchdog and a dead peer by the rank group's peer watch.
 """
 
 from __future__ import annotations
