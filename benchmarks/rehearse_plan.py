@@ -119,6 +119,21 @@ def generation_estimate(single: dict[str, Any] | None, ranks: dict[str, Any] | N
             + communicator_bytes(spec))
 
 
+def compare_terms(planned: tuple[int, int], single: dict[str, Any] | None,
+                  ranks: dict[str, Any] | None) -> dict[str, Any]:
+    """The plan's step and decode terms beside what the rehearsal measured for each (the step
+    on the largest rank, or on one device; the decode on one device): a plan whose total is
+    above the rehearsal's could still be below it in a term the larger one hides."""
+    source = ranks["ranks"] if ranks is not None else [single or {}]
+    step = max((r.get("step_peak_gib", 0.0) for r in source), default=0.0)
+    decode = (single or {}).get("vae_decode_peak_gib", 0.0)
+    out = {"step_plan_gib": round(planned[0] / GIB, 3), "step_measured_gib": round(step, 3),
+           "decode_plan_gib": round(planned[1] / GIB, 3),
+           "decode_measured_gib": round(decode, 3)}
+    out["each_at_or_above"] = planned[0] / GIB >= step and planned[1] / GIB >= decode
+    return out
+
+
 def communicator_bytes(spec: str | None) -> int:
     """The plan's NCCL buffers per rank for the layout (communicators_per_rank)."""
     from benchmarks.rehearse import parse_layout
@@ -159,6 +174,8 @@ def part_plan(name: str, layouts: list[str], gpu: str, results: dict[str, Any]) 
                 entry.update(compare(stage.peak_bytes,
                                      generation_estimate(results.get("single"), ranks,
                                                          spec)))
+                entry["terms"] = compare_terms(stage.transient_bytes, results.get("single"),
+                                               ranks)
             else:
                 entry["plan_gib"] = round(stage.peak_bytes / GIB, 3)
             out[spec or "one_gpu"] = entry

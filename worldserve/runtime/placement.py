@@ -20,7 +20,7 @@ Memory per GPU (all estimates, documented in docs/hardware.md):
                 decode, vae_decode_chunk_frames, interleaves with the next job's steps)
                   step    24 x tokens x hidden x b / (ulysses x ring)   (activations of one
                           forward at the largest request)
-                          + 3 x tokens x hidden x b where ulysses x ring > 1  (what a split
+                          + 4 x tokens x hidden x b where ulysses x ring > 1  (what a split
                           does not divide: gathered output, all-to-all buffers)
                           + one gathered block under shard (blocks' bytes / layers)
                   decode  64 x pixels x frames x b / 2 x vae_width / 256
@@ -52,8 +52,9 @@ GIB = 1 << 30
 ACTIVATION_FACTOR = 24
 # Per rank of a sequence split, the [tokens, hidden] tensors it holds whole beyond its share
 # (the understanding tokens, the gathered output, the all-to-all buffers): the rehearsal's
-# ranks measured 2.3-2.9 (cfg 2 x ulysses 4 and x ring 4, Nano and Edge)
-UNSPLIT_ACTIVATION_FACTOR = 3
+# ranks measured 2.3-3.1 (cfg 2 x ulysses 4 and x ring 4, Nano, Super and Edge; a ring rank
+# holds the next hop's K/V chunk while it computes)
+UNSPLIT_ACTIVATION_FACTOR = 4
 # A reasoner prefill chunk's transient beyond the K/V it writes, in [tokens, hidden] tensors:
 # the full-size rehearsal measured 13.1 (Nano), 17.5 (Edge) and 19.0 (Super, whose MLP is
 # 5 x hidden) at 2,048 tokens (docs/rehearsal.md; CPU fake tensors, no GPU ran)
@@ -147,6 +148,8 @@ class StagePlan:
     shared_with: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     load_peak_bytes: int = 0  # weights while loading, where above weights + headroom
+    transient_bytes: tuple[int, int] = (0, 0)  # generation: (a step, the VAE decode) per GPU,
+    # the two terms of its headroom (`transient_terms`)
 
     @property
     def peak_bytes(self) -> int:
@@ -163,6 +166,7 @@ class StagePlan:
                 "stage_device": self.stage_device, "dtype": self.dtype,
                 "weight_bytes": self.weight_bytes, "headroom_bytes": self.headroom_bytes,
                 "load_peak_bytes": self.load_peak_bytes,
+                "step_bytes": self.transient_bytes[0], "decode_bytes": self.transient_bytes[1],
                 "shared_with": list(self.shared_with), "notes": list(self.notes)}
 
 
@@ -245,15 +249,24 @@ def headroom_bytes(demand: StageDemand, dtype: str, gathered_block_bytes: int = 
     if demand.stage == "reasoner":
         kv = int(kv_per_token * work.kv_tokens * (KV_GROWTH_FACTOR + KV_PACKED_FACTOR))
         return kv + PREFILL_ACTIVATION_FACTOR * work.prefill_tokens * arch.hidden_size * b
+    step, vae = transient_terms(demand, dtype, gathered_block_bytes)
+    transient = step + vae if demand.decode_interleaves else max(step, vae)
+    return (transient + kv_per_token * work.kv_tokens
+            + COMMUNICATOR_BYTES * demand.num_communicators)
+
+
+def transient_terms(demand: StageDemand, dtype: str,
+                    gathered_block_bytes: int = 0) -> tuple[int, int]:
+    """(one step's activations, the VAE decode) per GPU of a generation or realtime stage."""
+    b = DTYPE_BYTES[dtype]
+    arch, work = demand.arch, demand.workload
     row_bytes = work.activation_tokens * arch.hidden_size * b  # one [tokens, hidden] tensor
     step = ACTIVATION_FACTOR * row_bytes // max(1, demand.seq_split) + gathered_block_bytes
     if demand.seq_split > 1:
         step += UNSPLIT_ACTIVATION_FACTOR * row_bytes
     vae = (VAE_BYTES_PER_PIXEL_BF16 * work.output_pixels * b * arch.vae_width
            // (2 * VAE_REFERENCE_WIDTH))
-    transient = step + vae if demand.decode_interleaves else max(step, vae)
-    return (transient + kv_per_token * work.kv_tokens
-            + COMMUNICATOR_BYTES * demand.num_communicators)
+    return step, vae
 
 
 def reserve_bytes(gpu: GpuInfo) -> int:
@@ -385,9 +398,11 @@ def _stage_plan(demand: StageDemand, gpus: Sequence[GpuInfo],
     if demand.colocate_with is not None:
         notes.append(f"runs in the {demand.colocate_with} process; counted in full (it shares "
                      "the generator's text weights, so this over-estimates)")
+    transient = (transient_terms(demand, dtype, gathered) if demand.stage == "generation"
+                 else (0, 0))
     return StagePlan(demand.stage, device, indices, dtype, weights,
                      headroom_bytes(demand, dtype, gathered), notes=tuple(notes),
-                     load_peak_bytes=load_peak)
+                     load_peak_bytes=load_peak, transient_bytes=transient)
 
 
 def _sharded_weight_bytes(demand: StageDemand, dtype: str, w8a8: bool, shard: int,
@@ -412,7 +427,8 @@ def _mark_sharing(stages: dict[str, StagePlan], notes: list[str]) -> dict[str, S
         others = tuple(other for other, p in stages.items()
                        if other != name and set(p.gpus) & set(plan.gpus))
         out[name] = StagePlan(plan.stage, plan.device, plan.gpus, plan.dtype, plan.weight_bytes,
-                              plan.headroom_bytes, others, plan.notes, plan.load_peak_bytes)
+                              plan.headroom_bytes, others, plan.notes, plan.load_peak_bytes,
+                              plan.transient_bytes)
     for index in sorted({i for p in out.values() for i in p.gpus}):
         names = [n for n, p in out.items() if index in p.gpus]
         if len(names) > 1:

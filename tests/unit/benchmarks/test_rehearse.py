@@ -92,6 +92,10 @@ def test_plan_is_compared_for_every_layout(single: dict) -> None:
     assert out["one_gpu"]["plan_gib"] > 0 and "plan_below" in out["one_gpu"]
     assert out["cfg=2,ulysses=4"]["fits"] is True
     assert any("process groups" in note for note in out["cfg=2,ulysses=4"]["notes"])
+    terms = out["one_gpu"]["terms"]  # each term beside its measurement (here a small request)
+    assert terms["step_measured_gib"] == round(single["step_peak_gib"], 3)
+    assert terms["decode_measured_gib"] == round(single["vae_decode_peak_gib"], 3)
+    assert terms["decode_plan_gib"] > terms["step_plan_gib"] > 0 and terms["each_at_or_above"]
 
 
 def test_cli_parses_the_parallel_layout() -> None:

@@ -260,7 +260,7 @@ def test_headroom_formula() -> None:
     generator = headroom_bytes(stages(decode_interleaves=True)[0], "bfloat16")
     assert generator == 24 * row + vae
     split = headroom_bytes(stages(seq_split=4, decode_interleaves=True)[0], "bfloat16")
-    assert split == 24 * row // 4 + 3 * row + vae  # what the split does not divide: 3 rows
+    assert split == 24 * row // 4 + 4 * row + vae  # what the split does not divide: 4 rows
     assert 4 * GIB < 16 * row < 6 * GIB  # the notes' 4-6 GB per forward
     # an unchunked decode runs between steps: the larger of the two, each boundary exactly
     alone = stages(decode_interleaves=False)[0]
@@ -275,6 +275,10 @@ def test_headroom_formula() -> None:
     assert headroom_bytes(wider, "bfloat16") == 24 * 44_673 * 4096 * b  # the step is larger
     assert headroom_bytes(alone, "bfloat16", gathered_block_bytes=7) == vae  # under the decode
     assert headroom_bytes(wide, "bfloat16", gathered_block_bytes=7) == 24 * row + 7
+    plan = plan_placement(gpus(1), stages()).stages  # the two terms, as `check --json` shows
+    assert plan["generation"].transient_bytes == (24 * row, vae)
+    assert plan["generation"].to_json()["decode_bytes"] == vae
+    assert plan["reasoner"].transient_bytes == (0, 0)
 
 
 def test_a_shard_rank_counts_one_gathered_block() -> None:
