@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worldserve.models.qwen_vl.graphs import StepGraphs
+from worldserve.models.qwen_vl.graphs import StepGraphs, pinned_for
 from worldserve.models.qwen_vl.kv import GrowableLayer, KVState, PackedBatch
 
 
@@ -146,8 +146,7 @@ class StaticDecoder:
                                   longest)
         runner.num_forwards += 1
         for b, kv in enumerate(members):
-            for layer in kv.cache.layers:  # row b keeps the tokens this step wrote for it
-                layer.length += len(by_row[b])
+            kv.advance(len(by_row[b]))  # row b keeps the tokens this step wrote for it
             kv.record_next(by_row[b])
         rows = {id(kv): b for b, kv in enumerate(members)}
         return [logits[rows[id(kv)], : len(f)] for kv, f in zip(kvs, fed)]
@@ -231,9 +230,7 @@ def _host_plan(members: list[KVState], by_row: list[list[int]], width: int) -> t
 def _upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """`host` on the device in one copy. A copy from pageable memory waits for the GPU; from
     pinned memory with `non_blocking` it is queued (CUDA only, not run on a GPU)."""
-    if device.type == "cuda":
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True)
+    return pinned_for(host, device).to(device, non_blocking=True)
 
 
 def _reserve(layer: GrowableLayer, capacity: int) -> None:

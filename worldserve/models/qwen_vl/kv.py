@@ -125,6 +125,11 @@ class KVState:
         self.positions = torch.cat([self.positions, positions.cpu()], dim=1)
         self.next_pos = max(self.next_pos, int(positions.max()) + 1)
 
+    def advance(self, num_tokens: int) -> None:
+        """Keep `num_tokens` more of the tokens a step wrote into the layers' buffers."""
+        for layer in self.cache.layers:
+            layer.length += num_tokens
+
     def record_next(self, ids: list[int]) -> None:
         """`record` of text tokens a decode step appended at the next positions (the three
         axes agree), from Python ints: a decode step reads no tensor back."""
@@ -295,5 +300,4 @@ class PackedBatch:
 
     def advance(self, b: int, num_tokens: int) -> None:
         """Row b keeps `num_tokens` of the tokens this step wrote."""
-        for layer in self.kvs[b].cache.layers:
-            layer.length += num_tokens
+        self.kvs[b].advance(num_tokens)
