@@ -463,8 +463,8 @@ PLANTS: tuple[Plant, ...] = (
         name="graph-replays-the-captured-inputs",
         claim="a replayed decode step decodes this step's tokens, not the captured step's",
         path="worldserve/models/qwen_vl/graphs.py",
-        anchor=("            graph.plan.copy_(pinned_for(host, graph.plan.device), "
-                "non_blocking=True)\n"),
+        anchor=("            graph.plan.copy_(host, non_blocking=True)  "
+                "# pinned on CUDA (_host_plan)\n"),
         replacement="            pass\n",
         caught_by=("tests/unit/reasoner/test_decode_graphs.py"
                    "::test_replayed_steps_equal_the_static_step",

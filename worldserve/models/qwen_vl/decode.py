@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worldserve.models.qwen_vl.graphs import StepGraphs, pinned_for
+from worldserve.models.qwen_vl.graphs import StepGraphs
 from worldserve.models.qwen_vl.kv import GrowableLayer, KVState, PackedBatch
 
 
@@ -137,13 +137,13 @@ class StaticDecoder:
         if packed is None:  # room for the new tokens (a packed batch was sized when packed)
             for layer in members[0].cache.layers:
                 _reserve(layer, longest + width)
-        host = _host_plan(members, by_row, width)
+        host = _host_plan(members, by_row, width, runner.device)
         buffers = self.buffers(members, packed)
         if self.graphs is not None and not self.hooked:
             logits = self.graphs.run(self.forward, buffers, len(members), width, host)
         else:
-            logits = self.forward(_upload(host, runner.device), buffers, len(members), width,
-                                  longest)
+            plan = host.to(runner.device, non_blocking=True)  # one copy
+            logits = self.forward(plan, buffers, len(members), width, longest)
         runner.num_forwards += 1
         for b, kv in enumerate(members):
             kv.advance(len(by_row[b]))  # row b keeps the tokens this step wrote for it
@@ -219,18 +219,16 @@ class _Views:
             self.mask = keys.view(1, 1, 1, -1) < visible
 
 
-def _host_plan(members: list[KVState], by_row: list[list[int]], width: int) -> torch.Tensor:
+def _host_plan(members: list[KVState], by_row: list[list[int]], width: int,
+               device: torch.device) -> torch.Tensor:
     """The step's host integers, one tensor: (B, W) fed tokens (a short row padded with its
-    last), then (B,) first positions, then (B,) cached lengths."""
+    last), then (B,) first positions, then (B,) cached lengths. Pinned when they go to a CUDA
+    device: a `non_blocking` copy from pinned memory is queued, from pageable memory it waits
+    for the GPU (not run on a GPU)."""
     values = [t for f in by_row for t in f + [f[-1]] * (width - len(f))]
     values += [kv.next_pos for kv in members] + [len(kv) for kv in members]
-    return torch.tensor(values, dtype=torch.long)
-
-
-def _upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`host` on the device in one copy. A copy from pageable memory waits for the GPU; from
-    pinned memory with `non_blocking` it is queued (CUDA only, not run on a GPU)."""
-    return pinned_for(host, device).to(device, non_blocking=True)
+    host = torch.tensor(values, dtype=torch.long)
+    return host.pin_memory() if device.type == "cuda" else host
 
 
 def _reserve(layer: GrowableLayer, capacity: int) -> None:

@@ -38,12 +38,6 @@ Capture = Callable[[Callable[[], torch.Tensor]], tuple[Callable[[], Any], torch.
 Forward = Callable[[torch.Tensor, list[torch.Tensor], int, int, int], torch.Tensor]
 
 
-def pinned_for(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`host` in pinned memory when it goes to a CUDA device (a `non_blocking` copy from it is
-    queued; from pageable memory it waits for the GPU), else as it is."""
-    return host.pin_memory() if device.type == "cuda" else host
-
-
 def cuda_capture(fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], Any], torch.Tensor]:
     """(replay, static output) of `fn` recorded as a CUDA graph (unverified: no GPU ran it)."""
     side = torch.cuda.Stream()
@@ -101,7 +95,7 @@ class StepGraphs:
                 self._graphs.popitem(last=False)
         else:
             self._graphs.move_to_end(key)
-            graph.plan.copy_(pinned_for(host, graph.plan.device), non_blocking=True)
+            graph.plan.copy_(host, non_blocking=True)  # pinned on CUDA (_host_plan)
         graph.replay()
         self.replays += 1
         return graph.out.clone()
